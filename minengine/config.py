@@ -1,0 +1,105 @@
+"""EngineConfig: every knob of the engine, validated, with vLLM's names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespeare-llama")
+
+_DTYPES = ("float32", "float16", "bfloat16")
+_PREEMPTION_MODES = ("recompute",)
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass
+class EngineConfig:
+    """All settings of one engine; names and meanings follow vLLM's ``EngineArgs``.
+
+    Attributes:
+        model: Hugging Face model directory or hub id; ``None`` means the bundled tiny Shakespeare model.
+        tokenizer: tokenizer directory or hub id; ``None`` means the model's own (if it has tokenizer files).
+        dtype: ``"float32"`` (default, exact against transformers on CPU), ``"float16"`` or ``"bfloat16"``.
+        device: ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when present).
+        block_size: tokens per KV block (vLLM default 16).
+        num_kv_blocks: number of KV blocks in the pool; ``None`` derives it from ``kv_cache_memory_bytes``
+            or, if that is also ``None``, makes room for ``max_num_seqs`` sequences of ``max_model_len``
+            tokens, capped at 4096 blocks.
+        kv_cache_memory_bytes: KV memory budget in bytes, used when ``num_kv_blocks`` is ``None``.
+        max_num_batched_tokens: the token budget, the most tokens (prefill + decode) one step may compute.
+        max_num_seqs: sequence slots, the most requests running at once.
+        max_model_len: the most tokens (prompt + output) one request may hold; ``None`` takes the model's
+            ``max_position_embeddings``.
+        enable_chunked_prefill: split long prompts over several steps (Sarathi, Agrawal et al. 2023).
+            When off, a prompt is prefilled in one step and must fit in the token budget.
+        long_prefill_token_threshold: the largest prefill chunk one request may take in one step
+            (0 = no limit beyond the token budget).
+        enable_prefix_caching: reuse the KV of full blocks whose tokens (and all tokens before) match.
+        preemption_mode: ``"recompute"``: a preempted request frees its blocks and is prefilled again.
+        seed: seed for requests without their own ``SamplingParams.seed``.
+        trace_block_tables: record each step's block tables and ref counts in the trace (for drawing).
+
+    Raises:
+        ValueError: naming the field and the limit, for any setting out of range.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    enable_prefix_caching: bool = True
+    preemption_mode: str = "recompute"
+    seed: int = 0
+    trace_block_tables: bool = True
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.model is None:
+            self.model = BUNDLED_MODEL
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+        if self.device not in ("cpu", "cuda", "auto"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {self.device!r}")
+        _positive("block_size", self.block_size)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("max_num_seqs", self.max_num_seqs)
+        if self.num_kv_blocks is not None:
+            _positive("num_kv_blocks", self.num_kv_blocks)
+        if self.kv_cache_memory_bytes is not None:
+            _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        if self.max_model_len is not None:
+            _positive("max_model_len", self.max_model_len)
+        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be an integer >= 0 (0 = no limit), "
+                             f"got {self.long_prefill_token_threshold!r}")
+        if self.preemption_mode not in _PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {_PREEMPTION_MODES}, got {self.preemption_mode!r}")
+
+    def check_against_model(self, max_position_embeddings: int) -> None:
+        """Fill ``max_model_len`` from the model and check the budgets against it.
+
+        Raises:
+            ValueError: ``max_model_len`` beyond the model's positions, or (without chunked prefill) a
+                token budget smaller than ``max_model_len``, as a whole prompt must fit in one step.
+        """
+        if self.max_model_len is None:
+            self.max_model_len = max_position_embeddings
+        if self.max_model_len > max_position_embeddings:
+            raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's "
+                             f"max_position_embeddings ({max_position_embeddings})")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                             f"({self.max_model_len}) when enable_chunked_prefill is False: a prompt is then "
+                             "prefilled in one step")

@@ -1,0 +1,1 @@
+"""The scheduler's world: block pool, KV cache manager, scheduler. No torch in here."""

@@ -1,0 +1,69 @@
+"""SchedulerOutput and ScheduledRequest: the plain data the scheduler hands to the model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minengine.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step.
+
+    Attributes:
+        request_id: the request.
+        token_ids: the ``num_new_tokens`` token ids to compute this step (a prefill chunk, or 1 for decode).
+        start_pos: ``num_computed_tokens`` before the step: the position of ``token_ids[0]``.
+        block_ids: the request's whole block table after allocation (physical block ids, logical order).
+        sample: True when the step reaches the end of the request's known tokens, so the last position's
+            logits are sampled; intermediate prefill chunks skip the LM head and the sampler.
+        is_prefill: False only for a decode (one new token that is the request's latest generated token).
+        sampling_params: the request's sampling settings.
+        output_index: how many tokens the request has generated so far (the index of the token to sample).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_pos: int
+    block_ids: list[int]
+    sample: bool
+    is_prefill: bool
+    sampling_params: SamplingParams
+    output_index: int
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens with K/V in the cache once this step has written its new ones."""
+        return self.start_pos + len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """Everything one step computes, plus what the scheduler decided on the way (for metrics and traces).
+
+    Attributes:
+        scheduled: requests in batch order (running first, then newly admitted).
+        preempted_ids: requests preempted (recompute) during this ``schedule()``.
+        admitted_ids: requests moved from waiting to running this step.
+        prefix_queried_tokens / prefix_hit_tokens: prompt tokens looked up in / served by the prefix cache
+            for the requests admitted this step.
+    """
+
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted_ids: list[str] = field(default_factory=list)
+    admitted_ids: list[str] = field(default_factory=list)
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled

@@ -1,0 +1,1 @@
+"""The engine's front: LLMEngine (add_request / step), LLM (offline batch), the incremental detokenizer."""

@@ -1,0 +1,289 @@
+"""LLMEngine: vLLM's online interface, ``add_request`` then ``step()`` until done.
+
+One step, one direction: ``Scheduler.schedule()`` -> ``SchedulerOutput`` -> ``ModelRunner.execute()`` ->
+``Scheduler.update_from_output()`` -> detokenize and stop strings -> ``RequestOutput`` + ``StepTrace``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+
+import torch
+
+from minengine.config import EngineConfig
+from minengine.core.kv_cache_manager import KVCacheManager, cdiv
+from minengine.core.scheduler import Scheduler
+from minengine.engine.detokenizer import IncrementalDetokenizer
+from minengine.metrics.stats import ServingSummary, summarize
+from minengine.metrics.trace import ScheduledChunk, StepTrace
+from minengine.models.loader import load_model, load_tokenizer
+from minengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minengine.request import Request, RequestStatus
+from minengine.sampling_params import SamplingParams
+from minengine.worker.model_runner import ModelRunner, kv_bytes_per_block
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DEFAULT_MAX_KV_BLOCKS = 2048
+
+Prompt = str | dict | list[int]
+
+
+class LLMEngine:
+    """A serving engine over one model: requests in, ``RequestOutput``s out, one ``step()`` at a time.
+
+    Args:
+        config: the engine settings (``EngineConfig``); or use ``LLMEngine.from_config(**kwargs)``.
+        clock: the time source in seconds (default ``time.perf_counter``); a replay driver may pass a virtual
+            clock. Arrival, scheduling, token and finish times all come from it.
+
+    Raises:
+        ValueError: bad settings, or settings that do not fit the model (``max_model_len``, KV pool).
+    """
+
+    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.perf_counter):
+        self.config = config
+        self.clock = clock
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device")
+        self.model, self.hf_config, self.model_path = load_model(config.model, _DTYPES[config.dtype], device)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path)
+        config.check_against_model(self.hf_config.max_position_embeddings)
+        self.eos_token_id = self._eos_token_id()
+
+        bytes_per_block = kv_bytes_per_block(self.model, config.block_size, _DTYPES[config.dtype])
+        if config.num_kv_blocks is not None:
+            num_blocks = config.num_kv_blocks
+        elif config.kv_cache_memory_bytes is not None:
+            num_blocks = config.kv_cache_memory_bytes // bytes_per_block
+            if num_blocks < 1:
+                raise ValueError(f"kv_cache_memory_bytes ({config.kv_cache_memory_bytes}) is smaller than one "
+                                 f"KV block ({bytes_per_block} bytes)")
+        else:
+            num_blocks = min(DEFAULT_MAX_KV_BLOCKS,
+                             config.max_num_seqs * cdiv(config.max_model_len, config.block_size))
+        self.num_kv_blocks = num_blocks
+        self.kv_cache_bytes = num_blocks * bytes_per_block
+
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_batched_tokens, config.max_num_seqs,
+                                   config.max_model_len, config.enable_chunked_prefill,
+                                   config.long_prefill_token_threshold)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed)
+        self._detok: dict[str, IncrementalDetokenizer] = {}
+        self.request_metrics: dict[str, RequestMetrics] = {}
+        self.traces: list[StepTrace] = []
+
+    @classmethod
+    def from_config(cls, **kwargs) -> LLMEngine:
+        """``LLMEngine.from_config(model=..., block_size=...)``: the ``EngineConfig`` fields as keywords."""
+        return cls(EngineConfig(**kwargs))
+
+    def _eos_token_id(self) -> int | None:
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        return eos
+
+    def get_tokenizer(self):
+        return self.tokenizer
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def prompt_to_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """A prompt as (text or None, token ids). Accepts a string, ``{"prompt_token_ids": [...]}`` (vLLM's
+        TokensPrompt), ``{"prompt": "..."}`` or a plain list of ids.
+
+        Raises:
+            ValueError: wrong type, a string prompt without a tokenizer, ids outside the vocabulary.
+        """
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                return self.prompt_to_token_ids(prompt["prompt"])
+            else:
+                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+        elif isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt is a string but the model has no tokenizer: pass "
+                                 "{'prompt_token_ids': [...]} or EngineConfig(tokenizer=...)")
+            text, ids = prompt, self.tokenizer(prompt)["input_ids"]
+        elif isinstance(prompt, (list, tuple)):
+            text, ids = None, prompt
+        else:
+            raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+        ids = list(ids)
+        vocab = self.hf_config.vocab_size
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}) (the vocabulary size)")
+        return text, ids
+
+    def make_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                     arrival_time: float | None = None) -> Request:
+        """Validate a request without adding it (``LLM.generate`` validates a whole batch first).
+
+        Raises:
+            ValueError: naming the field: ``request_id`` (duplicate), ``prompt`` (empty, longer than
+                ``max_model_len``, needing more blocks than ``num_kv_blocks``), ``sampling_params``.
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self.scheduler.requests:
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.verify()
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; use stop_token_ids with a model without one")
+        text, ids = self.prompt_to_token_ids(prompt)
+        cfg = self.config
+        if not ids:
+            raise ValueError("prompt is empty: it must have at least 1 token")
+        if len(ids) > cfg.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
+        # The longest this request can grow; one request alone must always fit in the pool, or it would
+        # preempt itself forever.
+        max_len = min(len(ids) + params.max_tokens, cfg.max_model_len)
+        if cdiv(max_len, cfg.block_size) > self.num_kv_blocks:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
+                             f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
+                             f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
+        arrival = self.clock() if arrival_time is None else float(arrival_time)
+        return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
+                       eos_token_id=self.eos_token_id, prompt=text)
+
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None) -> None:
+        """Queue a request (vLLM: ``LLMEngine.add_request``). Raises ``ValueError`` as ``make_request``."""
+        self.enqueue(self.make_request(request_id, prompt, params, arrival_time))
+
+    def enqueue(self, request: Request) -> None:
+        """Queue a request built by ``make_request``."""
+        self.scheduler.add_request(request)
+        self._detok[request.request_id] = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, request.sampling_params.stop,
+            request.sampling_params.skip_special_tokens)
+        self.request_metrics[request.request_id] = RequestMetrics(arrival_time=request.arrival_time,
+                                                                  num_prompt_tokens=request.num_prompt_tokens)
+
+    def abort_request(self, request_id: str | Iterable[str]) -> None:
+        """Finish requests with reason "abort" in whatever state they are, freeing their blocks.
+        Unknown and already finished ids are ignored (as in vLLM)."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        now = self.clock()
+        for request in self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED):
+            self._finish_metrics(request, now)
+            del self._detok[request.request_id]
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.requests)
+
+    # ---- one step -------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, sample, update; returns an output for every request that got a token
+        or finished in this step (text and token ids are cumulative).
+
+        Raises:
+            RuntimeError: if unfinished requests exist but none could be scheduled (a bug guard: admission
+                checks make this impossible, and it is better to fail than to spin).
+        """
+        start = self.clock()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            if self.has_unfinished_requests():
+                raise RuntimeError("no request could be scheduled although some are unfinished")
+            return []
+        trace_blocks = self._block_snapshot() if self.config.trace_block_tables else {}
+        num_free = self.kv_cache_manager.num_free_blocks
+        num_cached_free = self.kv_cache_manager.pool.num_cached_free_blocks
+        for rid in sched.admitted_ids:
+            m = self.request_metrics[rid]
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = start
+        for rid in sched.preempted_ids:
+            self.request_metrics[rid].num_preemptions += 1
+
+        sampled = self.runner.execute(sched)
+        got_token, finished = self.scheduler.update_from_output(sched, sampled)
+        now = self.clock()
+
+        outputs_for = dict.fromkeys(r.request_id for r in got_token)
+        for request in got_token:
+            m = self.request_metrics[request.request_id]
+            if m.first_token_time is None:
+                m.first_token_time = now
+                m.num_cached_tokens = request.num_cached_tokens
+            else:
+                m.itls.append(now - request.token_times[-1])
+            request.token_times.append(now)
+            m.num_output_tokens = request.num_output_tokens
+            stop = self._detok[request.request_id].update(request.output_token_ids)
+            if stop is not None and not request.is_finished:
+                request.stop_reason = stop
+                finished.extend(self.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_STOPPED))
+        for request in finished:
+            self._finish_metrics(request, now)
+            outputs_for[request.request_id] = None
+        requests = {r.request_id: r for r in got_token + finished}
+        outputs = [self._make_output(requests[rid]) for rid in outputs_for]
+        for request in finished:
+            del self._detok[request.request_id]
+
+        self.traces.append(StepTrace(
+            step=len(self.traces), start_time=start, end_time=now, token_budget=self.config.max_num_batched_tokens,
+            chunks=[ScheduledChunk(s.request_id, s.num_new_tokens, s.start_pos, s.is_prefill, s.sample)
+                    for s in sched.scheduled],
+            num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
+            num_free_blocks=num_free, num_cached_free_blocks=num_cached_free, num_total_blocks=self.num_kv_blocks,
+            preempted_ids=sched.preempted_ids, admitted_ids=sched.admitted_ids,
+            finished_ids=[r.request_id for r in finished],
+            prefix_queried_tokens=sched.prefix_queried_tokens, prefix_hit_tokens=sched.prefix_hit_tokens,
+            **trace_blocks,
+        ))
+        return outputs
+
+    def _block_snapshot(self) -> dict:
+        pool = self.kv_cache_manager.pool
+        return {
+            "block_tables": {r.request_id: self.kv_cache_manager.get_block_ids(r.request_id)
+                             for r in self.scheduler.running},
+            "block_ref_counts": pool.ref_counts(),
+            "cached_block_ids": [b.block_id for b in pool.blocks if b.block_hash is not None],
+        }
+
+    def _finish_metrics(self, request: Request, now: float) -> None:
+        m = self.request_metrics[request.request_id]
+        m.finished_time = now
+        m.num_output_tokens = request.num_output_tokens
+        m.num_preemptions = request.num_preemptions
+
+    def _make_output(self, request: Request) -> RequestOutput:
+        detok = self._detok.get(request.request_id)
+        text = detok.text if detok is not None else ""
+        completion = CompletionOutput(index=0, text=text, token_ids=list(request.output_token_ids),
+                                      finish_reason=request.status.finish_reason, stop_reason=request.stop_reason)
+        return RequestOutput(request_id=request.request_id, prompt=request.prompt,
+                             prompt_token_ids=request.prompt_token_ids, outputs=[completion],
+                             finished=request.is_finished, metrics=self.request_metrics[request.request_id],
+                             num_cached_tokens=request.num_cached_tokens)
+
+    # ---- statistics -----------------------------------------------------------------------------------
+    def summary(self) -> ServingSummary:
+        """TTFT/TPOT/ITL percentiles, throughput, preemptions, prefix hits and peak KV use of all requests
+        finished so far, over all recorded steps."""
+        return summarize(list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
+
+    def reset_stats(self) -> None:
+        """Forget finished requests' metrics and the step trace (e.g. between benchmark runs)."""
+        live = set(self.scheduler.requests)
+        self.request_metrics = {k: v for k, v in self.request_metrics.items() if k in live}
+        self.traces = []

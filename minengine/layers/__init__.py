@@ -1,0 +1,1 @@
+"""Layers of the model forward: paged attention, rotary embedding, RMSNorm."""

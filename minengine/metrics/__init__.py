@@ -1,0 +1,1 @@
+"""Serving metrics (TTFT, TPOT, ITL percentiles, throughput) and the per-step trace."""

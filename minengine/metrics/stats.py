@@ -1,0 +1,103 @@
+"""Serving statistics: percentiles of TTFT, TPOT, ITL and E2E latency, throughput, cache and preemption counts.
+
+Definitions follow vLLM's serving benchmark: TTFT = first token time - arrival; TPOT = (E2E - TTFT) / (n - 1);
+ITL = gap between consecutive tokens of one request; throughput over the span first arrival -> last finish.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from minengine.metrics.trace import StepTrace
+from minengine.outputs import RequestMetrics
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100) with linear interpolation (numpy's default); NaN for no values."""
+    if not values:
+        return math.nan
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+@dataclass
+class ServingSummary:
+    """A run in numbers. Latencies in seconds; throughput in tokens/s; NaN where undefined."""
+
+    num_requests: int
+    num_steps: int
+    duration_s: float
+    prompt_tokens: int
+    output_tokens: int
+    output_tok_s: float
+    total_tok_s: float
+    ttft_p50: float
+    ttft_p95: float
+    ttft_p99: float
+    tpot_p50: float
+    tpot_p95: float
+    tpot_p99: float
+    itl_p50: float
+    itl_p95: float
+    itl_p99: float
+    e2e_p50: float
+    e2e_p99: float
+    num_preemptions: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    prefix_hit_rate: float
+    peak_kv_blocks_used: int
+    num_kv_blocks: int
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def as_table(self) -> str:
+        """A plain-text table, milliseconds for latencies."""
+        ms = 1000
+        rows = [
+            ("requests", f"{self.num_requests}"), ("steps", f"{self.num_steps}"),
+            ("duration (s)", f"{self.duration_s:.2f}"),
+            ("prompt / output tokens", f"{self.prompt_tokens} / {self.output_tokens}"),
+            ("output tok/s", f"{self.output_tok_s:.1f}"), ("total tok/s", f"{self.total_tok_s:.1f}"),
+            ("TTFT P50/P95/P99 (ms)", f"{self.ttft_p50*ms:.1f} / {self.ttft_p95*ms:.1f} / {self.ttft_p99*ms:.1f}"),
+            ("TPOT P50/P95/P99 (ms)", f"{self.tpot_p50*ms:.1f} / {self.tpot_p95*ms:.1f} / {self.tpot_p99*ms:.1f}"),
+            ("ITL P50/P95/P99 (ms)", f"{self.itl_p50*ms:.1f} / {self.itl_p95*ms:.1f} / {self.itl_p99*ms:.1f}"),
+            ("E2E P50/P99 (ms)", f"{self.e2e_p50*ms:.1f} / {self.e2e_p99*ms:.1f}"),
+            ("preemptions", f"{self.num_preemptions}"),
+            ("prefix hit tokens", f"{self.prefix_hit_tokens} of {self.prefix_queried_tokens} "
+                                  f"({self.prefix_hit_rate:.1%})"),
+            ("peak KV blocks used", f"{self.peak_kv_blocks_used} of {self.num_kv_blocks}"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blocks: int) -> ServingSummary:
+    """Summarize finished requests and the steps that served them."""
+    done = [m for m in metrics if m.finished_time is not None]
+    ttfts = [m.ttft for m in done if m.ttft is not None]
+    tpots = [m.tpot for m in done if m.tpot is not None]
+    itls = [x for m in done for x in m.itls]
+    e2es = [m.e2e_latency for m in done]
+    out_tokens = sum(m.num_output_tokens for m in done)
+    prompt_tokens = sum(m.num_prompt_tokens for m in done)
+    duration = (max(m.finished_time for m in done) - min(m.arrival_time for m in done)) if done else 0.0
+    queried = sum(t.prefix_queried_tokens for t in traces)
+    hit = sum(t.prefix_hit_tokens for t in traces)
+    return ServingSummary(
+        num_requests=len(done), num_steps=len(traces), duration_s=duration,
+        prompt_tokens=prompt_tokens, output_tokens=out_tokens,
+        output_tok_s=out_tokens / duration if duration > 0 else math.nan,
+        total_tok_s=(out_tokens + prompt_tokens) / duration if duration > 0 else math.nan,
+        ttft_p50=percentile(ttfts, 50), ttft_p95=percentile(ttfts, 95), ttft_p99=percentile(ttfts, 99),
+        tpot_p50=percentile(tpots, 50), tpot_p95=percentile(tpots, 95), tpot_p99=percentile(tpots, 99),
+        itl_p50=percentile(itls, 50), itl_p95=percentile(itls, 95), itl_p99=percentile(itls, 99),
+        e2e_p50=percentile(e2es, 50), e2e_p99=percentile(e2es, 99),
+        num_preemptions=sum(len(t.preempted_ids) for t in traces),
+        prefix_queried_tokens=queried, prefix_hit_tokens=hit, prefix_hit_rate=hit / queried if queried else 0.0,
+        peak_kv_blocks_used=max((t.num_used_blocks for t in traces), default=0), num_kv_blocks=num_kv_blocks,
+    )

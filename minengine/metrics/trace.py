@@ -1,0 +1,71 @@
+"""StepTrace: what one engine step did, complete enough to redraw it (block tables, batch, queues)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One request's part of a step: ``num_tokens`` tokens from position ``start_pos``."""
+
+    request_id: str
+    num_tokens: int
+    start_pos: int
+    is_prefill: bool
+    sampled: bool
+
+
+@dataclass
+class StepTrace:
+    """One step, as the course and the dashboard draw it. Times in seconds on the engine clock.
+
+    Block state (``block_tables``, ``block_ref_counts``, ``cached_block_ids``, free counts) is taken after
+    scheduling, i.e. what the step's forward pass used. Queue lengths are taken after the step.
+    ``block_tables`` etc. are None when the engine runs with ``trace_block_tables=False``.
+    """
+
+    step: int
+    start_time: float
+    end_time: float
+    token_budget: int
+    chunks: list[ScheduledChunk]
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_cached_free_blocks: int
+    num_total_blocks: int
+    preempted_ids: list[str]
+    admitted_ids: list[str]
+    finished_ids: list[str]
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    block_tables: dict[str, list[int]] | None = None
+    block_ref_counts: list[int] | None = None
+    cached_block_ids: list[int] | None = None
+
+    @property
+    def duration(self) -> float:
+        return self.end_time - self.start_time
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if c.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks if not c.is_prefill)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_total_blocks - self.num_free_blocks
+
+    def to_dict(self) -> dict:
+        """Plain JSON-ready dict (for saving traces or feeding plotting code)."""
+        d = dict(self.__dict__)
+        d["chunks"] = [c.__dict__.copy() for c in self.chunks]
+        return d

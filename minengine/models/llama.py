@@ -1,0 +1,131 @@
+"""The Llama-family decoder over a flattened, paged batch.
+
+One class covers Llama 2/3 (grouped-query attention, RoPE, RMSNorm, SwiGLU; Touvron et al. 2023), Qwen2
+(the same with q/k/v biases) and Qwen3 (per-head RMSNorm on q and k). Parameter names equal the Hugging
+Face checkpoints', so ``load_state_dict`` takes their tensors as they are.
+
+Unlike transformers' padded [batch, seq] layout, every tensor here is [T, ...] for the T new tokens of a
+step; each token carries its own position and the attention reads earlier tokens from the paged KV cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minengine.layers.attention import paged_attention, write_kv
+from minengine.layers.norm import RMSNorm
+from minengine.layers.rotary import RotaryEmbedding
+from minengine.worker.forward_batch import ForwardBatch
+
+
+def _head_dim(cfg) -> int:
+    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        self.head_dim = _head_dim(cfg)
+        self.scale = self.head_dim ** -0.5
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=getattr(cfg, "attention_bias", False))
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: ForwardBatch,
+                kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [T, hidden] -> [T, hidden]; writes this step's K/V into ``kv_cache`` before reading it."""
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotary(positions, q, k)
+        k_cache, v_cache = kv_cache
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        o = paged_attention(q, k_cache, v_cache, batch, self.scale)
+        return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward (Shazeer, 2020): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        bias = getattr(cfg, "mlp_bias", False)
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, qkv_bias, qk_norm)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, positions, rotary, batch, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, batch, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """``model.*`` in the checkpoint: embeddings, decoder layers, final norm."""
+
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qkv_bias, qk_norm) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama / Qwen2 / Qwen3 causal LM on a paged KV cache.
+
+    Args:
+        hf_config: the checkpoint's transformers config (``LlamaConfig``, ``Qwen2Config``, ``Qwen3Config``...).
+        qkv_bias: q/k/v projections have biases (Qwen2).
+        qk_norm: per-head RMSNorm on q and k before RoPE (Qwen3).
+    """
+
+    def __init__(self, hf_config, qkv_bias: bool = False, qk_norm: bool = False):
+        super().__init__()
+        self.config = hf_config
+        self.model = Backbone(hf_config, qkv_bias, qk_norm)
+        self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(hf_config)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.model.layers[0].self_attn.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.model.layers[0].self_attn.head_dim
+
+    def forward(self, batch: ForwardBatch, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Run the step's T new tokens; returns the final hidden states [T, hidden] in the model dtype.
+
+        ``kv_caches[l]`` is layer l's (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
+        """
+        x = self.model.embed_tokens(batch.input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            x = layer(x, batch.positions, self.rotary, batch, kv_cache)
+        return self.model.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [S, hidden] (only the sampling positions) -> logits [S, vocab] float32."""
+        return self.lm_head(hidden).float()

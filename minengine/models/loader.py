@@ -1,0 +1,113 @@
+"""Load a Hugging Face checkpoint (local directory or hub id) into minengine's model classes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from minengine.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+# model_type in config.json -> (q/k/v bias, per-head q/k norm)
+SUPPORTED_MODEL_TYPES = {
+    "llama": (False, False),
+    "mistral": (False, False),
+    "qwen2": (True, False),
+    "qwen3": (False, True),
+}
+_WEIGHT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+
+
+def resolve_model_path(model: str) -> Path:
+    """A local checkpoint directory as is; anything else is a hub id, downloaded (weights, config and
+    tokenizer files only) into the Hugging Face cache with ``huggingface_hub.snapshot_download``.
+
+    Raises:
+        ValueError: the path does not exist and is not a valid hub id, or the download fails.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") > 1:
+        raise ValueError(f"model {model!r} is not a checkpoint directory")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id=model, allow_patterns=_WEIGHT_PATTERNS))
+    except Exception as exc:  # network, auth, unknown repo: one clear message
+        raise ValueError(f"model {model!r}: not a local directory, and downloading it from the hub failed: {exc}") \
+            from exc
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint directory (``*.safetensors``, or ``pytorch_model*.bin`` as a fallback)."""
+    files = sorted(path.glob("*.safetensors"))
+    if files:
+        from safetensors.torch import load_file
+
+        state = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        return state
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if not bins:
+        raise ValueError(f"no *.safetensors or pytorch_model*.bin weights in {path}")
+    state = {}
+    for f in bins:
+        state.update(torch.load(f, map_location="cpu", weights_only=True))
+    return state
+
+
+def load_model(model: str, dtype: torch.dtype = torch.float32,
+               device: torch.device | str = "cpu") -> tuple[LlamaForCausalLM, object, Path]:
+    """Build the model for a checkpoint and load its weights.
+
+    Returns:
+        (model in eval mode on ``device`` with ``dtype`` parameters, the transformers config, the local path).
+    Raises:
+        ValueError: unknown architecture, sliding-window attention, or weights that do not match the config.
+    """
+    from transformers import AutoConfig
+
+    path = resolve_model_path(model)
+    hf_config = AutoConfig.from_pretrained(path)
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
+    if getattr(hf_config, "use_sliding_window", False) or (
+            model_type == "mistral" and getattr(hf_config, "sliding_window", None)):
+        raise ValueError("sliding-window attention is not supported by minengine")
+    qkv_bias, qk_norm = SUPPORTED_MODEL_TYPES[model_type]
+
+    with torch.device("meta"):
+        net = LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm)
+    state = {k: v for k, v in load_state_dict(path).items() if not k.endswith("rotary_emb.inv_freq")}
+    tied = getattr(hf_config, "tie_word_embeddings", False) or "lm_head.weight" not in state
+    if tied:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
+    missing = [k for k in missing if not (tied and k == "lm_head.weight") and not k.startswith("rotary.")]
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match a {model_type} model: "
+                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if tied:
+        net.lm_head.weight = net.model.embed_tokens.weight
+    net.rotary = type(net.rotary)(hf_config)  # its buffer was built on the meta device
+    net = net.to(device=device, dtype=dtype).eval()
+    net.rotary.inv_freq = net.rotary.inv_freq.float()  # keep RoPE frequencies in float32 at any dtype
+    return net, hf_config, path
+
+
+def load_tokenizer(path: Path | str):
+    """The checkpoint's tokenizer via ``transformers.AutoTokenizer``, or None when it has no tokenizer files
+    (the engine then takes prompts as token ids only)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        logger.info("no tokenizer for %s (%s): prompts must be given as token ids", path, exc)
+        return None

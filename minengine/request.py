@@ -1,0 +1,92 @@
+"""Request and RequestStatus: one generation request and its progress through the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from minengine.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    """WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED -> (waiting queue) -> RUNNING."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
+                        RequestStatus.FINISHED_ABORTED)
+
+    @property
+    def finish_reason(self) -> str | None:
+        """vLLM's ``finish_reason``: "stop", "length", "abort" or None while unfinished."""
+        return self.value if self.finished else None
+
+
+@dataclass
+class Request:
+    """One request's tokens and progress.
+
+    The request's tokens are ``prompt_token_ids + output_token_ids``. Its progress is one number,
+    ``num_computed_tokens``: how many of those tokens have their K/V in the paged cache. Chunked prefill
+    (fewer new tokens than remain), prefix-cache hits (start above 0) and recompute after preemption
+    (back to 0, outputs kept) are all just moves of this number.
+
+    Times are in seconds on the engine's clock.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    eos_token_id: int | None = None
+    prompt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    stop_reason: int | str | None = None
+    # Prefix-cache: chained hashes of the full blocks of all_token_ids (filled by the KV cache manager).
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    num_preemptions: int = 0
+    # Timestamps (engine clock, seconds).
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """All known tokens: prompt + generated."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids_slice(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output without building the whole list."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.finished

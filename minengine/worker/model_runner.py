@@ -1,0 +1,52 @@
+"""ModelRunner: owns the paged KV cache tensors, runs one step of the model and samples."""
+
+from __future__ import annotations
+
+import torch
+
+from minengine.core.scheduler_output import SchedulerOutput
+from minengine.models.llama import LlamaForCausalLM
+from minengine.worker.forward_batch import ForwardBatch
+from minengine.worker.sampler import Sampler
+
+
+def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one KV block takes over all layers: 2 (K and V) x layers x block_size x Hkv x D x dtype size."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 2 * len(model.model.layers) * block_size * model.num_kv_heads * model.head_dim * itemsize
+
+
+class ModelRunner:
+    """Runs ``SchedulerOutput`` steps on a model with a paged KV cache.
+
+    Args:
+        model: the loaded model.
+        num_blocks, block_size: shape of the KV pool; each layer gets a K and a V tensor of
+            [num_blocks, block_size, Hkv, D] in the model's dtype.
+        seed: seed of the sampler's shared generator.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0):
+        self.model = model
+        self.block_size = block_size
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+                          for _ in model.model.layers]
+        self.sampler = Sampler(seed)
+
+    @torch.inference_mode()
+    def execute(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
+        """Compute one step; returns {request_id: sampled token id} for the requests that sample."""
+        if scheduler_output.is_empty:
+            return {}
+        batch = ForwardBatch.build(scheduler_output, self.block_size, self.device)
+        hidden = self.model(batch, self.kv_caches)
+        sampling = [s for s in scheduler_output.scheduled if s.sample]
+        if not sampling:
+            return {}
+        logits = self.model.compute_logits(hidden[batch.logits_indices])
+        tokens = self.sampler(logits, sampling)
+        return {s.request_id: t for s, t in zip(sampling, tokens)}

@@ -1,0 +1,91 @@
+"""Shared fixtures: the bundled model, random-weight Llama/Qwen2 checkpoints, transformers references."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+
+from minengine.config import BUNDLED_MODEL
+from tests.prompts import TEXT, make_prompts
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def _save_random_model(config, out: Path, seed: int) -> str:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # larger-than-default init so outputs are not a flat distribution
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+            elif p.dim() == 1 and p.shape[0] != config.hidden_size and p.shape[0] != getattr(config, "head_dim", 0):
+                p.normal_(0, 0.05)  # biases
+    model.save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def bundled_model() -> str:
+    if not (Path(BUNDLED_MODEL) / "config.json").exists():
+        pytest.fail("bundled model missing: run scripts/train_tiny_model.py")
+    return BUNDLED_MODEL
+
+
+@pytest.fixture(scope="session")
+def random_llama(tmp_path_factory) -> str:
+    """A random-weight Llama with grouped-query attention (4 query heads, 2 KV heads), no tokenizer."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    return _save_random_model(cfg, tmp_path_factory.mktemp("llama"), seed=1)
+
+
+@pytest.fixture(scope="session")
+def random_qwen2(tmp_path_factory) -> str:
+    """A random-weight Qwen2 (q/k/v biases, GQA, tied embeddings), no tokenizer."""
+    from transformers import Qwen2Config
+
+    cfg = Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=2048,
+                      tie_word_embeddings=True, use_sliding_window=False, bos_token_id=1, eos_token_id=2)
+    return _save_random_model(cfg, tmp_path_factory.mktemp("qwen2"), seed=2)
+
+
+@functools.lru_cache(maxsize=4)
+def hf_model(path: str):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@functools.cache
+def hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> list[int]:
+    """transformers' greedy ``generate`` (EOS ignored), the reference every engine run must match."""
+    model = hf_model(path)
+    ids = torch.tensor([list(prompt)])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.fixture(scope="session")
+def bundled_prompts(bundled_model) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(bundled_model)
+    return make_prompts(tok(TEXT)["input_ids"])
+
+
+@pytest.fixture(scope="session")
+def random_prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    stream = torch.randint(3, 512, (1200,), generator=g).tolist()
+    return make_prompts(stream)
