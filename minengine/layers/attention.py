@@ -31,35 +31,51 @@ def paged_attention_reference(query: torch.Tensor, k_cache: torch.Tensor, v_cach
                               batch: ForwardBatch, scale: float) -> torch.Tensor:
     """Causal attention of each request's new tokens against its own cached keys, read via its block table.
 
-    A clear PyTorch reference: one loop iteration per request, no block-diagonal mask over the batch.
+    A clear PyTorch reference with no block-diagonal mask over the batch: requests with one new token (decodes)
+    are attended together, each against its own keys gathered through its block table (padding masked out);
+    requests with a prefill chunk are attended one at a time with a causal mask offset by their context.
 
     Args:
         query: [T, Hq, D] for all new tokens of the step (request i owns rows
             ``query_start_loc[i]:query_start_loc[i+1]``).
         k_cache, v_cache: [num_blocks, block_size, Hkv, D] with this step's K/V already written.
-        batch: gives ``block_tables_list``, ``query_start_loc_list``, ``seq_lens_list``.
+        batch: the step's metadata (``ForwardBatch``).
         scale: softmax scale, usually ``1 / sqrt(D)``.
 
     Returns:
         [T, Hq, D], same dtype as ``query``.
     """
     out = torch.empty_like(query)
-    block_size = k_cache.shape[1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     gqa = query.shape[1] != num_kv_heads
+    k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # one row per slot
+    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
+
+    rows = batch.single_query_rows
+    if rows.numel():
+        # [N, L, Hkv, D] keys of each single-token request (index_select on the flat slot view is much faster
+        # than fancy indexing on CPU), then [N, Hkv, L, D] contiguous for SDPA.
+        n, length = batch.single_query_slots.shape
+        flat_slots = batch.single_query_slots.reshape(-1)
+        k = k_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2).contiguous()
+        v = v_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2).contiguous()
+        q = query[rows].unsqueeze(2)  # [N, Hq, 1, D]
+        mask = batch.single_query_mask[:, None, None, :]  # [N, 1, 1, L]: a request sees only its own keys
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        out[rows] = o.squeeze(2)
+
     starts = batch.query_start_loc_list
-    for i, seq_len in enumerate(batch.seq_lens_list):
+    block_size = k_cache.shape[1]
+    for i in batch.multi_query_requests:
+        seq_len = batch.seq_lens_list[i]
         q_start, q_end = starts[i], starts[i + 1]
         q_len = q_end - q_start
-        num_blocks = -(-seq_len // block_size)
-        blocks = batch.block_tables_list[i][:num_blocks]
+        blocks = batch.block_tables_list[i][:-(-seq_len // block_size)]
         # Gather this request's K/V through its block table: [seq_len, Hkv, D].
         k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
         v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
         q = query[q_start:q_end]
-        if q_len == 1:
-            mask, causal = None, False  # a decode token sees every key
-        elif q_len == seq_len:
+        if q_len == seq_len:
             mask, causal = None, True  # a prefill from position 0: the plain causal triangle
         else:
             # A chunk after cached context: query j sits at position seq_len - q_len + j.

@@ -26,6 +26,12 @@ class ForwardBatch:
             through the LM head, so intermediate prefill chunks cost no logits.
         block_tables_list, query_start_loc_list, seq_lens_list: the same as Python lists, for the CPU
             reference attention (no device sync).
+        single_query_rows: [N1] int64, rows of requests with exactly one new token (decodes, 1-token chunks).
+            Their attention is one batched call: a single query sees every cached key of its own request.
+        single_query_slots: [N1, L] int64, cache slots of keys 0..L-1 of each such request (L = its longest
+            seq_len); single_query_mask: [N1, L] bool, True for a request's own keys, False for padding.
+        multi_query_requests: indices (into the B requests) of those with more than one new token (prefill
+            chunks), attended one request at a time.
     """
 
     input_ids: torch.Tensor
@@ -38,6 +44,10 @@ class ForwardBatch:
     block_tables_list: list[list[int]]
     query_start_loc_list: list[int]
     seq_lens_list: list[int]
+    single_query_rows: torch.Tensor
+    single_query_slots: torch.Tensor
+    single_query_mask: torch.Tensor
+    multi_query_requests: list[int]
 
     @classmethod
     def build(cls, scheduler_output: SchedulerOutput, block_size: int, device: torch.device) -> ForwardBatch:
@@ -59,9 +69,31 @@ class ForwardBatch:
         def t(x, dtype):
             return torch.tensor(x, dtype=dtype, device=device)
 
+        single = [i for i, s in enumerate(scheduler_output.scheduled) if s.num_new_tokens == 1]
+        multi = [i for i, s in enumerate(scheduler_output.scheduled) if s.num_new_tokens > 1]
+        single_slots, single_mask = cls._single_query_slots([block_tables[i] for i in single], [seq_lens[i] for i in single],
+                                              block_size, device)
         return cls(
             input_ids=t(input_ids, torch.long), positions=t(positions, torch.long), slot_mapping=t(slots, torch.long),
             block_tables=t(padded, torch.int32), query_start_loc=t(starts, torch.int32),
             seq_lens=t(seq_lens, torch.int32), logits_indices=t(logits_indices, torch.long),
             block_tables_list=block_tables, query_start_loc_list=starts, seq_lens_list=seq_lens,
+            single_query_rows=t([starts[i] for i in single], torch.long), single_query_slots=single_slots,
+            single_query_mask=single_mask, multi_query_requests=multi,
         )
+
+    @staticmethod
+    def _single_query_slots(block_tables: list[list[int]], seq_lens: list[int], block_size: int,
+                            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slots of every key position 0..L-1 of each request ([N, L] int64) and the mask of real keys."""
+        if not block_tables:
+            return (torch.zeros((0, 0), dtype=torch.long, device=device),
+                    torch.zeros((0, 0), dtype=torch.bool, device=device))
+        max_len = max(seq_lens)
+        width = -(-max_len // block_size)
+        tables = torch.tensor([b[:width] + [0] * (width - len(b[:width])) for b in block_tables], dtype=torch.long,
+                              device=device)
+        pos = torch.arange(max_len, device=device)
+        slots = tables[:, pos // block_size] * block_size + pos % block_size
+        mask = pos[None, :] < torch.tensor(seq_lens, device=device)[:, None]
+        return slots, mask
