@@ -53,16 +53,18 @@ def paged_attention_reference(query: torch.Tensor, k_cache: torch.Tensor, v_cach
 
     rows = batch.single_query_rows
     if rows.numel():
-        # [N, L, Hkv, D] keys of each single-token request (index_select on the flat slot view is much faster
-        # than fancy indexing on CPU), then [N, Hkv, L, D] contiguous for SDPA.
+        # Keys of each single-token request, gathered through its block table: [N, L, Hkv, D] (index_select on
+        # the flat slot view is much faster than fancy indexing on CPU), viewed as [N, Hkv, L, D].
         n, length = batch.single_query_slots.shape
         flat_slots = batch.single_query_slots.reshape(-1)
-        k = k_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2).contiguous()
-        v = v_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2).contiguous()
-        q = query[rows].unsqueeze(2)  # [N, Hq, 1, D]
+        k = k_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2)
+        v = v_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2)
+        # Grouped-query attention: the G query heads that share a KV head become G query rows against it.
+        group = query.shape[1] // num_kv_heads
+        q = query[rows].view(n, num_kv_heads, group, head_dim)
         mask = batch.single_query_mask[:, None, None, :]  # [N, 1, 1, L]: a request sees only its own keys
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
-        out[rows] = o.squeeze(2)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+        out[rows] = o.reshape(n, num_kv_heads * group, head_dim)
 
     starts = batch.query_start_loc_list
     block_size = k_cache.shape[1]
@@ -81,9 +83,11 @@ def paged_attention_reference(query: torch.Tensor, k_cache: torch.Tensor, v_cach
             # A chunk after cached context: query j sits at position seq_len - q_len + j.
             q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
             mask, causal = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None], False
-        o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+        # [1, H, len, D]: with a batch dimension SDPA takes PyTorch's fused CPU kernel (several times faster
+        # than the 3-D call, and no [len, len] score matrix in memory).
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
                                            attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
-        out[q_start:q_end] = o.transpose(0, 1)
+        out[q_start:q_end] = o[0].transpose(0, 1)
     return out
 
 
