@@ -1,10 +1,15 @@
-"""Command line: ``python -m minengine run`` serves a batch of real prompts; ``generate`` prints one completion."""
+"""Command line: ``python -m minengine run`` serves a batch of real prompts; ``generate`` prints one completion;
+``bench-serve`` replays a request trace online and prints vLLM-style serving metrics and goodput."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import math
 import random
 import sys
+import time
 
 from minengine.config import EngineConfig
 from minengine.engine.llm_engine import LLMEngine
@@ -88,6 +93,144 @@ def cmd_generate(a: argparse.Namespace) -> None:
     print()
 
 
+def _bench_config(a: argparse.Namespace) -> EngineConfig:
+    """The ``run`` settings plus the scheduler flags, passed only when given (and known to this build)."""
+    config = _config(a)
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    extra = {name: getattr(a, name) for name in ("scheduling_policy", "preemption_mode")
+             if getattr(a, name) is not None}
+    unknown = sorted(set(extra) - known)
+    if unknown:
+        raise ValueError(f"this engine has no setting {unknown[0]!r}")
+    return dataclasses.replace(config, **extra) if extra else config
+
+
+def _bench_trace(a: argparse.Namespace, vocab_size: int, block_size: int):
+    """The workload for ``bench-serve``: a real trace (windowed, scaled, optionally re-timed) or Poisson."""
+    from minengine.workloads import (
+        azure_conv_path,
+        gamma_arrivals,
+        load_azure_trace,
+        load_mooncake_trace,
+        mooncake_path,
+        speed_up,
+        synthetic_trace,
+        with_arrivals,
+    )
+
+    cv = 1.0 / math.sqrt(a.burstiness)  # vLLM's burstiness is the gamma shape: cv = 1 / sqrt(shape)
+    if a.trace == "poisson":
+        rate = a.request_rate if a.request_rate is not None else 4.0
+        return synthetic_trace(a.num_requests, rate, cv=cv, prompt_len=a.input_len, output_len=a.output_len,
+                               range_ratio=a.range_ratio, seed=a.seed)
+    data_dir = find_data_dir(a.data_dir)
+    path = a.trace_path or (azure_conv_path(data_dir) if a.trace == "azure" else mooncake_path(data_dir))
+    if path is None:
+        raise ValueError(f"no {a.trace} trace found: pass --trace-path or --data-dir (the shared/data folder)")
+    if a.trace == "azure":
+        trace = load_azure_trace(path, max_requests=a.num_requests, start_s=a.start_s, length_scale=a.length_scale)
+    else:
+        trace = load_mooncake_trace(path, max_requests=a.num_requests, start_s=a.start_s,
+                                    length_scale=a.length_scale, block_size=block_size, vocab_size=vocab_size)
+    if a.request_rate is not None:  # keep the trace's lengths, replace its arrival times
+        trace = with_arrivals(trace, gamma_arrivals(a.request_rate, cv, len(trace), a.seed),
+                              source=f"{trace.source} (re-timed: {a.request_rate:g} req/s, cv {cv:.2f})")
+    elif a.speedup != 1.0:
+        trace = speed_up(trace, a.speedup)
+    return trace
+
+
+def cmd_bench_serve(a: argparse.Namespace) -> None:
+    from minengine.workloads import SLO, ServingBenchmark, VirtualClock, find_capacity, replay
+
+    slo = None
+    if any(v is not None for v in (a.slo_ttft_ms, a.slo_tpot_ms, a.slo_tbt_ms)):
+        slo = SLO(*(v / 1000 if v is not None else None for v in (a.slo_ttft_ms, a.slo_tpot_ms, a.slo_tbt_ms)))
+    if a.burstiness is None or not a.burstiness > 0:
+        raise ValueError(f"--burstiness must be > 0, got {a.burstiness!r}")
+    if a.capacity and slo is None:
+        raise ValueError("--capacity needs an SLO (--slo-ttft-ms, --slo-tpot-ms or --slo-tbt-ms)")
+    config = _bench_config(a)
+    # CPU time measures a CPU step without the noise of other processes; on a GPU the CPU waits, so wall time
+    timer = time.process_time if a.step_timer == "cpu" or (a.step_timer == "auto" and config.device == "cpu") \
+        else time.perf_counter
+    engine = LLMEngine(config, clock=time.perf_counter if a.wall_clock else VirtualClock(timer=timer))
+    trace = _bench_trace(a, engine.hf_config.vocab_size, config.block_size)
+    print(f"model: {engine.model_path} ({engine.config.dtype}, {engine.runner.device}); KV pool "
+          f"{engine.num_kv_blocks} blocks x {config.block_size} tokens; token budget {config.max_num_batched_tokens}; "
+          f"policy {getattr(config, 'scheduling_policy', 'decode-first')}")
+    print(f"trace: {len(trace)} requests from {trace.source}; length_scale {trace.length_scale:g}"
+          + (" (lengths scaled down: not the real sizes)" if trace.length_scale != 1 else "")
+          + f"; arrivals over {trace.duration_s:.1f} s")
+    print("clock: " + ("wall (real time)" if a.wall_clock else "virtual (step times measured as "
+                       f"{'CPU' if timer is time.process_time else 'wall'} time, idle gaps skipped)"))
+    result = replay(engine, trace, seed=a.seed, too_long=a.too_long)
+    if result.num_clipped or result.skipped_ids:
+        print(f"note: {result.num_clipped} requests clipped, {len(result.skipped_ids)} skipped to fit "
+              f"max_model_len ({config.max_model_len}) and the KV pool")
+    bench = ServingBenchmark.from_metrics(result.request_metrics, slo)
+    print(bench.as_table())
+    s = result.summary()
+    print(f"steps {s.num_steps}, preemptions {s.num_preemptions}, prefix hit rate {s.prefix_hit_rate:.1%} "
+          f"({s.prefix_hit_tokens} of {s.prefix_queried_tokens} tokens), peak KV blocks {s.peak_kv_blocks_used} "
+          f"of {s.num_kv_blocks}, wall time {result.wall_time_s:.1f} s")
+    if a.capacity:
+        start = a.request_rate or trace.mean_rate  # begin the search at the replayed load
+        start = start if math.isfinite(start) and start > 0 else 1.0
+        cap = find_capacity(slo, config, lengths=list(trace), num_requests=max(2, min(len(trace), a.capacity_requests)),
+                            start_rate=start, max_probes=a.capacity_probes, seed=a.seed, timer=timer)
+        print(f"capacity (Sarathi-Serve: highest Poisson rate with >= 90% of requests within the SLO and median "
+              f"scheduling delay <= 2 s): {cap.capacity:.2f} req/s")
+        for p in cap.probes:
+            print(f"  probe {p.rate:8.2f} req/s: attainment {p.attainment:6.1%}, median queue delay "
+                  f"{p.median_queue_delay_s * 1000:8.1f} ms, goodput {p.goodput:6.2f} req/s  "
+                  f"{'pass' if p.passed else 'fail'}")
+    if a.result_json:
+        with open(a.result_json, "w") as f:
+            json.dump({"trace": trace.source, "length_scale": trace.length_scale, "slo": str(slo),
+                       "benchmark": dataclasses.asdict(bench), "summary": s.as_dict()}, f, indent=2, default=str)
+
+
+def _bench_serve_parser(sub) -> None:
+    b = sub.add_parser("bench-serve", help="replay a request trace online; print serving metrics and goodput")
+    _engine_args(b)
+    g = b.add_argument_group("scheduler")
+    g.add_argument("--scheduling-policy", default=None, help="EngineConfig.scheduling_policy (default: the engine's)")
+    g.add_argument("--preemption-mode", default=None, help="recompute or swap (default: the engine's)")
+    w = b.add_argument_group("workload")
+    w.add_argument("--trace", default="azure", choices=["azure", "mooncake", "poisson"],
+                   help="Azure conversation trace (Splitwise, ISCA 2024), Mooncake (FAST 2025) or synthetic")
+    w.add_argument("--trace-path", default=None, help="a trace file (default: the copy in shared/data)")
+    w.add_argument("--data-dir", default=None, help="the shared/data folder (default: ../shared/data)")
+    w.add_argument("--num-requests", type=int, default=64, help="first N requests of the trace")
+    w.add_argument("--start-s", type=float, default=None, help="window start, seconds into the trace")
+    w.add_argument("--length-scale", type=float, default=1 / 16, help="factor on the trace's token lengths")
+    w.add_argument("--request-rate", type=float, default=None,
+                   help="req/s: replace the arrival times by a Poisson/gamma process (inf = all at once); "
+                        "for --trace poisson the default is 4")
+    w.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps (1 = Poisson, <1 bursty)")
+    w.add_argument("--speedup", type=float, default=1.0, help="divide the trace's own arrival times by this")
+    w.add_argument("--input-len", type=int, default=64, help="poisson: prompt tokens")
+    w.add_argument("--output-len", type=int, default=32, help="poisson: output tokens")
+    w.add_argument("--range-ratio", type=float, default=0.0, help="poisson: lengths uniform in len*(1 +- r)")
+    w.add_argument("--too-long", default="clip", choices=["clip", "skip", "error"],
+                   help="requests longer than max_model_len / the KV pool")
+    w.add_argument("--wall-clock", action="store_true", help="replay in real time instead of on a virtual clock")
+    w.add_argument("--step-timer", default="auto", choices=["auto", "cpu", "wall"],
+                   help="virtual clock: measure steps in this process's CPU time (robust to other load; CPU only) "
+                        "or wall time; auto = cpu on --device cpu")
+    s = b.add_argument_group("SLO (goodput counts requests meeting all given bounds)")
+    s.add_argument("--slo-ttft-ms", type=float, default=None, help="time to first token")
+    s.add_argument("--slo-tpot-ms", type=float, default=None, help="time per output token")
+    s.add_argument("--slo-tbt-ms", type=float, default=None, help="per-request P99 time between tokens")
+    c = b.add_argument_group("capacity")
+    c.add_argument("--capacity", action="store_true", help="also search the highest Poisson rate meeting the SLO")
+    c.add_argument("--capacity-requests", type=int, default=32, help="requests per capacity probe")
+    c.add_argument("--capacity-probes", type=int, default=8, help="most probes (short virtual-clock replays)")
+    b.add_argument("--result-json", default=None, help="also write the numbers to this JSON file")
+    b.set_defaults(func=cmd_bench_serve)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -110,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.set_defaults(func=cmd_generate)
+    _bench_serve_parser(sub)
     a = p.parse_args(argv)
     try:
         a.func(a)

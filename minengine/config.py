@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from minengine.core.policies import POLICIES
+from minengine.core.scheduler import PREEMPTION_MODES
+
 BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespeare-llama")
 
 _DTYPES = ("float32", "float16", "bfloat16")
-_PREEMPTION_MODES = ("recompute",)
 
 
 def _positive(name: str, value: int) -> None:
@@ -28,7 +30,7 @@ class EngineConfig:
         block_size: tokens per KV block (vLLM default 16).
         num_kv_blocks: number of KV blocks in the pool; ``None`` derives it from ``kv_cache_memory_bytes``
             or, if that is also ``None``, makes room for ``max_num_seqs`` sequences of ``max_model_len``
-            tokens, capped at 4096 blocks.
+            tokens, capped at 2048 blocks.
         kv_cache_memory_bytes: KV memory budget in bytes, used when ``num_kv_blocks`` is ``None``.
         max_num_batched_tokens: the token budget, the most tokens (prefill + decode) one step may compute.
         max_num_seqs: sequence slots, the most requests running at once.
@@ -39,7 +41,22 @@ class EngineConfig:
         long_prefill_token_threshold: the largest prefill chunk one request may take in one step
             (0 = no limit beyond the token budget).
         enable_prefix_caching: reuse the KV of full blocks whose tokens (and all tokens before) match.
-        preemption_mode: ``"recompute"``: a preempted request frees its blocks and is prefilled again.
+        preemption_mode: ``"recompute"``: a preempted request frees its blocks and is prefilled again;
+            ``"swap"``: its KV blocks are copied to a CPU swap space and back when it resumes (vLLM v0), falling
+            back to recompute when the swap space is full.
+        swap_space_blocks: size of the CPU swap space in KV blocks (``"swap"`` mode); ``None`` = as many as
+            the GPU pool (``num_kv_blocks``); 0 means every preemption falls back to recompute.
+        scheduling_policy: how a step spends the token budget, a name in ``minengine.core.policies.POLICIES``:
+            ``"decode-first"`` (default), ``"prefill-first"``, ``"balanced"``, ``"dynamic-splitfuse"``,
+            ``"priority"``, ``"round-robin"``.
+        prefill_decode_ratio: ``"balanced"``: prefill tokens : decode tokens of the budget (1.0 = an even
+            split; 3.0 gives prefill 3/4). Either side's unused share goes to the other.
+        splitfuse_target_tokens: ``"dynamic-splitfuse"``: the forward size (decode + prefill tokens) each step
+            aims at; ``None`` = ``max_num_batched_tokens``. Must be <= ``max_num_batched_tokens``.
+        priority_aging_steps: ``"priority"``: a request's priority value improves by 1 every this many steps
+            since it arrived, so a low-priority request cannot starve forever; 0 disables aging.
+        shrink_prefill_chunks: admission probe: when a new prefill chunk needs more KV blocks than are free,
+            shrink it to what fits (down to one block) instead of leaving the request waiting.
         seed: seed for requests without their own ``SamplingParams.seed``.
         trace_block_tables: record each step's block tables and ref counts in the trace (for drawing).
 
@@ -61,6 +78,12 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     enable_prefix_caching: bool = True
     preemption_mode: str = "recompute"
+    swap_space_blocks: int | None = None
+    scheduling_policy: str = "decode-first"
+    prefill_decode_ratio: float = 1.0
+    splitfuse_target_tokens: int | None = None
+    priority_aging_steps: int = 64
+    shrink_prefill_chunks: bool = False
     seed: int = 0
     trace_block_tables: bool = True
     extra: dict = field(default_factory=dict, repr=False)
@@ -84,8 +107,31 @@ class EngineConfig:
         if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be an integer >= 0 (0 = no limit), "
                              f"got {self.long_prefill_token_threshold!r}")
-        if self.preemption_mode not in _PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {_PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        self._check_scheduling()
+
+    def _check_scheduling(self) -> None:
+        """Validate the scheduling-policy and swap settings (ValueError naming the field)."""
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {tuple(POLICIES)}, got {self.scheduling_policy!r}")
+        if self.swap_space_blocks is not None and (not isinstance(self.swap_space_blocks, int)
+                                                   or isinstance(self.swap_space_blocks, bool)
+                                                   or self.swap_space_blocks < 0):
+            raise ValueError(f"swap_space_blocks must be an integer >= 0 or None, got {self.swap_space_blocks!r}")
+        ratio = self.prefill_decode_ratio
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio < float("inf"):
+            raise ValueError(f"prefill_decode_ratio must be a finite number > 0, got {ratio!r}")
+        if self.splitfuse_target_tokens is not None:
+            _positive("splitfuse_target_tokens", self.splitfuse_target_tokens)
+            if self.splitfuse_target_tokens > self.max_num_batched_tokens:
+                raise ValueError(f"splitfuse_target_tokens ({self.splitfuse_target_tokens}) must be <= "
+                                 f"max_num_batched_tokens ({self.max_num_batched_tokens})")
+        aging = self.priority_aging_steps
+        if not isinstance(aging, int) or isinstance(aging, bool) or aging < 0:
+            raise ValueError(f"priority_aging_steps must be an integer >= 0 (0 = no aging), got {aging!r}")
+        if not isinstance(self.shrink_prefill_chunks, bool):
+            raise ValueError(f"shrink_prefill_chunks must be a bool, got {self.shrink_prefill_chunks!r}")
 
     def check_against_model(self, max_position_embeddings: int) -> None:
         """Fill ``max_model_len`` from the model and check the budgets against it.

@@ -9,23 +9,27 @@ from minengine.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
-    """WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED -> (waiting queue) -> RUNNING."""
+    """WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED (recompute) or SWAPPED (KV copied to the
+    CPU swap space) -> (waiting queue) -> RUNNING."""
 
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    SWAPPED = "swapped"
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_TIMEOUT = "timeout"
 
     @property
     def finished(self) -> bool:
         return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED)
+                        RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_TIMEOUT)
 
     @property
     def finish_reason(self) -> str | None:
-        """vLLM's ``finish_reason``: "stop", "length", "abort" or None while unfinished."""
+        """vLLM's ``finish_reason``: "stop", "length", "abort", "timeout" (past its deadline) or None while
+        unfinished."""
         return self.value if self.finished else None
 
 
@@ -55,6 +59,13 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
+    # Scheduling policy inputs. As in vLLM, a SMALLER priority value is more urgent (0 is the default).
+    priority: int = 0
+    deadline: float | None = None  # engine-clock seconds after which the request finishes with "timeout"
+    arrival_step: int = 0  # the scheduler's step count when the request was added (for priority aging)
+    last_scheduled_step: int | None = None  # the last step that computed tokens for it (round-robin)
+    # Swap preemption: the CPU swap-space blocks holding its KV while it waits (empty when not swapped).
+    swapped_block_ids: list[int] = field(default_factory=list)
     # Timestamps (engine clock, seconds).
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -86,6 +97,12 @@ class Request:
         if start >= n:
             return self.output_token_ids[start - n:end - n]
         return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
+    @property
+    def is_decode(self) -> bool:
+        """True when the next step computes exactly one token that is the latest generated one (a decode);
+        False while any prompt token (or, after a recompute preemption, any older token) is uncomputed."""
+        return self.num_tokens - self.num_computed_tokens == 1 and self.num_computed_tokens >= self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

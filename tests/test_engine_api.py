@@ -205,3 +205,12 @@ def test_hf_loading_of_bundled_model(bundled_model):
     tok = AutoTokenizer.from_pretrained(bundled_model)
     assert model.config.num_key_value_heads < model.config.num_attention_heads
     assert model.config.max_position_embeddings >= 8192 and len(tok) == model.config.vocab_size
+
+
+def test_generate_priority_argument(bundled_model):
+    llm = LLM(bundled_model, max_model_len=256, scheduling_policy="priority", max_num_seqs=1)
+    outs = llm.generate(["ROMEO:", "JULIET:"], GREEDY, use_tqdm=False, priority=[5, 0])
+    m = [o.metrics for o in outs]
+    assert m[1].first_token_time < m[0].first_token_time  # the more urgent (smaller) one ran first
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate(["ROMEO:"], GREEDY, use_tqdm=False, priority=[1, 2])

@@ -106,6 +106,16 @@ class KVCacheManager:
             self._num_indexed[request.request_id] = max(start, num_full)
         return new_blocks
 
+    def take_blocks(self, request: Request, num_blocks: int) -> list[int]:
+        """Give a request that holds no blocks ``num_blocks`` fresh ones as its block table (a swap-in: the
+        runner copies the saved KV into them). Their prefix-cache hashes are indexed by the request's next
+        ``allocate_slots``. Returns their ids. Raises ``ValueError`` when too few are free."""
+        if self.req_to_blocks.get(request.request_id):
+            raise ValueError(f"request {request.request_id!r} already holds blocks")
+        blocks = self.pool.get_new_blocks(num_blocks)
+        self.req_to_blocks[request.request_id] = blocks
+        return [b.block_id for b in blocks]
+
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (tail first, so prefix heads are evicted last)."""
         blocks = self.req_to_blocks.pop(request.request_id, [])

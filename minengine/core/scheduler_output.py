@@ -47,11 +47,15 @@ class SchedulerOutput:
     """Everything one step computes, plus what the scheduler decided on the way (for metrics and traces).
 
     Attributes:
-        scheduled: requests in batch order (running first, then newly admitted).
-        preempted_ids: requests preempted (recompute) during this ``schedule()``.
+        scheduled: requests in the order the scheduling policy scheduled them.
+        preempted_ids: requests preempted (by recompute or swap) during this ``schedule()``.
         admitted_ids: requests moved from waiting to running this step.
         prefix_queried_tokens / prefix_hit_tokens: prompt tokens looked up in / served by the prefix cache
             for the requests admitted this step.
+        blocks_to_swap_out: (GPU block id, CPU swap block id) pairs whose KV the runner copies to the swap
+            space BEFORE the forward (the GPU blocks may be reused by this very step).
+        blocks_to_swap_in: (CPU swap block id, GPU block id) pairs the runner copies back, after the
+            swap-outs and before the forward (vLLM v0's ``blocks_to_swap_in`` / ``blocks_to_swap_out``).
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -59,6 +63,8 @@ class SchedulerOutput:
     admitted_ids: list[str] = field(default_factory=list)
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -33,13 +33,15 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Generate for every prompt; returns the finished ``RequestOutput``s in input order.
 
         Args:
             prompts: a string, a token-id dict ``{"prompt_token_ids": [...]}``, or a list of either.
             sampling_params: one for all prompts, or one per prompt; ``None`` = ``SamplingParams()``.
             use_tqdm: show a progress bar over finished requests.
+            priority: one priority per prompt for ``scheduling_policy="priority"`` (as vLLM: smaller = more
+                urgent); None = all 0.
 
         Raises:
             ValueError: any invalid prompt or parameter; nothing is queued then.
@@ -53,9 +55,13 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         engine = self.llm_engine
         # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.
-        requests = [engine.make_request(str(next(self._ids)), p, sp) for p, sp in zip(prompts, params)]
+        requests = [engine.make_request(str(next(self._ids)), p, sp, priority=pr)
+                    for p, sp, pr in zip(prompts, params, priority)]
         ids = [r.request_id for r in requests]
         if len(set(ids)) != len(ids) or any(i in engine.scheduler.requests for i in ids):
             raise ValueError("request ids collide with unfinished requests")

@@ -13,6 +13,7 @@ import torch
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
+from minengine.core.policies import PolicySettings
 from minengine.core.scheduler import Scheduler
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.metrics.stats import ServingSummary, summarize
@@ -69,13 +70,24 @@ class LLMEngine:
         self.kv_cache_bytes = num_blocks * bytes_per_block
 
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        swap_blocks = 0
+        if config.preemption_mode == "swap":
+            swap_blocks = num_blocks if config.swap_space_blocks is None else config.swap_space_blocks
+        self.num_swap_blocks = swap_blocks
+        settings = PolicySettings(prefill_decode_ratio=config.prefill_decode_ratio,
+                                  splitfuse_target_tokens=config.splitfuse_target_tokens,
+                                  priority_aging_steps=config.priority_aging_steps)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.max_model_len, config.enable_chunked_prefill,
-                                   config.long_prefill_token_threshold)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed)
+                                   config.long_prefill_token_threshold, policy=config.scheduling_policy,
+                                   policy_settings=settings, preemption_mode=config.preemption_mode,
+                                   swap_space_blocks=swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks)
+        self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
+                                  num_swap_blocks=swap_blocks)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
         self.traces: list[StepTrace] = []
+        self._num_timeouts = 0
 
     @classmethod
     def from_config(cls, **kwargs) -> LLMEngine:
@@ -124,17 +136,29 @@ class LLMEngine:
         return text, ids
 
     def make_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
-                     arrival_time: float | None = None) -> Request:
+                     arrival_time: float | None = None, priority: int = 0,
+                     deadline: float | None = None) -> Request:
         """Validate a request without adding it (``LLM.generate`` validates a whole batch first).
+
+        Args:
+            priority: used by ``scheduling_policy="priority"``; as in vLLM, a smaller value is more urgent.
+            deadline: engine-clock time (seconds, the clock of ``arrival_time``) after which the request
+                finishes with reason "timeout" and frees its blocks; None = no deadline.
 
         Raises:
             ValueError: naming the field: ``request_id`` (duplicate), ``prompt`` (empty, longer than
-                ``max_model_len``, needing more blocks than ``num_kv_blocks``), ``sampling_params``.
+                ``max_model_len``, needing more blocks than ``num_kv_blocks``), ``sampling_params``,
+                ``priority`` (not an integer), ``deadline`` (not a number).
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool)
+                                     or deadline != deadline):
+            raise ValueError(f"deadline must be a number (engine-clock seconds) or None, got {deadline!r}")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
@@ -156,12 +180,14 @@ class LLMEngine:
                              f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
         arrival = self.clock() if arrival_time is None else float(arrival_time)
         return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
-                       eos_token_id=self.eos_token_id, prompt=text)
+                       eos_token_id=self.eos_token_id, prompt=text, priority=priority,
+                       deadline=None if deadline is None else float(deadline))
 
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None) -> None:
-        """Queue a request (vLLM: ``LLMEngine.add_request``). Raises ``ValueError`` as ``make_request``."""
-        self.enqueue(self.make_request(request_id, prompt, params, arrival_time))
+                    arrival_time: float | None = None, priority: int = 0, deadline: float | None = None) -> None:
+        """Queue a request (vLLM: ``LLMEngine.add_request``; ``priority`` as vLLM's, smaller = more urgent;
+        ``deadline`` in engine-clock seconds, see ``make_request``). Raises ``ValueError`` as ``make_request``."""
+        self.enqueue(self.make_request(request_id, prompt, params, arrival_time, priority, deadline))
 
     def enqueue(self, request: Request) -> None:
         """Queue a request built by ``make_request``."""
@@ -197,11 +223,12 @@ class LLMEngine:
                 checks make this impossible, and it is better to fail than to spin).
         """
         start = self.clock()
+        timed_out = self._finish_timed_out(start)
         sched = self.scheduler.schedule()
         if sched.is_empty:
             if self.has_unfinished_requests():
                 raise RuntimeError("no request could be scheduled although some are unfinished")
-            return []
+            return timed_out
         trace_blocks = self._block_snapshot() if self.config.trace_block_tables else {}
         num_free = self.kv_cache_manager.num_free_blocks
         num_cached_free = self.kv_cache_manager.pool.num_cached_free_blocks
@@ -234,7 +261,7 @@ class LLMEngine:
             self._finish_metrics(request, now)
             outputs_for[request.request_id] = None
         requests = {r.request_id: r for r in got_token + finished}
-        outputs = [self._make_output(requests[rid]) for rid in outputs_for]
+        outputs = timed_out + [self._make_output(requests[rid]) for rid in outputs_for]
         for request in finished:
             del self._detok[request.request_id]
 
@@ -245,10 +272,24 @@ class LLMEngine:
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             num_free_blocks=num_free, num_cached_free_blocks=num_cached_free, num_total_blocks=self.num_kv_blocks,
             preempted_ids=sched.preempted_ids, admitted_ids=sched.admitted_ids,
-            finished_ids=[r.request_id for r in finished],
+            finished_ids=[o.request_id for o in timed_out] + [r.request_id for r in finished],
             prefix_queried_tokens=sched.prefix_queried_tokens, prefix_hit_tokens=sched.prefix_hit_tokens,
+            num_swapped_out_blocks=len(sched.blocks_to_swap_out), num_swapped_in_blocks=len(sched.blocks_to_swap_in),
+            swap_time_s=self.runner.last_swap_time_s, timed_out_ids=[o.request_id for o in timed_out],
             **trace_blocks,
         ))
+        return outputs
+
+    def _finish_timed_out(self, now: float) -> list[RequestOutput]:
+        """Finish every unfinished request whose deadline has passed with reason "timeout" (its blocks and
+        swap blocks are freed); returns their final outputs."""
+        expired = [rid for rid, r in self.scheduler.requests.items() if r.deadline is not None and now >= r.deadline]
+        outputs = []
+        for request in self.scheduler.finish_requests(expired, RequestStatus.FINISHED_TIMEOUT):
+            self._num_timeouts += 1
+            self._finish_metrics(request, now)
+            outputs.append(self._make_output(request))
+            del self._detok[request.request_id]
         return outputs
 
     def _block_snapshot(self) -> dict:
@@ -280,10 +321,13 @@ class LLMEngine:
     def summary(self) -> ServingSummary:
         """TTFT/TPOT/ITL percentiles, throughput, preemptions, prefix hits and peak KV use of all requests
         finished so far, over all recorded steps."""
-        return summarize(list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
+        summary = summarize(list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
+        summary.num_timeouts = self._num_timeouts  # also those in a step that then had nothing to run
+        return summary
 
     def reset_stats(self) -> None:
         """Forget finished requests' metrics and the step trace (e.g. between benchmark runs)."""
         live = set(self.scheduler.requests)
         self.request_metrics = {k: v for k, v in self.request_metrics.items() if k in live}
         self.traces = []
+        self._num_timeouts = 0

@@ -51,6 +51,10 @@ class ServingSummary:
     prefix_hit_rate: float
     peak_kv_blocks_used: int
     num_kv_blocks: int
+    num_swapped_out_blocks: int = 0
+    num_swapped_in_blocks: int = 0
+    swap_time_s: float = 0.0
+    num_timeouts: int = 0
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -72,6 +76,11 @@ class ServingSummary:
                                   f"({self.prefix_hit_rate:.1%})"),
             ("peak KV blocks used", f"{self.peak_kv_blocks_used} of {self.num_kv_blocks}"),
         ]
+        if self.num_swapped_out_blocks or self.num_swapped_in_blocks:
+            rows.append(("swapped out / in blocks (time ms)", f"{self.num_swapped_out_blocks} / "
+                         f"{self.num_swapped_in_blocks} ({self.swap_time_s * ms:.1f})"))
+        if self.num_timeouts:
+            rows.append(("timeouts", f"{self.num_timeouts}"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -100,4 +109,8 @@ def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blo
         num_preemptions=sum(len(t.preempted_ids) for t in traces),
         prefix_queried_tokens=queried, prefix_hit_tokens=hit, prefix_hit_rate=hit / queried if queried else 0.0,
         peak_kv_blocks_used=max((t.num_used_blocks for t in traces), default=0), num_kv_blocks=num_kv_blocks,
+        num_swapped_out_blocks=sum(t.num_swapped_out_blocks for t in traces),
+        num_swapped_in_blocks=sum(t.num_swapped_in_blocks for t in traces),
+        swap_time_s=sum(t.swap_time_s for t in traces),
+        num_timeouts=sum(len(t.timed_out_ids) for t in traces),
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,9 @@ class StepTrace:
     Block state (``block_tables``, ``block_ref_counts``, ``cached_block_ids``, free counts) is taken after
     scheduling, i.e. what the step's forward pass used. Queue lengths are taken after the step.
     ``block_tables`` etc. are None when the engine runs with ``trace_block_tables=False``.
+    Swap preemption: ``num_swapped_out_blocks`` / ``num_swapped_in_blocks`` KV blocks copied to / from the CPU
+    swap space before this step's forward, taking ``swap_time_s`` seconds (wall clock, inside the step).
+    ``timed_out_ids`` finished with reason "timeout" at the start of the step (they are in ``finished_ids``).
     """
 
     step: int
@@ -43,6 +46,10 @@ class StepTrace:
     block_tables: dict[str, list[int]] | None = None
     block_ref_counts: list[int] | None = None
     cached_block_ids: list[int] | None = None
+    num_swapped_out_blocks: int = 0
+    num_swapped_in_blocks: int = 0
+    swap_time_s: float = 0.0
+    timed_out_ids: list[str] = field(default_factory=list)
 
     @property
     def duration(self) -> float:

@@ -71,8 +71,8 @@ class ForwardBatch:
 
         single = [i for i, s in enumerate(scheduler_output.scheduled) if s.num_new_tokens == 1]
         multi = [i for i, s in enumerate(scheduler_output.scheduled) if s.num_new_tokens > 1]
-        single_slots, single_mask = cls._single_query_slots([block_tables[i] for i in single], [seq_lens[i] for i in single],
-                                              block_size, device)
+        single_slots, single_mask = cls._single_query_slots(
+            [block_tables[i] for i in single], [seq_lens[i] for i in single], block_size, device)
         return cls(
             input_ids=t(input_ids, torch.long), positions=t(positions, torch.long), slot_mapping=t(slots, torch.long),
             block_tables=t(padded, torch.int32), query_start_loc=t(starts, torch.int32),

@@ -8,6 +8,7 @@ from minengine.core.scheduler_output import SchedulerOutput
 from minengine.models.llama import LlamaForCausalLM
 from minengine.worker.forward_batch import ForwardBatch
 from minengine.worker.sampler import Sampler
+from minengine.worker.swap import CpuSwapSpace
 
 
 def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
@@ -24,9 +25,14 @@ class ModelRunner:
         num_blocks, block_size: shape of the KV pool; each layer gets a K and a V tensor of
             [num_blocks, block_size, Hkv, D] in the model's dtype.
         seed: seed of the sampler's shared generator.
+        num_swap_blocks: CPU swap-space blocks for swap preemption (0 = none).
+
+    Attributes:
+        last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
     """
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0):
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
+                 num_swap_blocks: int = 0):
         self.model = model
         self.block_size = block_size
         p = next(model.parameters())
@@ -36,10 +42,18 @@ class ModelRunner:
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in model.model.layers]
         self.sampler = Sampler(seed)
+        self.swap_space = CpuSwapSpace(num_swap_blocks, len(self.kv_caches), block_size, model.num_kv_heads,
+                                       model.head_dim, self.dtype)
+        self.last_swap_time_s = 0.0
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
-        """Compute one step; returns {request_id: sampled token id} for the requests that sample."""
+        """Compute one step; returns {request_id: sampled token id} for the requests that sample.
+
+        The step's swap-outs and swap-ins are copied first: the forward may overwrite swapped-out blocks and
+        reads swapped-in ones."""
+        self.last_swap_time_s = self.swap_space.swap(self.kv_caches, scheduler_output.blocks_to_swap_out,
+                                                     scheduler_output.blocks_to_swap_in)
         if scheduler_output.is_empty:
             return {}
         batch = ForwardBatch.build(scheduler_output, self.block_size, self.device)

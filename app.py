@@ -1,0 +1,292 @@
+"""minengine dashboard: run the real engine on a workload and watch what the scheduler did, step by step.
+
+    streamlit run app.py
+
+No engine logic here: the page reads controls, builds a ``Workload`` (``minengine.viz.presets``), runs it
+(``minengine.viz.runner.run_workload``, cached on config + workload) and draws the engine's own records with
+``minengine.viz`` figure builders. ``MINENGINE_MODEL`` may name another model directory (default: the
+bundled tiny Shakespeare model).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import streamlit as st
+
+from minengine.config import BUNDLED_MODEL
+from minengine.viz import (
+    ab_sentence,
+    batch_composition_figure,
+    block_pool_animation,
+    block_pool_figure,
+    block_tables_figure,
+    find_stalls,
+    itl_figure,
+    kv_usage_figure,
+    latency_cdf_figure,
+    presets,
+    queue_figure,
+    token_timeline_figure,
+)
+from minengine.viz.i18n import t
+from minengine.viz.runner import DashboardConfig, RunResult, run_workload
+from minengine.viz.workload import Workload
+from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
+
+TRACE_SCALES = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4)
+LONG_PROMPT_SCALES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+
+
+# ---- cached heavy work ---------------------------------------------------------------------------------------
+@st.cache_data(show_spinner=False, max_entries=32)
+def cached_run(config: DashboardConfig, workload: Workload) -> RunResult:
+    """One engine run; the cache key is the (frozen, hashable) config and workload."""
+    return run_workload(config, workload)
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def cached_trace(path: str, max_requests: int, length_scale: float) -> list:
+    """The first ``max_requests`` requests of the Azure trace at ``path``, lengths x ``length_scale``."""
+    return list(load_azure_trace(path, max_requests=max_requests, length_scale=length_scale))
+
+
+# ---- controls ---------------------------------------------------------------------------------------------------
+def language_control() -> str:
+    return st.sidebar.radio("Language / 语言", ["en", "zh"], horizontal=True, key="lang",
+                            format_func=lambda x: {"en": "English", "zh": "中文"}[x])
+
+
+def workload_controls(preset: str, lang: str) -> tuple[Workload | None, list[tuple[str, str]]]:
+    """The preset's own controls; returns (workload or None, messages as (kind, text)) where kind is
+    "info", "warning" or "error". None means the run cannot go ahead (the messages say why)."""
+    sb = st.sidebar
+    messages: list[tuple[str, str]] = []
+    if preset == "a":
+        scale = sb.select_slider(t("long_prompt_scale", lang), LONG_PROMPT_SCALES, value=1 / 4, key="a_scale",
+                                 format_func=lambda s: f"{s:g}")
+        return presets.textbook_long_prompt(long_prompt_scale=scale), messages
+    if preset == "b":
+        return presets.shared_system_prompt(), messages
+    if preset == "c":
+        return presets.memory_pressure(), messages
+    if preset == "d":
+        n = sb.number_input(t("trace_max_requests", lang), min_value=1, max_value=200, value=40, key="d_n")
+        scale = sb.select_slider(t("trace_length_scale", lang), TRACE_SCALES, value=1 / 8, key="d_scale",
+                                 format_func=lambda s: f"{s:g}")
+        upload = sb.file_uploader(t("trace_upload", lang), type=["csv"], key="d_upload")
+        if upload is not None:
+            try:
+                trace = parse_azure_csv(upload.getvalue(), max_requests=int(n), length_scale=scale,
+                                        source=upload.name)
+            except ValueError as exc:
+                return None, [("error", t("trace_bad_upload", lang).format(error=exc))]
+            messages.append(("info", t("trace_using_upload", lang).format(n=len(trace))))
+        else:
+            path = azure_conv_path(find_data_dir())
+            if path is None:
+                expected = "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+                return None, [("warning", t("trace_missing", lang).format(path=expected))]
+            trace = cached_trace(str(path), int(n), scale)
+        try:
+            return presets.from_trace(trace, length_scale=scale), messages
+        except ValueError as exc:
+            return None, [("error", t("trace_bad_upload", lang).format(error=exc))]
+    # (e) custom
+    num = sb.number_input(t("num_requests", lang), min_value=1, max_value=64, value=8, key="e_n")
+    p_lo, p_hi = sb.slider(t("prompt_len_range", lang), 1, 1024, (16, 128), key="e_prompt")
+    o_lo, o_hi = sb.slider(t("output_len_range", lang), 1, 256, (8, 32), key="e_output")
+    rate = sb.number_input(t("arrival_rate", lang), min_value=0.0, max_value=100.0, value=4.0, step=0.5,
+                           key="e_rate")
+    return presets.custom(int(num), (p_lo, p_hi), (o_lo, o_hi), float(rate)), messages
+
+
+def engine_controls(preset: str, lang: str) -> DashboardConfig:
+    """Engine knobs, starting from the preset's defaults (keys per preset, so switching preset resets them).
+    Deliberately permissive bounds (0 blocks, a budget below block_size): ``DashboardConfig.validate`` turns
+    bad values into a message on the page."""
+    d = presets.PRESET_ENGINE_DEFAULTS[preset]
+    sb = st.sidebar
+    sb.subheader(t("engine", lang))
+    budget = sb.number_input(t("max_num_batched_tokens", lang), min_value=1, max_value=16384,
+                             value=d["max_num_batched_tokens"], step=16, key=f"{preset}_budget")
+    chunked = sb.toggle(t("enable_chunked_prefill", lang), value=d["enable_chunked_prefill"], key=f"{preset}_cp")
+    threshold = sb.number_input(t("long_prefill_token_threshold", lang), min_value=0, max_value=16384,
+                                value=d["long_prefill_token_threshold"], step=16, key=f"{preset}_thr")
+    block_size = sb.number_input(t("block_size", lang), min_value=1, max_value=256, value=d["block_size"],
+                                 key=f"{preset}_bs")
+    blocks = sb.number_input(t("num_kv_blocks", lang), min_value=0, max_value=8192, value=d["num_kv_blocks"],
+                             key=f"{preset}_blocks")
+    seqs = sb.number_input(t("max_num_seqs", lang), min_value=1, max_value=256, value=d["max_num_seqs"],
+                           key=f"{preset}_seqs")
+    prefix = sb.toggle(t("enable_prefix_caching", lang), value=d["enable_prefix_caching"], key=f"{preset}_pc")
+    temperature = sb.slider(t("temperature", lang), 0.0, 2.0, 0.0, 0.1, key="temperature")
+    return DashboardConfig(max_num_batched_tokens=int(budget), enable_chunked_prefill=bool(chunked),
+                           long_prefill_token_threshold=int(threshold), block_size=int(block_size),
+                           num_kv_blocks=int(blocks), max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix),
+                           temperature=float(temperature), model=os.environ.get("MINENGINE_MODEL") or None)
+
+
+def show(messages: list[tuple[str, str]]) -> None:
+    for kind, text in messages:
+        getattr(st, kind)(text)
+
+
+# ---- views ----------------------------------------------------------------------------------------------------
+def block_view(res: RunResult, lang: str) -> None:
+    traces = res.traces
+    peak = max(range(len(traces)), key=lambda i: traces[i].num_used_blocks)  # open at the fullest step
+    # keyed on the run length, so a shorter run never inherits an out-of-range step from a longer one
+    step = st.slider(t("step_slider", lang), 0, len(traces) - 1, peak, key=f"step_{len(traces)}")
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(block_pool_figure(traces[step], lang), key="block_pool")
+        st.caption(t("cap_block_pool", lang).format(hit=t("prefix_cache_hit", lang)))
+    with right:
+        st.plotly_chart(block_tables_figure(traces[step], lang), key="block_tables")
+        st.caption(t("cap_block_tables", lang).format(bt=t("block_table", lang), sm=t("slot_mapping", lang)))
+    st.subheader(t("animation", lang))
+    speed = st.slider(t("speed", lang), 1, 20, 4, key="speed")
+    st.plotly_chart(block_pool_animation(traces, lang, frame_ms=round(1000 / speed)), key="block_anim")
+    st.caption(t("cap_animation", lang))
+
+
+def batch_view(res: RunResult, lang: str) -> None:
+    st.plotly_chart(batch_composition_figure(res.traces, lang), key="batch")
+    st.caption(t("cap_batch", lang).format(pf=t("prefill", lang), tb=t("token_budget", lang),
+                                           adm=t("admission", lang)))
+
+
+def tbt_view(res: RunResult, lang: str, threshold_s: float) -> None:
+    st.plotly_chart(token_timeline_figure(res.request_metrics, lang), key="timeline")
+    st.caption(t("cap_timeline", lang))
+    st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang), key="itl")
+    st.caption(t("cap_itl", lang))
+    stalls = find_stalls(res.request_metrics, res.traces, threshold_s, lang)
+    st.markdown(f"**{t('stall_table', lang)}**")
+    if not stalls:
+        st.info(t("no_stalls", lang).format(threshold_ms=threshold_s * 1000))
+    else:
+        st.dataframe([{t("request", lang): s["request_id"], t("col_token", lang): s["token_index"],
+                       t("col_time", lang): round(s["time_s"], 3), t("col_itl", lang): round(s["itl_s"] * 1000, 1),
+                       t("col_cause", lang): s["cause"]} for s in stalls], key="stalls")
+
+
+def metrics_view(res: RunResult, lang: str) -> None:
+    s = res.summary
+    ms = 1000
+    cols = st.columns(4)
+    cols[0].metric(t("metric_ttft", lang), f"{s.ttft_p50 * ms:.1f} / {s.ttft_p95 * ms:.1f} / {s.ttft_p99 * ms:.1f}")
+    cols[1].metric(t("metric_tpot", lang), f"{s.tpot_p50 * ms:.1f} / {s.tpot_p95 * ms:.1f} / {s.tpot_p99 * ms:.1f}")
+    cols[2].metric(t("metric_itl", lang), f"{s.itl_p50 * ms:.1f} / {s.itl_p95 * ms:.1f} / {s.itl_p99 * ms:.1f}")
+    cols[3].metric(t("metric_throughput", lang), f"{s.output_tok_s:.1f}")
+    cols = st.columns(3)
+    cols[0].metric(t("metric_preemptions", lang), f"{s.num_preemptions}")
+    cols[1].metric(t("metric_prefix", lang), f"{s.prefix_hit_tokens} ({s.prefix_hit_rate:.1%})")
+    cols[2].metric(t("metric_requests", lang), f"{s.num_requests} / {s.num_steps}")
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(queue_figure(res.traces, lang), key="queue")
+        st.caption(t("cap_queue", lang).format(slot=t("sequence_slot", lang), tb=t("token_budget", lang)))
+    with right:
+        st.plotly_chart(kv_usage_figure(res.traces, lang), key="kv")
+        st.caption(t("cap_kv", lang))
+    st.plotly_chart(latency_cdf_figure(res.request_metrics, lang), key="latency")
+    st.caption(t("cap_latency", lang))
+
+
+def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s: float) -> None:
+    knobs = {"enable_chunked_prefill": "chunked_prefill", "enable_prefix_caching": "prefix_caching"}
+    field = st.radio(t("ab_knob", lang), list(knobs), horizontal=True, key="ab_knob",
+                     format_func=lambda f: t(knobs[f], lang))
+    knob = t(knobs[field], lang)
+    label_a, label_b = t("ab_config_a", lang).format(knob=knob), t("ab_config_b", lang).format(knob=knob)
+    try:
+        res_a = cached_run(replace(config, **{field: True}), workload)
+        res_b = cached_run(replace(config, **{field: False}), workload)
+    except (ValueError, RuntimeError) as exc:
+        st.error(t("run_failed", lang).format(error=exc))
+        return
+    st.markdown(ab_sentence(res_a.summary, res_b.summary, label_a, label_b, lang))
+    st.caption(t("cap_ab", lang))
+    for name, res in ((label_a, res_a), (label_b, res_b)):
+        if res.budget_raised:
+            st.info(f"{name}: " + t("budget_raised", lang).format(cp=t("chunked_prefill", lang),
+                                                                  tokens=res.token_budget))
+    cols = st.columns(2)
+    for i, (name, res) in enumerate(((label_a, res_a), (label_b, res_b))):
+        with cols[i]:
+            st.markdown(f"**{name}**")
+            st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang), key=f"ab_itl_{i}")
+            st.plotly_chart(batch_composition_figure(res.traces, lang), key=f"ab_batch_{i}")
+
+
+# ---- page -----------------------------------------------------------------------------------------------------
+def main() -> None:
+    st.set_page_config(page_title="minengine", layout="wide")
+    lang = language_control()
+    st.title(t("app_title", lang))
+    st.write(t("app_intro", lang))
+
+    st.sidebar.subheader(t("workload", lang))
+    # One selectbox per language: a browser keeps showing a keyed selectbox's old option labels when only
+    # format_func changes. The choice itself survives the switch through a plain session value.
+    chosen = st.session_state.get("preset_choice", presets.PRESETS[0])
+    preset = st.sidebar.selectbox(t("preset", lang), presets.PRESETS, index=presets.PRESETS.index(chosen),
+                                  key=f"preset_{lang}", format_func=lambda p: t(f"preset_{p}", lang))
+    st.session_state["preset_choice"] = preset
+    workload, messages = workload_controls(preset, lang)
+    config = engine_controls(preset, lang)
+    threshold_ms = st.sidebar.number_input(t("stall_threshold", lang), min_value=1.0, max_value=10_000.0,
+                                           value=50.0, step=10.0, key="threshold")
+    threshold_s = threshold_ms / 1000
+
+    st.info(t(f"preset_{preset}_help", lang).format(cp=t("chunked_prefill", lang),
+                                                    hol=t("head_of_line_blocking", lang),
+                                                    hit=t("prefix_cache_hit", lang), victim=t("victim", lang)))
+    if workload is not None and workload.scale_note is not None:
+        key, fields = workload.scale_note
+        messages.append(("info", t(key, lang).format(**dict(fields))))
+    show(messages)
+    if config.model is None and not (Path(BUNDLED_MODEL) / "config.json").exists():
+        st.error(t("model_missing", lang).format(path=BUNDLED_MODEL))
+        return
+
+    if st.button(t("run", lang), type="primary", disabled=workload is None, key="run"):
+        st.session_state["submitted"] = (config, workload)
+    if "submitted" not in st.session_state:
+        st.write(t("press_run", lang))
+        return
+    if st.session_state["submitted"] != (config, workload):
+        st.warning(t("stale_run", lang))
+    config, workload = st.session_state["submitted"]
+    try:
+        config.validate()
+        with st.spinner(t("running_engine", lang)):
+            res = cached_run(config, workload)
+    except ValueError as exc:
+        st.error(t("bad_input", lang).format(error=exc))
+        return
+    except RuntimeError as exc:  # the engine's own guards (e.g. a run that does not finish)
+        st.error(t("run_failed", lang).format(error=exc))
+        return
+    st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces)))
+    if res.budget_raised:
+        st.info(t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget))
+
+    tabs = st.tabs([t(k, lang) for k in ("tab_blocks", "tab_batch", "tab_tbt", "tab_metrics", "tab_ab")])
+    with tabs[0]:
+        block_view(res, lang)
+    with tabs[1]:
+        batch_view(res, lang)
+    with tabs[2]:
+        tbt_view(res, lang, threshold_s)
+    with tabs[3]:
+        metrics_view(res, lang)
+    with tabs[4]:
+        ab_view(config, workload, lang, threshold_s)
+
+
+main()

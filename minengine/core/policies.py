@@ -1,0 +1,203 @@
+"""Scheduling policies: how one step spends the token budget across decodes, unfinished prefill chunks and
+new prompts, which waiting request goes next and which running request is the preemption victim.
+
+Every policy is a small class behind one interface (``SchedulingPolicy``); the mechanics (allocation,
+preemption, admission, the admission probe, swapping) stay in ``StepBuilder`` and ``Scheduler``, so a policy
+only decides an ORDER and CAPS. ``POLICIES`` maps the names of ``EngineConfig.scheduling_policy`` to classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from minengine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from minengine.core.step_builder import StepBuilder
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """The knobs some policies read (see ``EngineConfig`` for their meaning and validation).
+
+    Attributes:
+        prefill_decode_ratio: balanced: prefill tokens : decode tokens of the budget.
+        splitfuse_target_tokens: dynamic-splitfuse: target tokens per forward; None = the whole budget.
+        priority_aging_steps: priority: steps per one unit of priority gained while in the system; 0 = off.
+    """
+
+    prefill_decode_ratio: float = 1.0
+    splitfuse_target_tokens: int | None = None
+    priority_aging_steps: int = 64
+
+
+class SchedulingPolicy:
+    """One way to fill a step. Subclasses implement ``fill`` and may override the queue order and victim.
+
+    Args:
+        settings: the policy knobs (``PolicySettings``); defaults when None.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, settings: PolicySettings | None = None):
+        self.settings = settings or PolicySettings()
+
+    def fill(self, step: StepBuilder) -> None:
+        """Schedule this step's work through ``step.run_all`` / ``step.admit_all`` (and friends)."""
+        raise NotImplementedError
+
+    def next_waiting(self, waiting: Sequence[Request], step_index: int) -> Request:
+        """The waiting request to admit next (first come, first served; preempted requests sit in front)."""
+        return waiting[0]
+
+    def pick_victim(self, candidates: Sequence[Request], step_index: int) -> Request:
+        """The request to preempt, among running requests not yet scheduled this step (in running order,
+        the one asking for blocks included). Default: the most recently admitted (vLLM v1)."""
+        return candidates[-1]
+
+
+def split_running(step: StepBuilder) -> tuple[list[Request], list[Request]]:
+    """Unscheduled running requests as (decodes, unfinished prefills), each in running order."""
+    running = step.unscheduled_running()
+    return [r for r in running if r.is_decode], [r for r in running if not r.is_decode]
+
+
+class DecodeFirst(SchedulingPolicy):
+    """Running requests first, in admission order (their decodes and unfinished prefill chunks), then new
+    prompts with what is left. Protects TPOT: a running request is never stalled by a newcomer (vLLM v1,
+    Sarathi-Serve's stall-free batching, Agrawal et al., OSDI 2024)."""
+
+    name = "decode-first"
+
+    def fill(self, step: StepBuilder) -> None:
+        step.run_all(step.unscheduled_running())
+        step.admit_all()
+
+
+class PrefillFirst(SchedulingPolicy):
+    """Unfinished prefill chunks and new prompts first, decodes fill what is left: requests start early
+    (good TTFT and batch throughput) at the price of decode stalls (vLLM v0's default, Orca-style)."""
+
+    name = "prefill-first"
+
+    def fill(self, step: StepBuilder) -> None:
+        decodes, prefills = split_running(step)
+        step.run_all(prefills)
+        # Admissions go before the decodes in the budget, but leave them the blocks they need.
+        step.admit_all(reserve_blocks=step.blocks_for_next_token(decodes))
+        step.run_all(decodes)
+
+
+class Balanced(SchedulingPolicy):
+    """The token budget split between prefill and decode by ``prefill_decode_ratio`` (prefill : decode).
+
+    Decodes get their share first, then prefills (unfinished chunks, then new prompts) get theirs plus any
+    unused decode share, then decodes get what prefill left. So each side is guaranteed its share whenever it
+    has work, and no token of the budget is wasted.
+    """
+
+    name = "balanced"
+
+    def fill(self, step: StepBuilder) -> None:
+        ratio = self.settings.prefill_decode_ratio
+        decode_share = step.budget - round(step.budget * ratio / (1 + ratio))
+        decodes, prefills = split_running(step)
+        step.run_all(decodes, cap=decode_share)
+        step.run_all(prefills)
+        step.admit_all(reserve_blocks=step.blocks_for_next_token(decodes))  # as in prefill-first
+        step.run_all(decodes)
+
+
+class DynamicSplitFuse(SchedulingPolicy):
+    """DeepSpeed-FastGen's Dynamic SplitFuse (Holmes et al., arXiv:2401.08671, 2024): every forward aims at the
+    same size ``splitfuse_target_tokens``. All decodes run, and prefill chunks (split from long prompts, or
+    several short prompts fused) take exactly what is left of the target: fewer prefill tokens when many
+    decodes run, more when few."""
+
+    name = "dynamic-splitfuse"
+
+    def fill(self, step: StepBuilder) -> None:
+        target = min(self.settings.splitfuse_target_tokens or step.budget, step.budget)
+        decodes, prefills = split_running(step)
+        prefill_cap = target - step.run_all(decodes)
+        if prefill_cap > 0:
+            prefill_cap -= step.run_all(prefills, cap=prefill_cap)
+            step.admit_all(cap=prefill_cap)
+        if step.is_empty:
+            # Only without chunked prefill: a whole prompt larger than the target. Rather than an empty
+            # step (and a stuck engine), let it take the full budget.
+            step.admit_all()
+
+
+class Priority(SchedulingPolicy):
+    """Requests carry a priority; as in vLLM a SMALLER value is more urgent. The most urgent waiting request
+    is admitted first, running requests are served most urgent first, and the least urgent running request
+    (the most recently admitted among equals) is the preemption victim.
+
+    Aging: a request's effective priority is ``priority - steps_in_system // priority_aging_steps``, so a
+    request that has been in the system long enough beats any newcomer and cannot starve.
+    """
+
+    name = "priority"
+
+    def effective_priority(self, request: Request, step_index: int) -> int:
+        aging = self.settings.priority_aging_steps
+        if aging <= 0:
+            return request.priority
+        return request.priority - (step_index - request.arrival_step) // aging
+
+    def fill(self, step: StepBuilder) -> None:
+        running = step.unscheduled_running()
+        step.run_all(sorted(running, key=lambda r: self.effective_priority(r, step.step_index)))  # stable
+        step.admit_all()
+
+    def next_waiting(self, waiting: Sequence[Request], step_index: int) -> Request:
+        return min(waiting, key=lambda r: self.effective_priority(r, step_index))  # ties: queue order
+
+    def pick_victim(self, candidates: Sequence[Request], step_index: int) -> Request:
+        order = range(len(candidates))
+        i = max(order, key=lambda i: (self.effective_priority(candidates[i], step_index), i))
+        return candidates[i]
+
+
+class RoundRobin(SchedulingPolicy):
+    """Decodes first (as decode-first), then the prefill budget is shared equally between the prompts that
+    want it: each unfinished prompt gets at most ``ceil(budget_left / n)`` tokens, n counting the unfinished
+    prompts plus one for a waiting one, least recently served first; a waiting prompt is admitted with what
+    is left. So a second long prompt starts at once and both advance every step, instead of the first
+    holding the whole budget until it is done (head-of-line blocking).
+
+    Running prompts are scheduled before admissions, as in decode-first: an admission never takes the blocks
+    a running prompt needs, so two prompts cannot keep preempting each other.
+    """
+
+    name = "round-robin"
+
+    def fill(self, step: StepBuilder) -> None:
+        decodes, prefills = split_running(step)
+        step.run_all(decodes)
+        num_sharing = len(prefills) + (step.peek_waiting() is not None)
+        if step.budget <= 0 or num_sharing == 0:
+            return
+        share = -(-step.budget // num_sharing)
+        for request in sorted(prefills, key=lambda r: r.last_scheduled_step):  # stable: running order on ties
+            if step.budget <= 0:
+                break
+            if request.status is RequestStatus.RUNNING and not step.is_scheduled(request):
+                step.run(request, share)
+        step.admit_all()
+
+
+POLICIES: dict[str, type[SchedulingPolicy]] = {
+    cls.name: cls for cls in (DecodeFirst, PrefillFirst, Balanced, DynamicSplitFuse, Priority, RoundRobin)
+}
+
+
+def make_policy(name: str, settings: PolicySettings | None = None) -> SchedulingPolicy:
+    """The policy called ``name`` (a key of ``POLICIES``). Raises ``ValueError`` for an unknown name."""
+    if name not in POLICIES:
+        raise ValueError(f"scheduling_policy must be one of {tuple(POLICIES)}, got {name!r}")
+    return POLICIES[name](settings)

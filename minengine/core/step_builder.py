@@ -1,0 +1,217 @@
+"""StepBuilder: one step under construction, and the moves a scheduling policy may make on it.
+
+A policy (``core/policies.py``) decides the order; the builder does the mechanics every policy shares:
+chunking under the token budget, allocating KV blocks, preempting a victim the policy picks when blocks run
+out, admitting waiting requests (with the admission probe and swap-in), and recording the step's
+``SchedulerOutput``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from minengine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from minengine.core.scheduler import Scheduler
+
+
+class StepBuilder:
+    """The step being built.
+
+    Attributes:
+        budget: tokens left of ``max_num_batched_tokens``.
+        step_index: the scheduler's step count (for priority aging and round-robin turns).
+        out: the ``SchedulerOutput`` filled as requests are scheduled, preempted and admitted.
+    """
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self.kv = scheduler.kv
+        self.policy = scheduler.policy
+        self.budget = scheduler.max_num_batched_tokens
+        self.step_index = scheduler.num_steps
+        self.out = SchedulerOutput()
+        self._scheduled: list[tuple[Request, int]] = []
+        self._scheduled_ids: set[str] = set()
+
+    # ---- what the policy can look at ------------------------------------------------------------------
+    def is_scheduled(self, request: Request) -> bool:
+        return request.request_id in self._scheduled_ids
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing scheduled yet this step."""
+        return not self._scheduled
+
+    def unscheduled_running(self) -> list[Request]:
+        """Running requests with nothing scheduled yet this step, in running (admission) order."""
+        return [r for r in self.scheduler.running if r.request_id not in self._scheduled_ids]
+
+    def peek_waiting(self) -> Request | None:
+        """The waiting request the policy would admit next, or None when nobody waits."""
+        waiting = self.scheduler.waiting
+        return self.policy.next_waiting(waiting, self.step_index) if waiting else None
+
+    # ---- moves ----------------------------------------------------------------------------------------
+    def run(self, request: Request, limit: int | None = None) -> int:
+        """Schedule a running request's next chunk (at most ``limit`` tokens and what is left of the budget),
+        preempting victims the policy picks until its blocks fit.
+
+        Returns:
+            tokens scheduled; 0 when the request itself was the victim (or nothing fits the limit).
+        """
+        limit = self.budget if limit is None else min(limit, self.budget)
+        num_new = self.scheduler.chunk(request.num_tokens - request.num_computed_tokens, limit)
+        if num_new <= 0:
+            return 0
+        while self.kv.allocate_slots(request, num_new) is None:
+            victim = self.policy.pick_victim(self.unscheduled_running(), self.step_index)
+            self.scheduler.preempt(victim, self.out)
+            if victim is request:
+                return 0
+        self._add(request, num_new)
+        return num_new
+
+    def run_all(self, requests: Iterable[Request], cap: int | None = None) -> int:
+        """``run`` each request in order while the budget (and ``cap`` tokens in all) lasts; requests
+        preempted meanwhile or already scheduled are skipped. Returns the tokens scheduled."""
+        used = 0
+        for request in requests:
+            left = self.budget if cap is None else min(self.budget, cap - used)
+            if left <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING or self.is_scheduled(request):
+                continue
+            used += self.run(request, left)
+        return used
+
+    def admit_next(self, limit: int | None = None, reserve_blocks: int = 0) -> int:
+        """Admit the waiting request the policy picks with a first chunk of at most ``limit`` tokens.
+
+        Nothing is admitted when nobody waits, the budget or the sequence slots are used up, somebody was
+        preempted in this step (memory is short: admitting would only preempt again), or its blocks do not
+        fit in the free blocks minus ``reserve_blocks`` (after the admission probe, when enabled). A policy
+        that admits before some running requests reserves their blocks (``blocks_for_next_token``): an
+        admission must never preempt a running request, or two requests could take turns preempting each
+        other forever. Returns the tokens scheduled (0 = nothing admitted).
+        """
+        sched = self.scheduler
+        limit = self.budget if limit is None else min(limit, self.budget)
+        if not sched.waiting or limit <= 0 or len(sched.running) >= sched.max_num_seqs or self.out.preempted_ids:
+            return 0
+        request = self.policy.next_waiting(sched.waiting, self.step_index)
+        free = self.kv.num_free_blocks - reserve_blocks
+        if request.swapped_block_ids:
+            num_new = self._swap_in(request, limit, free)
+        else:
+            num_new = self._allocate_new(request, limit, free)
+        if num_new == 0:
+            return 0
+        sched.waiting.remove(request)
+        request.status = RequestStatus.RUNNING
+        sched.running.append(request)
+        self.out.admitted_ids.append(request.request_id)
+        self._add(request, num_new)
+        return num_new
+
+    def admit_all(self, cap: int | None = None, reserve_blocks: int = 0) -> int:
+        """``admit_next`` until it admits nothing (or ``cap`` tokens are used). Returns the tokens scheduled."""
+        used = 0
+        while (left := self.budget if cap is None else min(self.budget, cap - used)) > 0:
+            num_new = self.admit_next(left, reserve_blocks)
+            if num_new == 0:
+                break
+            used += num_new
+        return used
+
+    # ---- admission mechanics --------------------------------------------------------------------------
+    def _allocate_new(self, request: Request, limit: int, free: int) -> int:
+        """Blocks for a (re)started prompt out of ``free`` blocks: the prefix-cache hit, then a first chunk."""
+        sched = self.scheduler
+        hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+        num_uncomputed = request.num_tokens - num_hit
+        if not sched.enable_chunked_prefill and num_uncomputed > limit:
+            return 0
+        num_new = sched.chunk(num_uncomputed, limit)
+        free -= sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hit blocks in the free queue are taken back
+        if self.kv.num_blocks_needed(request, num_new, len(hit_blocks)) > free:
+            num_new = self._probe(num_new, free, already_computed=num_hit)
+            if num_new == 0:
+                return 0
+        if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
+            raise RuntimeError("admission allocation failed after the free-block check")  # a bug guard
+        request.num_computed_tokens = num_hit  # the prefix hit counts as computed
+        if request.status is RequestStatus.WAITING:  # first admission, not a re-admission after preemption
+            request.num_cached_tokens = num_hit
+        self.out.prefix_queried_tokens += request.num_tokens
+        self.out.prefix_hit_tokens += num_hit
+        return num_new
+
+    def _swap_in(self, request: Request, limit: int, free: int) -> int:
+        """Blocks for a swapped-out request out of ``free`` blocks: fresh GPU blocks for its saved ones
+        (copied in by the runner before the forward) plus those its next chunk needs."""
+        sched = self.scheduler
+        num_saved = len(request.swapped_block_ids)
+        num_uncomputed = request.num_tokens - request.num_computed_tokens
+        if not sched.enable_chunked_prefill and num_uncomputed > limit:
+            return 0
+        num_new = sched.chunk(num_uncomputed, limit)
+        if self.kv.num_blocks_needed(request, num_new) > free:  # its table is empty: this counts every block
+            if free < num_saved:
+                return 0
+            num_new = self._probe(num_new, free - num_saved, request.num_computed_tokens)
+            if num_new == 0:
+                return 0
+        gpu_ids = self.kv.take_blocks(request, num_saved)
+        self.out.blocks_to_swap_in.extend(zip(request.swapped_block_ids, gpu_ids))
+        sched.swap_space.release(request.swapped_block_ids)
+        sched.num_swapped_in_blocks += num_saved
+        request.swapped_block_ids = []
+        if self.kv.allocate_slots(request, num_new) is None:
+            raise RuntimeError("swap-in allocation failed after the free-block check")  # a bug guard
+        return num_new
+
+    def blocks_for_next_token(self, requests: Iterable[Request]) -> int:
+        """New blocks these requests need to compute one more token each (a decode's need)."""
+        return sum(self.kv.num_blocks_needed(r, 1) for r in requests
+                   if r.status is RequestStatus.RUNNING and not self.is_scheduled(r))
+
+    def _probe(self, num_new: int, free_blocks: int, already_computed: int) -> int:
+        """Admission probe: the largest chunk <= ``num_new`` whose new blocks fit in ``free_blocks`` (down
+        to one block), or 0 when shrinking is off, prefill cannot be chunked, or not one block is free.
+
+        ``already_computed`` is the request's ``num_computed_tokens`` once its held (or hit) blocks are in
+        place; the empty slots of its last held block take chunk tokens without a new block.
+        """
+        sched = self.scheduler
+        if not sched.shrink_prefill_chunks or not sched.enable_chunked_prefill or free_blocks < 1:
+            return 0
+        slack = (-already_computed) % self.kv.block_size
+        return min(num_new, free_blocks * self.kv.block_size + slack)
+
+    # ---- output ---------------------------------------------------------------------------------------
+    def _add(self, request: Request, num_new: int) -> None:
+        self._scheduled.append((request, num_new))
+        self._scheduled_ids.add(request.request_id)
+        self.budget -= num_new
+        request.last_scheduled_step = self.step_index
+
+    def build(self) -> SchedulerOutput:
+        """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order."""
+        for request, num_new in self._scheduled:
+            start = request.num_computed_tokens
+            end = start + num_new
+            self.out.scheduled.append(ScheduledRequest(
+                request_id=request.request_id,
+                token_ids=request.token_ids_slice(start, end),
+                start_pos=start,
+                block_ids=self.kv.get_block_ids(request.request_id),
+                sample=end == request.num_tokens,
+                is_prefill=not (num_new == 1 and start >= request.num_prompt_tokens and end == request.num_tokens),
+                sampling_params=request.sampling_params,
+                output_index=request.num_output_tokens,
+            ))
+        return self.out

@@ -1,0 +1,46 @@
+"""SwapSpace: bookkeeping of the CPU swap space's block ids (the tensors live in ``worker/swap.py``).
+
+Idea: vLLM v0's swap preemption (Kwon et al., SOSP 2023, section 4.5): instead of dropping a preempted
+request's KV and recomputing it, copy its blocks to CPU memory and copy them back when it resumes.
+"""
+
+from __future__ import annotations
+
+
+class SwapSpace:
+    """Which of the ``num_blocks`` CPU swap blocks are free.
+
+    Blocks released by a swap-in are only reusable from the next step on (``begin_step``): the runner copies
+    all of a step's swap-outs before its swap-ins, so a swap-out in the same step must not overwrite a CPU
+    block a swap-in still has to read.
+    """
+
+    def __init__(self, num_blocks: int):
+        if num_blocks < 0:
+            raise ValueError(f"swap_space_blocks must be >= 0, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out the lowest id first
+        self._released: list[int] = []
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free) - len(self._released)
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` CPU blocks. Raises ``ValueError`` when fewer are free (callers check first)."""
+        if n > len(self._free):
+            raise ValueError(f"cannot allocate {n} swap blocks: only {len(self._free)} free")
+        return [self._free.pop() for _ in range(n)]
+
+    def release(self, block_ids: list[int]) -> None:
+        """Give blocks back; they become allocatable at the next ``begin_step``."""
+        self._released.extend(block_ids)
+
+    def begin_step(self) -> None:
+        """Make the blocks released during the previous step allocatable again."""
+        self._free.extend(reversed(self._released))
+        self._released.clear()

@@ -1,0 +1,64 @@
+"""Batch composition per step: who got how many tokens, prefill chunks vs decodes, under the token budget
+(continuous batching with chunked prefill: Orca, Yu et al., OSDI 2022; Sarathi-Serve, Agrawal et al., OSDI
+2024)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from minengine.metrics.trace import StepTrace
+from minengine.viz.colors import BUDGET_COLOR, request_color
+from minengine.viz.i18n import t
+
+_EVENTS = (  # (StepTrace field, i18n key, marker symbol, colour)
+    ("admitted_ids", "admitted", "triangle-up", "#2ca02c"),
+    ("preempted_ids", "preempted", "x", "#d62728"),
+    ("finished_ids", "finished", "circle", "#111111"),
+)
+
+
+def batch_composition_figure(traces: list[StepTrace], lang: str = "en") -> go.Figure:
+    """Stacked bars, one per step, one colour per request: the tokens each request computed in that step
+    (hatched = prefill chunk, solid = decode), the token budget as a line, and markers above the bar for the
+    requests admitted, preempted or finished in that step (hover lists their ids).
+
+    Args:
+        traces: the engine's ``StepTrace`` list (x = ``step``, y = tokens).
+        lang: "en" or "zh".
+    """
+    steps = [tr.step for tr in traces]
+    per_request: dict[str, dict[int, tuple[int, bool]]] = {}  # rid -> step -> (tokens, is_prefill)
+    for tr in traces:
+        for c in tr.chunks:
+            per_request.setdefault(c.request_id, {})[tr.step] = (c.num_tokens, c.is_prefill)
+    fig = go.Figure()
+    for rid, by_step in per_request.items():
+        xs = sorted(by_step)
+        ys = [by_step[s][0] for s in xs]
+        kinds = [t("prefill_chunk", lang) if by_step[s][1] else t("decode", lang) for s in xs]
+        fig.add_trace(go.Bar(
+            x=xs, y=ys, name=f"{t('request', lang)} {rid}", marker_color=request_color(rid),
+            marker_pattern_shape=["/" if by_step[s][1] else "" for s in xs], customdata=kinds,
+            hovertemplate=f"{t('request', lang)} {rid}<br>{t('step_axis', lang)} %{{x}}<br>%{{customdata}}: "
+                          f"%{{y}} {t('tokens_unit', lang)}<extra></extra>",
+        ))
+    fig.add_trace(go.Scatter(x=steps, y=[tr.token_budget for tr in traces], mode="lines",
+                             name=t("token_budget", lang), line={"color": BUDGET_COLOR, "dash": "dash"}))
+    tops = {tr.step: tr.num_scheduled_tokens for tr in traces}
+    lift = max([tr.token_budget for tr in traces] + [1]) * 0.04
+    for offset, (field, key, symbol, color) in enumerate(_EVENTS, start=1):
+        hits = [(tr.step, getattr(tr, field)) for tr in traces if getattr(tr, field)]
+        if not hits:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[s for s, _ in hits], y=[tops[s] + offset * lift for s, _ in hits], mode="markers",
+            name=t(key, lang), marker={"symbol": symbol, "size": 9, "color": color},
+            customdata=[", ".join(ids) for _, ids in hits],
+            hovertemplate=f"{t('step_axis', lang)} %{{x}}<br>{t(key, lang)}: %{{customdata}}<extra></extra>",
+        ))
+    fig.update_layout(
+        barmode="stack", bargap=0.1, title=t("batch_title", lang),
+        xaxis={"title": t("step_axis", lang)}, yaxis={"title": t("tokens_per_step", lang)},
+        legend={"itemsizing": "constant"}, margin={"t": 60},
+    )
+    return fig

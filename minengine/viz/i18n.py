@@ -1,0 +1,251 @@
+"""The dashboard's and figures' string table, English and 中文 (Chinese).
+
+Terms follow the course textbook: 分块预填充 chunked prefill, 队首阻塞 head-of-line blocking, 准入 admission,
+牺牲者 victim, 序列槽位 sequence slot, 预填充 prefill, 解码 decode, 前缀缓存命中 prefix cache hit, 抢占 preemption,
+块表 block table, 槽位映射 slot mapping, 令牌预算 token budget. Strings with ``{name}`` fields are ``str.format``
+templates; callers fill them after ``t``.
+"""
+
+from __future__ import annotations
+
+LANGUAGES = ("en", "zh")
+
+# key -> (English, 中文). One flat table so that a missing translation is easy to spot in review.
+_STRINGS: dict[str, tuple[str, str]] = {
+    # ---- terms ------------------------------------------------------------------------------------------
+    "chunked_prefill": ("chunked prefill", "分块预填充"),
+    "head_of_line_blocking": ("head-of-line blocking", "队首阻塞"),
+    "admission": ("admission", "准入"),
+    "victim": ("victim", "牺牲者"),
+    "sequence_slot": ("sequence slot", "序列槽位"),
+    "prefill": ("prefill", "预填充"),
+    "decode": ("decode", "解码"),
+    "prefix_cache_hit": ("prefix cache hit", "前缀缓存命中"),
+    "preemption": ("preemption", "抢占"),
+    "block_table": ("block table", "块表"),
+    "slot_mapping": ("slot mapping", "槽位映射"),
+    "token_budget": ("token budget", "令牌预算"),
+    "request": ("request", "请求"),
+    # ---- figure titles and axes (units in brackets) ------------------------------------------------------
+    "block_pool_title": ("KV block pool at step {step} ({used} of {total} blocks in use)",
+                         "第 {step} 步的 KV 块池（已用 {used} / {total} 块）"),
+    "block_tables_title": ("Block tables at step {step}: logical block → physical block",
+                           "第 {step} 步的块表：逻辑块 → 物理块"),
+    "block_column": ("block id mod {cols}", "块号 mod {cols}"),
+    "block_row": ("block id ÷ {cols}", "块号 ÷ {cols}"),
+    "logical_block": ("logical block index", "逻辑块序号"),
+    "free_block": ("free", "空闲"),
+    "cached_free_block": ("cached, free (evictable prefix)", "已缓存但空闲（可驱逐的前缀）"),
+    "shared_block": ("shared (number = ref count)", "共享（数字 = 引用计数）"),
+    "hover_pool_block": ("block {block}<br>{state}<br>ref count {ref}", "块 {block}<br>{state}<br>引用计数 {ref}"),
+    "hover_table_cell": ("request {rid}<br>logical block {logical} → physical block {physical}<br>ref count {ref}",
+                         "请求 {rid}<br>逻辑块 {logical} → 物理块 {physical}<br>引用计数 {ref}"),
+    "owned_by": ("owned by {owners}", "属于 {owners}"),
+    "no_running": ("no running request at this step", "此步没有运行中的请求"),
+    "batch_title": ("Batch composition per step (hatched = prefill chunk, solid = decode)",
+                    "每步的批次组成（斜线 = 预填充块，实心 = 解码）"),
+    "step_axis": ("step", "步"),
+    "tokens_per_step": ("tokens in the step (tokens)", "本步令牌数（令牌）"),
+    "prefill_chunk": ("prefill chunk", "预填充块"),
+    "admitted": ("admitted", "准入"),
+    "preempted": ("preempted (victim)", "被抢占（牺牲者）"),
+    "finished": ("finished", "完成"),
+    "token_timeline_title": ("When each request's tokens came out", "每个请求的令牌何时产出"),
+    "time_since_arrival": ("time since first arrival (s)", "距首个请求到达的时间（秒）"),
+    "time_since_first_step": ("time since first step (s)", "距第一步开始的时间（秒）"),
+    "arrival": ("arrival", "到达"),
+    "first_token": ("first token", "首个令牌"),
+    "output_token": ("output token", "输出令牌"),
+    "itl_title": ("Inter-token latency (ITL/TBT); stalls above {threshold_ms:.0f} ms marked",
+                  "令牌间延迟（ITL/TBT）；标出超过 {threshold_ms:.0f} 毫秒的停顿"),
+    "itl_axis": ("inter-token latency (ms)", "令牌间延迟（毫秒）"),
+    "itl": ("ITL", "令牌间延迟"),
+    "stall": ("stall", "停顿"),
+    "threshold": ("threshold", "阈值"),
+    "queue_title": ("Running and waiting requests over time", "运行与等待请求数随时间变化"),
+    "num_requests_axis": ("requests", "请求数"),
+    "running": ("running", "运行中"),
+    "waiting": ("waiting", "等待中"),
+    "kv_title": ("KV blocks over time", "KV 块随时间变化"),
+    "blocks_axis": ("KV blocks (blocks)", "KV 块（块）"),
+    "used_blocks": ("used", "已用"),
+    "free_uncached_blocks": ("free", "空闲"),
+    "latency_title": ("Latency distributions (CDF)", "延迟分布（累积分布）"),
+    "ttft_ms": ("TTFT (ms)", "首令牌延迟 TTFT（毫秒）"),
+    "tpot_ms": ("TPOT (ms)", "每令牌时间 TPOT（毫秒）"),
+    "fraction_axis": ("fraction of requests", "请求比例"),
+    "no_data": ("no data", "无数据"),
+    # ---- stall causes (find_stalls) ----------------------------------------------------------------------
+    "cause_prefill": ("step {step}: {tokens:,}-token prefill of request {rid}",
+                      "第 {step} 步：请求 {rid} 的 {tokens:,} 令牌预填充"),
+    "cause_preempted": ("step {step}: request {rid} preempted, its K/V recomputed",
+                        "第 {step} 步：请求 {rid} 被抢占，其 K/V 需重算"),
+    "cause_batch": ("step {step}: {tokens:,}-token batch of {num} requests",
+                    "第 {step} 步：{num} 个请求共 {tokens:,} 令牌的批次"),
+    "cause_not_scheduled": ("request {rid} not scheduled for {num} steps", "请求 {rid} 有 {num} 步未被调度"),
+    # ---- dashboard -----------------------------------------------------------------------------------------
+    "app_title": ("minengine: watch the scheduler", "minengine：观察调度器"),
+    "app_intro": ("Runs the real engine (the bundled tiny model, on this CPU) step by step and draws what the "
+                  "scheduler did. Every number comes from the engine's step trace.",
+                  "在本机 CPU 上逐步运行真实引擎（内置小模型），并画出调度器每一步做了什么。"
+                  "所有数字都来自引擎的步骤轨迹。"),
+    "language": ("Language / 语言", "Language / 语言"),
+    "workload": ("Workload", "负载"),
+    "preset": ("Workload preset", "负载预设"),
+    "preset_a": ("(a) 10 decodes + one long prompt", "(a) 10 个解码 + 一个长提示"),
+    "preset_b": ("(b) chat with a shared system prompt", "(b) 共享系统提示的对话"),
+    "preset_c": ("(c) memory pressure", "(c) 内存压力"),
+    "preset_d": ("(d) Azure conversation trace", "(d) Azure 对话轨迹"),
+    "preset_e": ("(e) custom", "(e) 自定义"),
+    "preset_a_help": ("The textbook case: 10 requests are decoding when one long prompt arrives. Without {cp} its "
+                      "prefill takes a whole step and every decode stalls ({hol}).",
+                      "教科书案例：10 个请求正在解码时到达一个长提示。没有{cp}时，"
+                      "它的预填充独占一步，所有解码都停顿（{hol}）。"),
+    "preset_b_help": ("Every request starts with the same long system prompt: after the first, its full blocks "
+                      "are {hit}s and are shared (ref count > 1).",
+                      "每个请求都以同一个长系统提示开头：第一个之后，其完整块都是{hit}，并被共享（引用计数 > 1）。"),
+    "preset_c_help": ("More requests than the KV pool can hold: the scheduler preempts the most recently "
+                      "admitted request (the {victim}) and recomputes it later.",
+                      "请求多于 KV 池能容纳的：调度器抢占最近准入的请求（{victim}），之后重新计算。"),
+    "preset_d_help": ("Arrival times and lengths from the Azure LLM inference trace 2023 (conversation), "
+                      "Patel et al., Splitwise, ISCA 2024.",
+                      "到达时间与长度来自 Azure LLM 推理轨迹 2023（对话），Patel 等，Splitwise，ISCA 2024。"),
+    "preset_e_help": ("Your own synthetic workload: Poisson arrivals, uniform lengths.",
+                      "自定义合成负载：泊松到达，长度均匀分布。"),
+    "long_prompt_scale": ("Scale of the 8,000-token prompt", "8,000 令牌提示的缩放比例"),
+    "scale_note_a": ("Scaled for this CPU: the long prompt has {tokens:,} tokens (8,000 × {scale}).",
+                     "为本机 CPU 缩放：长提示为 {tokens:,} 令牌（8,000 × {scale}）。"),
+    "scale_note_d": ("Scaled for this CPU: first {n} requests of the trace, token lengths × {scale}, "
+                     "arrival times as recorded.",
+                     "为本机 CPU 缩放：取轨迹前 {n} 个请求，令牌长度 × {scale}，到达时间按原记录。"),
+    "trace_max_requests": ("Requests taken from the trace", "从轨迹中取的请求数"),
+    "trace_length_scale": ("Token length scale", "令牌长度缩放"),
+    "trace_missing": ("The Azure trace file is not here ({path}); preset (d) is skipped. Upload a CSV in the same "
+                      "format (TIMESTAMP,ContextTokens,GeneratedTokens) below.",
+                      "这里没有 Azure 轨迹文件（{path}）；跳过预设 (d)。可在下面上传同格式的 CSV"
+                      "（TIMESTAMP,ContextTokens,GeneratedTokens）。"),
+    "trace_upload": ("Your own trace (CSV: TIMESTAMP,ContextTokens,GeneratedTokens)",
+                     "你自己的轨迹（CSV：TIMESTAMP,ContextTokens,GeneratedTokens）"),
+    "trace_bad_upload": ("The uploaded trace could not be read: {error}", "无法读取上传的轨迹：{error}"),
+    "trace_using_upload": ("Using the uploaded trace ({n} requests).", "使用上传的轨迹（{n} 个请求）。"),
+    "num_requests": ("Number of requests", "请求数"),
+    "prompt_len_range": ("Prompt length range (tokens)", "提示长度范围（令牌）"),
+    "output_len_range": ("Output length range (tokens)", "输出长度范围（令牌）"),
+    "arrival_rate": ("Arrival rate (requests/s, 0 = all at once)", "到达率（请求/秒，0 = 同时到达）"),
+    "engine": ("Engine", "引擎"),
+    "max_num_batched_tokens": ("Token budget (max_num_batched_tokens, tokens)",
+                               "令牌预算（max_num_batched_tokens，令牌）"),
+    "enable_chunked_prefill": ("Chunked prefill (enable_chunked_prefill)", "分块预填充（enable_chunked_prefill）"),
+    "long_prefill_token_threshold": ("Longest prefill chunk (long_prefill_token_threshold, 0 = no cap)",
+                                     "最长预填充块（long_prefill_token_threshold，0 = 不限）"),
+    "block_size": ("Block size (block_size, tokens)", "块大小（block_size，令牌）"),
+    "num_kv_blocks": ("KV blocks (num_kv_blocks)", "KV 块数（num_kv_blocks）"),
+    "max_num_seqs": ("Sequence slots (max_num_seqs)", "序列槽位（max_num_seqs）"),
+    "enable_prefix_caching": ("Prefix caching (enable_prefix_caching)", "前缀缓存（enable_prefix_caching）"),
+    "temperature": ("Sampling temperature (0 = greedy)", "采样温度（0 = 贪心）"),
+    "stall_threshold": ("Stall threshold (ms)", "停顿阈值（毫秒）"),
+    "run": ("Run", "运行"),
+    "press_run": ("Choose a workload and press Run.", "选择负载并点击“运行”。"),
+    "stale_run": ("The controls changed since this run: press Run to run the new settings.",
+                  "本次运行之后控件已更改：点击“运行”以运行新的设置。"),
+    "running_engine": ("Running the engine…", "正在运行引擎…"),
+    "bad_input": ("Bad input: {error}", "输入有误：{error}"),
+    "run_failed": ("The engine refused this run: {error}", "引擎拒绝了这次运行：{error}"),
+    "budget_raised": ("Without {cp} a whole prompt must fit in one step, so the token budget is raised to "
+                      "{tokens:,} tokens (max_model_len + max_num_seqs: the longest prompt beside one decode per "
+                      "slot).",
+                      "关闭{cp}时整个提示必须在一步内完成，因此令牌预算提高到 {tokens:,} 令牌"
+                      "（max_model_len + max_num_seqs：最长提示加上每个槽位一个解码令牌）。"),
+    "tab_blocks": ("Block tables", "块表"),
+    "tab_batch": ("Batch composition", "批次组成"),
+    "tab_tbt": ("TBT timeline", "TBT 时间线"),
+    "tab_metrics": ("Metrics", "指标"),
+    "tab_ab": ("A/B comparison", "A/B 对比"),
+    "step_slider": ("Step", "步"),
+    "animation": ("Animation: press ▶ to play the block pool step by step", "动画：点击 ▶ 逐步播放块池"),
+    "play": ("▶ play", "▶ 播放"),
+    "pause": ("❚❚ pause", "❚❚ 暂停"),
+    "speed": ("Speed (steps/s)", "速度（步/秒）"),
+    "cap_block_pool": ("Each square is one physical KV block, coloured by the request that holds it. Look for "
+                       "numbered squares: blocks shared through a {hit} (the number is the ref count), and for "
+                       "pale blue ones: freed blocks that still hold a cached prefix.",
+                       "每个方块是一个物理 KV 块，颜色表示持有它的请求。"
+                       "注意带数字的方块：通过{hit}共享的块（数字为引用计数）；"
+                       "浅蓝色方块：已释放但仍保存缓存前缀的块。"),
+    "cap_block_tables": ("Each row is one running request's {bt}: logical block i of the sequence lives in the "
+                         "physical block written in cell i. Consecutive logical blocks need not be adjacent "
+                         "physically; the {sm} follows this table.",
+                         "每行是一个运行中请求的{bt}：序列的第 i 个逻辑块存放在第 i 格所写的物理块中。"
+                         "相邻逻辑块在物理上不必相邻；"
+                         "{sm}依此表计算。"),
+    "cap_animation": ("Plotly's own player: ▶ plays the steps at the chosen speed, ❚❚ pauses, the slider jumps.",
+                      "Plotly 自带播放器：▶ 按所选速度播放，❚❚ 暂停，滑块跳转。"),
+    "cap_batch": ("Each bar is one step; each colour one request. Watch the long prompt's hatched {pf} chunks "
+                  "share steps with the solid decodes under the {tb} line; ▲ marks {adm}, ✖ a preemption, "
+                  "● a finished request.",
+                  "每根柱子是一步，每种颜色是一个请求。观察长提示的斜线{pf}块如何在{tb}线下与实心解码共享一步；"
+                  "▲ 表示{adm}，✖ 表示抢占，● 表示请求完成。"),
+    "cap_timeline": ("One row per request; each dot is an output token. Gaps in a row are stalls: the request "
+                     "waited while another step ran.",
+                     "每行一个请求，每个点是一个输出令牌。行中的空隙就是停顿：请求在等待其他步骤运行。"),
+    "cap_itl": ("Every inter-token gap of every request. Red points are stalls above the threshold, each named by "
+                "the step that caused it.",
+                "每个请求的每个令牌间隔。红点是超过阈值的停顿，并标出造成它的那一步。"),
+    "stall_table": ("Stalls and their causes", "停顿及其原因"),
+    "col_token": ("output token #", "输出令牌序号"),
+    "col_time": ("time (s)", "时间（秒）"),
+    "col_itl": ("ITL (ms)", "令牌间延迟（毫秒）"),
+    "col_cause": ("caused by", "原因"),
+    "tokens_unit": ("tokens", "令牌"),
+    "no_stalls": ("No ITL above {threshold_ms:.0f} ms.", "没有超过 {threshold_ms:.0f} 毫秒的令牌间延迟。"),
+    "cap_queue": ("Running requests are bounded by {slot}s; waiting grows when the {tb} or the KV pool is full.",
+                  "运行中的请求数受{slot}限制；当{tb}或 KV 池满时，等待数增加。"),
+    "cap_kv": ("Used blocks climb as prompts are prefilled; cached-but-free blocks are prefixes kept for later "
+               "hits; when free reaches zero the scheduler must preempt.",
+               "预填充时已用块上升；已缓存但空闲的块是留给之后命中的前缀；空闲降为零时调度器必须抢占。"),
+    "cap_latency": ("The further right a curve, the slower. TTFT includes queueing and every prefill chunk; "
+                    "TPOT is the mean gap after the first token.",
+                    "曲线越靠右越慢。TTFT 包括排队和所有预填充块；TPOT 是首令牌之后的平均间隔。"),
+    "metric_ttft": ("TTFT P50 / P95 / P99 (ms)", "TTFT P50 / P95 / P99（毫秒）"),
+    "metric_tpot": ("TPOT P50 / P95 / P99 (ms)", "TPOT P50 / P95 / P99（毫秒）"),
+    "metric_itl": ("ITL P50 / P95 / P99 (ms)", "ITL P50 / P95 / P99（毫秒）"),
+    "metric_throughput": ("Output throughput (tok/s)", "输出吞吐（令牌/秒）"),
+    "metric_preemptions": ("Preemptions", "抢占次数"),
+    "metric_prefix": ("Prefix cache hit tokens (hit rate)", "前缀缓存命中令牌（命中率）"),
+    "metric_requests": ("Requests / steps", "请求数 / 步数"),
+    "ab_knob": ("Setting to compare (A = on, B = off)", "对比的设置（A = 开启，B = 关闭）"),
+    "prefix_caching": ("prefix caching", "前缀缓存"),
+    "ab_config_a": ("A: {knob} on", "A：开启{knob}"),
+    "ab_config_b": ("B: {knob} off", "B：关闭{knob}"),
+    "ab_sentence": ("With {a} instead of {b}, P99 TBT is {itl_ms_a:.1f} ms vs {itl_ms_b:.1f} ms ({itl_pct:+.0f}%), "
+                    "P99 TTFT {ttft_ms_a:.1f} ms vs {ttft_ms_b:.1f} ms ({ttft_pct:+.0f}%), and output throughput "
+                    "{tput_a:.1f} vs {tput_b:.1f} tok/s ({tput_pct:+.0f}%).",
+                    "{a}相对于{b}：P99 TBT 为 {itl_ms_a:.1f} 毫秒对 {itl_ms_b:.1f} 毫秒（{itl_pct:+.0f}%），"
+                    "P99 TTFT 为 {ttft_ms_a:.1f} 毫秒对 {ttft_ms_b:.1f} 毫秒（{ttft_pct:+.0f}%），"
+                    "输出吞吐为 {tput_a:.1f} 对 {tput_b:.1f} 令牌/秒（{tput_pct:+.0f}%）。"),
+    "cap_ab": ("The same workload under both configs; compare the ITL spikes and the batch shapes.",
+               "同一负载在两种配置下运行；比较令牌间延迟的尖峰和批次形状。"),
+    "run_time": ("Engine run took {seconds:.1f} s (wall clock, model loading included) on this machine "
+                 "({steps} steps).",
+                 "引擎运行在本机耗时 {seconds:.1f} 秒（挂钟时间，含模型加载；{steps} 步）。"),
+    "model_missing": ("The bundled model is not at {path}. Run scripts/train_tiny_model.py or set MINENGINE_MODEL.",
+                      "内置模型不在 {path}。请运行 scripts/train_tiny_model.py 或设置 MINENGINE_MODEL。"),
+}
+
+
+def t(key: str, lang: str) -> str:
+    """The string for ``key`` in ``lang`` ("en" or "zh").
+
+    Raises:
+        ValueError: unknown language.
+        KeyError: unknown key (a missing string is a bug, better loud than a blank label).
+    """
+    if lang not in LANGUAGES:
+        raise ValueError(f"lang must be one of {LANGUAGES}, got {lang!r}")
+    en, zh = _STRINGS[key]
+    return en if lang == "en" else zh
+
+
+def keys() -> list[str]:
+    """Every key of the table (for tests that check both languages are filled)."""
+    return list(_STRINGS)

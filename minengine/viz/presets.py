@@ -1,0 +1,156 @@
+"""The dashboard's workload presets, engine-agnostic: (a) the textbook head-of-line blocking case, (b) chat
+with a shared system prompt, (c) memory pressure, (d) a replay of a real trace, (e) custom. Each builder
+returns a ``Workload``; ``PRESET_ENGINE_DEFAULTS`` suggests engine settings under which the preset shows its
+point. Prompt token ids are synthetic (deterministic, seeded): what matters to the scheduler is their count
+and, for prefix caching, which of them are equal.
+
+Sizes are scaled to run in seconds on a 2-core CPU with the bundled tiny model; the scale is in
+``Workload.scale_note`` and the page shows it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from minengine.viz.workload import Workload, WorkloadRequest
+
+BUNDLED_VOCAB_SIZE = 2048  # the bundled tiny Shakespeare model's vocabulary (minengine/assets)
+TEXTBOOK_LONG_PROMPT = 8000  # tokens of the long prompt in the textbook example
+PRESETS = ("a", "b", "c", "d", "e")
+
+# Engine settings each preset is meant for (the page starts its controls from these).
+PRESET_ENGINE_DEFAULTS: dict[str, dict] = {
+    "a": {"max_num_batched_tokens": 256, "num_kv_blocks": 640, "block_size": 16, "max_num_seqs": 16,
+          "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
+    "b": {"max_num_batched_tokens": 256, "num_kv_blocks": 128, "block_size": 16, "max_num_seqs": 16,
+          "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
+    "c": {"max_num_batched_tokens": 256, "num_kv_blocks": 24, "block_size": 16, "max_num_seqs": 8,
+          "enable_chunked_prefill": True, "enable_prefix_caching": False, "long_prefill_token_threshold": 0},
+    "d": {"max_num_batched_tokens": 256, "num_kv_blocks": 256, "block_size": 16, "max_num_seqs": 16,
+          "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
+    "e": {"max_num_batched_tokens": 256, "num_kv_blocks": 256, "block_size": 16, "max_num_seqs": 16,
+          "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
+}
+
+
+def _ids(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
+    # Skip ids 0-2 (the bundled tokenizer's special tokens) so prompts look like text to the model.
+    return tuple(rng.randrange(3, vocab_size) for _ in range(n))
+
+
+def _positive(name: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def textbook_long_prompt(long_prompt_scale: float = 0.25, num_decoding: int = 10, decode_prompt_len: int = 32,
+                         decode_output_len: int = 64, long_output_len: int = 8, arrival_step: int = 4,
+                         vocab_size: int = BUNDLED_VOCAB_SIZE, seed: int = 0) -> Workload:
+    """Preset (a): ``num_decoding`` short requests are decoding when one long prompt (8,000 tokens x
+    ``long_prompt_scale``) arrives, right before step ``arrival_step``. Without chunked prefill that prompt
+    takes one huge step and every decode stalls (head-of-line blocking); with it, the prompt is split into
+    chunks under the token budget (Sarathi-Serve, Agrawal et al., OSDI 2024, figure 1).
+
+    Raises:
+        ValueError: a non-positive size or a scale outside (0, 1].
+    """
+    if not 0 < long_prompt_scale <= 1:
+        raise ValueError(f"long_prompt_scale must be in (0, 1], got {long_prompt_scale!r}")
+    for name, v in (("num_decoding", num_decoding), ("decode_prompt_len", decode_prompt_len),
+                    ("decode_output_len", decode_output_len), ("long_output_len", long_output_len)):
+        _positive(name, v)
+    rng = random.Random(seed)
+    long_len = max(1, round(TEXTBOOK_LONG_PROMPT * long_prompt_scale))
+    reqs = [WorkloadRequest(f"r{i}", _ids(rng, decode_prompt_len, vocab_size), decode_output_len)
+            for i in range(num_decoding)]
+    reqs.append(WorkloadRequest(f"r{num_decoding}", _ids(rng, long_len, vocab_size), long_output_len,
+                                arrival_step=arrival_step))
+    return Workload("a", tuple(reqs), ("scale_note_a", (("scale", long_prompt_scale), ("tokens", long_len))))
+
+
+def shared_system_prompt(num_requests: int = 8, system_prompt_len: int = 256, user_len_range=(16, 48),
+                         output_len: int = 16, interval_s: float = 0.3, vocab_size: int = BUNDLED_VOCAB_SIZE,
+                         seed: int = 0) -> Workload:
+    """Preset (b): chat requests that all start with the same ``system_prompt_len``-token system prompt,
+    then a different user turn, arriving every ``interval_s`` seconds. After the first request, the system
+    prompt's full blocks are prefix cache hits shared by every running request (ref count > 1).
+
+    Raises:
+        ValueError: non-positive sizes, a bad range or a negative interval.
+    """
+    for name, v in (("num_requests", num_requests), ("system_prompt_len", system_prompt_len),
+                    ("output_len", output_len)):
+        _positive(name, v)
+    lo, hi = user_len_range
+    if not 1 <= lo <= hi:
+        raise ValueError(f"user_len_range must be (lo, hi) with 1 <= lo <= hi, got {user_len_range!r}")
+    if interval_s < 0:
+        raise ValueError(f"interval_s must be >= 0 seconds, got {interval_s!r}")
+    rng = random.Random(seed)
+    system = _ids(rng, system_prompt_len, vocab_size)
+    reqs = tuple(WorkloadRequest(f"r{i}", system + _ids(rng, rng.randint(lo, hi), vocab_size), output_len,
+                                 arrival_time=i * interval_s) for i in range(num_requests))
+    return Workload("b", reqs)
+
+
+def memory_pressure(num_requests: int = 8, prompt_len: int = 48, output_len: int = 64,
+                    vocab_size: int = BUNDLED_VOCAB_SIZE, seed: int = 0) -> Workload:
+    """Preset (c): ``num_requests`` requests at once, each growing to ``prompt_len + output_len`` tokens;
+    with a small KV pool (``PRESET_ENGINE_DEFAULTS["c"]``: 24 blocks of 16 tokens for 8 x 112 tokens) the
+    decodes run out of blocks and the scheduler preempts the most recently admitted request (recompute).
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+    for name, v in (("num_requests", num_requests), ("prompt_len", prompt_len), ("output_len", output_len)):
+        _positive(name, v)
+    rng = random.Random(seed)
+    return Workload("c", tuple(WorkloadRequest(f"r{i}", _ids(rng, prompt_len, vocab_size), output_len)
+                               for i in range(num_requests)))
+
+
+def from_trace(trace: Sequence, length_scale: float, vocab_size: int = BUNDLED_VOCAB_SIZE, seed: int = 0,
+               name: str = "d") -> Workload:
+    """Preset (d): a trace (``minengine.workloads.TraceRequest``-like: ``arrival_time``, ``prompt_len``,
+    ``output_len``, ``prompt_token_ids``, ``request_id``) as a workload, keeping its arrival times (s);
+    prompts without ids get seeded synthetic ids (the Azure trace has no text). ``length_scale`` is only
+    recorded for the scale note: the trace's lengths are taken as already scaled.
+
+    Raises:
+        ValueError: an empty trace.
+    """
+    if not trace:
+        raise ValueError("the trace has no requests")
+    rng = random.Random(seed)
+    reqs = []
+    for i, r in enumerate(trace):
+        ids = r.prompt_token_ids
+        ids = tuple(ids) if ids is not None else _ids(rng, r.prompt_len, vocab_size)
+        reqs.append(WorkloadRequest(getattr(r, "request_id", None) or f"t{i}", ids, r.output_len,
+                                    arrival_time=float(r.arrival_time)))
+    return Workload(name, tuple(reqs), ("scale_note_d", (("n", len(reqs)), ("scale", length_scale))))
+
+
+def custom(num_requests: int = 8, prompt_len_range=(16, 128), output_len_range=(8, 32), arrival_rate: float = 4.0,
+           vocab_size: int = BUNDLED_VOCAB_SIZE, seed: int = 0) -> Workload:
+    """Preset (e): ``num_requests`` requests with uniform prompt and output lengths (tokens) in the given
+    inclusive ranges, Poisson arrivals at ``arrival_rate`` requests/s (0 = all at time 0).
+
+    Raises:
+        ValueError: non-positive count, bad ranges, negative rate.
+    """
+    _positive("num_requests", num_requests)
+    for name, (lo, hi) in (("prompt_len_range", prompt_len_range), ("output_len_range", output_len_range)):
+        if not 1 <= lo <= hi:
+            raise ValueError(f"{name} must be (lo, hi) with 1 <= lo <= hi tokens, got {(lo, hi)!r}")
+    if arrival_rate < 0:
+        raise ValueError(f"arrival_rate must be >= 0 requests/s, got {arrival_rate!r}")
+    rng = random.Random(seed)
+    t, reqs = 0.0, []
+    for i in range(num_requests):
+        if i and arrival_rate > 0:
+            t += rng.expovariate(arrival_rate)
+        reqs.append(WorkloadRequest(f"r{i}", _ids(rng, rng.randint(*prompt_len_range), vocab_size),
+                                    rng.randint(*output_len_range), arrival_time=t))
+    return Workload("e", tuple(reqs))

@@ -1,0 +1,167 @@
+"""Run a ``Workload`` on the real engine for the dashboard: validate the settings, replay the arrivals on a
+``VirtualClock`` (time runs only while the engine steps, so idle gaps cost nothing and ITLs are real step
+times), and keep only plain data (step traces, request metrics, summary) so the result can be cached."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from minengine.config import EngineConfig
+from minengine.engine.llm_engine import LLMEngine
+from minengine.metrics.stats import ServingSummary
+from minengine.metrics.trace import StepTrace
+from minengine.outputs import RequestMetrics
+from minengine.sampling_params import SamplingParams
+from minengine.viz.workload import Workload
+from minengine.workloads.replay import VirtualClock
+
+
+@dataclass(frozen=True)
+class DashboardConfig:
+    """The engine knobs the page exposes (vLLM's names; see ``EngineConfig``) plus the sampling temperature.
+
+    ``model=None`` is the bundled model. ``max_model_len`` is not a knob: the runner sets it to the
+    workload's longest request.
+    """
+
+    max_num_batched_tokens: int = 256
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    block_size: int = 16
+    num_kv_blocks: int = 256
+    max_num_seqs: int = 16
+    enable_prefix_caching: bool = True
+    temperature: float = 0.0
+    seed: int = 0
+    model: str | None = None
+
+    def validate(self) -> None:
+        """Reject settings the page must not run, with a message naming the field.
+
+        Raises:
+            ValueError: ``num_kv_blocks`` < 1, ``block_size`` < 1, ``max_num_batched_tokens`` smaller than
+                ``block_size`` (a step could not even fill one KV block: almost surely a typo), negative
+                ``long_prefill_token_threshold`` or ``temperature``, ``max_num_seqs`` < 1.
+        """
+        ints = ("max_num_batched_tokens", "long_prefill_token_threshold", "block_size", "num_kv_blocks",
+                "max_num_seqs")
+        for name in ints:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"{name} must be an integer, got {v!r}")
+        if self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be at least 1 block, got {self.num_kv_blocks}")
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be at least 1 token, got {self.block_size}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens} tokens) is smaller than "
+                             f"block_size ({self.block_size} tokens): a step could not fill one KV block")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1 sequence slot, got {self.max_num_seqs}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0 tokens (0 = no cap), got "
+                             f"{self.long_prefill_token_threshold}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+
+    def engine_config(self, max_model_len: int) -> EngineConfig:
+        """The ``EngineConfig`` for a workload whose longest request has ``max_model_len`` tokens.
+
+        Without chunked prefill a whole prompt must fit in one step, so the token budget is raised to
+        ``max_model_len + max_num_seqs`` when smaller: the longest prompt plus one decode token for every
+        other sequence slot, so a long prompt is admitted beside running decodes (the head-of-line blocking
+        the dashboard shows) instead of waiting for them all to finish. vLLM likewise raises
+        ``max_num_batched_tokens`` to at least ``max_model_len`` when chunked prefill is off.
+        Raises ``ValueError`` as ``validate`` and ``EngineConfig``."""
+        self.validate()
+        budget = self.max_num_batched_tokens
+        if not self.enable_chunked_prefill:
+            budget = max(budget, max_model_len + self.max_num_seqs)
+        return EngineConfig(model=self.model, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
+                            max_num_batched_tokens=budget, max_num_seqs=self.max_num_seqs,
+                            max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
+                            long_prefill_token_threshold=self.long_prefill_token_threshold,
+                            enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
+                            trace_block_tables=True)
+
+
+@dataclass
+class RunResult:
+    """What one dashboard run produced: the engine's own records, nothing computed by the page.
+
+    Attributes:
+        traces: ``engine.traces``.
+        request_metrics: ``engine.request_metrics``.
+        summary: ``engine.summary()``.
+        token_budget: the budget the engine ran with (raised when chunked prefill was off).
+        budget_raised: True when the budget was raised to ``max_model_len``.
+        max_model_len: tokens of the longest request.
+        wall_time_s: real seconds the run took, model loading included.
+    """
+
+    traces: list[StepTrace]
+    request_metrics: dict[str, RequestMetrics]
+    summary: ServingSummary
+    token_budget: int
+    budget_raised: bool
+    max_model_len: int
+    wall_time_s: float
+
+
+def run_workload(config: DashboardConfig, workload: Workload, max_steps: int = 20_000) -> RunResult:
+    """Build a fresh engine for ``config`` and replay ``workload`` on it to the end.
+
+    Requests arrive at ``arrival_time`` seconds on a ``VirtualClock`` (time runs only inside
+    ``engine.step()``; an idle engine jumps to the next arrival) or, with ``arrival_step``, right before that
+    step. Sampling uses ``config.temperature`` with ``ignore_eos=True`` so each request produces exactly its
+    ``max_tokens``.
+
+    Raises:
+        ValueError: bad settings, or a request the engine refuses (e.g. longer than the whole KV pool).
+        RuntimeError: more than ``max_steps`` steps (a guard; the workloads here need a few hundred).
+    """
+    wall_start = time.perf_counter()
+    max_model_len = workload.max_request_len
+    engine_config = config.engine_config(max_model_len)
+    clock = VirtualClock()
+    engine = LLMEngine(engine_config, clock=clock)
+    # Validate every request before stepping, so a bad one fails the run at once with the engine's message.
+    by_time = sorted((r for r in workload.requests if r.arrival_step is None), key=lambda r: r.arrival_time)
+    by_step = sorted((r for r in workload.requests if r.arrival_step is not None), key=lambda r: r.arrival_step)
+    params = {r.request_id: SamplingParams(temperature=config.temperature, max_tokens=r.max_tokens,
+                                           ignore_eos=True) for r in workload.requests}
+    for r in workload.requests:
+        engine.make_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, params[r.request_id], 0.0)
+    start = clock()
+    i_time = i_step = 0
+
+    def add(r, arrival: float) -> None:
+        engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, params[r.request_id],
+                           arrival_time=arrival)
+
+    while i_time < len(by_time) or i_step < len(by_step) or engine.has_unfinished_requests():
+        step = len(engine.traces)
+        while i_time < len(by_time) and start + by_time[i_time].arrival_time <= clock():
+            add(by_time[i_time], start + by_time[i_time].arrival_time)
+            i_time += 1
+        while i_step < len(by_step) and by_step[i_step].arrival_step <= step:
+            add(by_step[i_step], clock())
+            i_step += 1
+        if not engine.has_unfinished_requests():
+            if i_time < len(by_time):  # idle until the next timed arrival: jump over the gap
+                clock.advance_to(start + by_time[i_time].arrival_time)
+                continue
+            if i_step < len(by_step):  # nothing left to step before a step-timed arrival: it arrives now
+                add(by_step[i_step], clock())
+                i_step += 1
+                continue
+            break
+        if step >= max_steps:
+            raise RuntimeError(f"run did not finish within max_steps={max_steps} steps")
+        with clock.running():
+            engine.step()
+    return RunResult(traces=engine.traces, request_metrics=engine.request_metrics, summary=engine.summary(),
+                     token_budget=engine_config.max_num_batched_tokens,
+                     budget_raised=engine_config.max_num_batched_tokens != config.max_num_batched_tokens,
+                     max_model_len=max_model_len, wall_time_s=time.perf_counter() - wall_start)

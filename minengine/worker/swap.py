@@ -1,0 +1,56 @@
+"""CpuSwapSpace: the CPU copy of KV blocks for swap preemption, and the block copies in and out.
+
+Idea: vLLM v0's swap preemption (Kwon et al., SOSP 2023, section 4.5; ``CacheEngine.swap_in/swap_out``).
+The scheduler decides which blocks move (``SchedulerOutput.blocks_to_swap_out`` / ``blocks_to_swap_in``,
+ids only, see ``core/swap_space.py``); this class moves the bytes.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class CpuSwapSpace:
+    """Per layer a K and a V tensor of [num_blocks, block_size, Hkv, D] in CPU memory.
+
+    Args:
+        num_blocks: CPU blocks (0 allocates nothing; every preemption then recomputes).
+        block_size, num_kv_heads, head_dim, dtype: as the GPU cache, so a block copies as one slice.
+        num_layers: decoder layers.
+    """
+
+    def __init__(self, num_blocks: int, num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype):
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.num_blocks = num_blocks
+        self.caches: KVCaches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+                                 for _ in range(num_layers if num_blocks else 0)]
+
+    def swap(self, gpu_caches: KVCaches, blocks_to_swap_out: list[tuple[int, int]],
+             blocks_to_swap_in: list[tuple[int, int]]) -> float:
+        """Copy (GPU, CPU) pairs out, then (CPU, GPU) pairs in, in every layer; returns the seconds taken.
+
+        Out before in: a GPU block freed by a swap-out may be the target of a swap-in in the same step. The
+        scheduler never hands a CPU block freed by a swap-in to a swap-out of the same step.
+        """
+        if not blocks_to_swap_out and not blocks_to_swap_in:
+            return 0.0
+        start = time.perf_counter()
+        for (gpu_k, gpu_v), (cpu_k, cpu_v) in zip(gpu_caches, self.caches):
+            if blocks_to_swap_out:
+                src = torch.tensor([g for g, _ in blocks_to_swap_out], device=gpu_k.device)
+                dst = torch.tensor([c for _, c in blocks_to_swap_out])
+                cpu_k[dst] = gpu_k[src].cpu()
+                cpu_v[dst] = gpu_v[src].cpu()
+            if blocks_to_swap_in:
+                src = torch.tensor([c for c, _ in blocks_to_swap_in])
+                dst = torch.tensor([g for _, g in blocks_to_swap_in], device=gpu_k.device)
+                gpu_k[dst] = cpu_k[src].to(gpu_k.device)
+                gpu_v[dst] = cpu_v[src].to(gpu_v.device)
+        if gpu_caches and gpu_caches[0][0].is_cuda:
+            torch.cuda.synchronize()  # host-to-device copies are asynchronous: time the whole copy
+        return time.perf_counter() - start

@@ -1,0 +1,293 @@
+"""Goodput and capacity: how many requests per second a deployment serves *within its latency SLOs*.
+
+Throughput counts every token; users only notice requests that came fast enough. Goodput (DistServe, Zhong
+et al., OSDI 2024) counts the requests per second that meet every SLO; vLLM's serving benchmark reports it as
+"Request goodput". Capacity (Sarathi-Serve, Agrawal et al., OSDI 2024, section 5) is the highest arrival rate
+a system sustains while meeting its latency SLO with the scheduling delay bounded: found here by bisection
+over Poisson arrival rates, each probe a short virtual-clock replay (``minengine.workloads.replay``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from minengine.config import EngineConfig
+from minengine.metrics.stats import percentile
+from minengine.outputs import RequestMetrics
+from minengine.workloads.arrivals import poisson_arrivals, with_arrivals
+from minengine.workloads.replay import replay_trace
+from minengine.workloads.traces import TraceRequest
+
+
+def _metrics_list(request_metrics) -> list[RequestMetrics]:
+    if isinstance(request_metrics, dict):
+        return list(request_metrics.values())
+    return list(request_metrics)
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Per-request latency objectives in seconds; None leaves one out.
+
+    Attributes:
+        ttft_s: time to first token (arrival -> first token, queueing included).
+        tpot_s: time per output token after the first, ``(e2e - ttft) / (n - 1)``.
+        tbt_p99_s: the 99th percentile of the request's own time-between-tokens (its ITLs): bounds the
+            stalls a user sees while the text streams (Sarathi-Serve's SLO is on P99 TBT).
+
+    Raises:
+        ValueError: a bound that is not a number > 0.
+    """
+
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    tbt_p99_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_s", "tpot_s", "tbt_p99_s"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0):
+                raise ValueError(f"{name} must be a number > 0 (seconds) or None, got {v!r}")
+
+    def __str__(self) -> str:
+        parts = [f"{label} <= {v * 1000:g} ms" for label, v in
+                 (("TTFT", self.ttft_s), ("TPOT", self.tpot_s), ("P99 TBT", self.tbt_p99_s)) if v is not None]
+        return ", ".join(parts) or "no SLO"
+
+
+def meets_slo(m: RequestMetrics, slo: SLO) -> bool:
+    """True when the request finished and met every bound of ``slo``. A request with one output token has no
+    TPOT and no TBT, so only its TTFT is checked."""
+    if m.finished_time is None or m.first_token_time is None:
+        return False
+    if slo.ttft_s is not None and m.ttft > slo.ttft_s:
+        return False
+    if slo.tpot_s is not None and m.tpot is not None and m.tpot > slo.tpot_s:
+        return False
+    if slo.tbt_p99_s is not None and m.itls and percentile(m.itls, 99) > slo.tbt_p99_s:
+        return False
+    return True
+
+
+def slo_attainment(request_metrics: dict[str, RequestMetrics] | Iterable[RequestMetrics], slo: SLO) -> float:
+    """Fraction of requests (finished or not) that met every SLO; NaN with no requests."""
+    ms = _metrics_list(request_metrics)
+    return sum(meets_slo(m, slo) for m in ms) / len(ms) if ms else math.nan
+
+
+def benchmark_duration(request_metrics: dict[str, RequestMetrics] | Iterable[RequestMetrics]) -> float:
+    """Seconds from the first arrival to the last finish (0 with no finished request), as ``summarize``."""
+    ms = _metrics_list(request_metrics)
+    done = [m.finished_time for m in ms if m.finished_time is not None]
+    return max(done) - min(m.arrival_time for m in ms) if done else 0.0
+
+
+def goodput(request_metrics: dict[str, RequestMetrics] | Iterable[RequestMetrics], slo: SLO,
+            duration_s: float | None = None) -> float:
+    """Requests per second that met every SLO (TTFT, TPOT, per-request P99 TBT).
+
+    Args:
+        request_metrics: the engine's ``request_metrics`` (dict or list).
+        slo: the objectives.
+        duration_s: the run's length; default first arrival -> last finish (``benchmark_duration``).
+
+    Returns:
+        requests/s; 0.0 when no request met the SLO, NaN when the duration is 0.
+    """
+    ms = _metrics_list(request_metrics)
+    duration = benchmark_duration(ms) if duration_s is None else duration_s
+    good = sum(meets_slo(m, slo) for m in ms)
+    if duration <= 0:
+        return math.nan if good else 0.0
+    return good / duration
+
+
+# ---- the serving-benchmark table ----------------------------------------------------------------------------
+@dataclass
+class ServingBenchmark:
+    """vLLM ``benchmark_serving.py``'s result numbers for one run. Latencies in seconds, rates per second."""
+
+    completed: int
+    duration_s: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    request_goodput: float
+    output_throughput: float
+    total_token_throughput: float
+    latencies: dict[str, tuple[float, float, float]]  # "TTFT"/"TPOT"/"ITL"/"E2EL" -> (mean, median, P99)
+    slo: SLO | None = None
+
+    @classmethod
+    def from_metrics(cls, request_metrics, slo: SLO | None = None) -> ServingBenchmark:
+        """Compute the numbers from finished requests' ``RequestMetrics``."""
+        ms = [m for m in _metrics_list(request_metrics) if m.finished_time is not None]
+        duration = benchmark_duration(ms)
+        out_tokens = sum(m.num_output_tokens for m in ms)
+        in_tokens = sum(m.num_prompt_tokens for m in ms)
+
+        def stats(xs: list[float]) -> tuple[float, float, float]:
+            return (statistics.fmean(xs), statistics.median(xs), percentile(xs, 99)) if xs else (math.nan,) * 3
+
+        def rate(n: float) -> float:
+            return n / duration if duration > 0 else math.nan
+
+        return cls(
+            completed=len(ms), duration_s=duration, total_input_tokens=in_tokens, total_output_tokens=out_tokens,
+            request_throughput=rate(len(ms)), request_goodput=goodput(ms, slo) if slo is not None else math.nan,
+            output_throughput=rate(out_tokens), total_token_throughput=rate(in_tokens + out_tokens),
+            latencies={"TTFT": stats([m.ttft for m in ms]), "TPOT": stats([m.tpot for m in ms if m.tpot is not None]),
+                       "ITL": stats([x for m in ms for x in m.itls]), "E2EL": stats([m.e2e_latency for m in ms])},
+            slo=slo)
+
+    def as_table(self, title: str = "Serving Benchmark Result") -> str:
+        """The table in the layout of vLLM's ``benchmark_serving.py`` (milliseconds for latencies)."""
+        w = 50
+
+        def line(label: str, value: str) -> str:
+            return f"{label:<40}{value:<10}"
+
+        rows = [f"{' ' + title + ' ':=^{w}}",
+                line("Successful requests:", f"{self.completed}"),
+                line("Benchmark duration (s):", f"{self.duration_s:.2f}"),
+                line("Total input tokens:", f"{self.total_input_tokens}"),
+                line("Total generated tokens:", f"{self.total_output_tokens}"),
+                line("Request throughput (req/s):", f"{self.request_throughput:.2f}")]
+        if self.slo is not None:
+            rows.append(line("Request goodput (req/s):", f"{self.request_goodput:.2f}"))
+        rows += [line("Output token throughput (tok/s):", f"{self.output_throughput:.2f}"),
+                 line("Total Token throughput (tok/s):", f"{self.total_token_throughput:.2f}")]
+        names = {"TTFT": "Time to First Token", "TPOT": "Time per Output Token (excl. 1st token)",
+                 "ITL": "Inter-token Latency", "E2EL": "End-to-end Latency"}
+        for key, name in names.items():
+            mean, median, p99 = self.latencies[key]
+            rows += [f"{name:-^{w}}", line(f"Mean {key} (ms):", f"{mean * 1000:.2f}"),
+                     line(f"Median {key} (ms):", f"{median * 1000:.2f}"), line(f"P99 {key} (ms):", f"{p99 * 1000:.2f}")]
+        if self.slo is not None:
+            rows.append(f"{'SLO: ' + str(self.slo):-^{w}}")
+        rows.append("=" * w)
+        return "\n".join(r.rstrip() for r in rows)
+
+
+# ---- capacity -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CapacityProbe:
+    """One probed arrival rate: SLO attainment, median scheduling delay (arrival -> first scheduled, s),
+    goodput (req/s), and whether it passed."""
+
+    rate: float
+    attainment: float
+    median_queue_delay_s: float
+    goodput: float
+    passed: bool
+
+
+@dataclass
+class CapacityResult:
+    """The highest passing rate found (``capacity``, req/s; 0.0 when even the lowest probed rate failed) and
+    every probe in the order it ran."""
+
+    capacity: float
+    slo: SLO
+    probes: list[CapacityProbe] = field(default_factory=list)
+
+
+def search_highest_passing_rate(passes: Callable[[float], bool], start_rate: float = 1.0, rel_tol: float = 0.1,
+                                max_probes: int = 12) -> float:
+    """The highest rate (> 0) where ``passes(rate)`` holds, assuming it holds below some threshold and fails
+    above (a monotone load response).
+
+    Doubles (or halves) from ``start_rate`` to bracket the threshold, then bisects geometrically until the
+    bracket ``[lo, hi]`` satisfies ``hi / lo <= 1 + rel_tol`` or ``max_probes`` rates were tried. Returns the
+    highest rate that passed, 0.0 if none did (the threshold is below every rate tried).
+
+    Raises:
+        ValueError: ``start_rate`` or ``rel_tol`` not > 0, ``max_probes`` < 1.
+    """
+    if not start_rate > 0 or not rel_tol > 0 or max_probes < 1:
+        raise ValueError(f"need start_rate > 0, rel_tol > 0, max_probes >= 1; got {start_rate}, {rel_tol}, "
+                         f"{max_probes}")
+    probes = 0
+
+    def check(rate: float) -> bool:
+        nonlocal probes
+        probes += 1
+        return passes(rate)
+
+    lo, hi = 0.0, math.inf  # highest rate that passed, lowest that failed
+    rate = start_rate
+    while probes < max_probes:  # bracket the threshold: double while passing, halve while failing
+        if check(rate):
+            lo = rate
+        else:
+            hi = rate
+        if lo > 0 and hi < math.inf:
+            break
+        rate = rate * 2 if hi == math.inf else rate / 2
+    while probes < max_probes and lo > 0 and hi < math.inf and hi / lo > 1 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        if check(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequence[TraceRequest] | None = None,
+                  *, num_requests: int = 32, start_rate: float = 1.0, rel_tol: float = 0.1, max_probes: int = 10,
+                  min_attainment: float = 0.9, max_median_queue_delay_s: float = 2.0, seed: int = 0,
+                  timer: Callable[[], float] = time.perf_counter, step_time_scale: float = 1.0,
+                  **config_fields) -> CapacityResult:
+    """The highest Poisson arrival rate at which the engine meets ``slo`` (Sarathi-Serve's capacity).
+
+    Each probe replays ``num_requests`` requests with Poisson arrivals at the probed rate on a fresh engine with
+    a ``VirtualClock``. The request lengths (and token ids, if any) come from ``lengths`` (e.g. a scaled Azure
+    trace, cycled if shorter), else 64-token prompts and 32-token outputs. One seed gives the same arrival
+    pattern at every rate (only compressed), so probes differ only in load. A probe passes when at least
+    ``min_attainment`` of its requests meet every SLO and the median scheduling delay (arrival -> first
+    scheduled) is at most ``max_median_queue_delay_s`` (Sarathi-Serve bounds it at 2 s so an overloaded system
+    whose queue grows without bound does not count). Short probes only approximate a steady state.
+
+    Args:
+        slo: the latency objectives.
+        config / **config_fields: the engine settings (one of the two).
+        timer, step_time_scale: passed to each probe's ``VirtualClock``.
+
+    Returns:
+        ``CapacityResult`` with the capacity (req/s) and every probe.
+
+    Raises:
+        ValueError: bad arguments (naming them), and as ``replay``.
+    """
+    if not isinstance(num_requests, int) or num_requests < 2:
+        raise ValueError(f"num_requests must be an integer >= 2, got {num_requests!r}")
+    if not 0 < min_attainment <= 1:
+        raise ValueError(f"min_attainment must be in (0, 1], got {min_attainment!r}")
+    if config is not None and config_fields:
+        raise ValueError("pass either config or EngineConfig fields, not both")
+    config = config if config is not None else EngineConfig(**config_fields)
+    if lengths:
+        base = [lengths[i % len(lengths)] for i in range(num_requests)]
+        base = [TraceRequest(0.0, r.prompt_len, r.output_len, r.prompt_token_ids, f"{r.request_id}#{i}")
+                for i, r in enumerate(base)]
+    else:
+        base = [TraceRequest(0.0, 64, 32, None, f"capacity-{i}") for i in range(num_requests)]
+    result = CapacityResult(capacity=0.0, slo=slo)
+
+    def passes(rate: float) -> bool:
+        trace = with_arrivals(base, poisson_arrivals(rate, num_requests, seed), source=f"poisson({rate:g})")
+        run = replay_trace(trace, config, virtual=True, timer=timer, step_time_scale=step_time_scale, seed=seed)
+        ms = run.request_metrics
+        delays = [m.time_in_queue for m in ms.values() if m.time_in_queue is not None]
+        attained = slo_attainment(ms, slo)
+        delay = statistics.median(delays) if delays else math.inf
+        ok = attained >= min_attainment and delay <= max_median_queue_delay_s
+        result.probes.append(CapacityProbe(rate, attained, delay, goodput(ms, slo), ok))
+        return ok
+
+    result.capacity = search_highest_passing_rate(passes, start_rate, rel_tol, max_probes)
+    return result

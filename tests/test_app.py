@@ -1,0 +1,220 @@
+"""app.py driven headless by ``streamlit.testing.v1.AppTest``: every preset, both languages, the five views,
+metrics with sensible values, and bad input shown as a message (never a traceback).
+
+Runs the real engine with the bundled model (or ``$MINENGINE_MODEL``), with presets scaled down so the whole
+file takes about a minute on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+pytest.importorskip("plotly")
+
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from minengine.workloads import azure_conv_path, find_data_dir  # noqa: E402
+from tests.dashboard_model import dashboard_model  # noqa: E402
+
+APP = Path(__file__).resolve().parents[1] / "app.py"
+NUM_FIGURES = 13  # block pool, block tables, animation | batch | timeline, ITL | queue, KV, CDF | 2 x (ITL, batch)
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@pytest.fixture
+def app(monkeypatch):
+    model = dashboard_model()
+    if model is not None:
+        monkeypatch.setenv("MINENGINE_MODEL", model)
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.run()
+    assert not at.exception
+    return at
+
+
+def figure_titles(at: AppTest) -> list[str]:
+    titles = []
+    for chart in at.get("plotly_chart"):
+        title = json.loads(chart.proto.spec)["layout"].get("title", {})
+        titles.append(title.get("text", "") if isinstance(title, dict) else str(title))
+    return titles
+
+
+def metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def triple(value: str) -> list[float]:
+    """'12.3 / 45.6 / 78.9' -> [12.3, 45.6, 78.9]"""
+    return [float(x) for x in value.split("/")]
+
+
+def choose(at: AppTest, preset: str) -> None:
+    at.selectbox(key="preset_en").set_value(preset).run()
+    if preset == "a":  # the long prompt at 1/16 of 8,000 tokens keeps the test quick
+        at.select_slider(key="a_scale").set_value(1 / 16).run()
+    if preset == "d":
+        at.number_input(key="d_n").set_value(12).run()
+    assert not at.exception
+
+
+def run(at: AppTest) -> None:
+    at.button(key="run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+
+
+def check_views(at: AppTest, lang: str) -> dict[str, str]:
+    titles = figure_titles(at)
+    assert len(titles) == NUM_FIGURES, titles
+    table_title = "Block tables at step" if lang == "en" else "块表"
+    assert any(table_title in x for x in titles), titles
+    assert all(bool(CJK.search(x)) == (lang == "zh") for x in titles if x), titles
+    assert len(at.tabs) == 5
+    assert all(bool(CJK.search(tab.label)) == (lang == "zh") for tab in at.tabs)
+    assert len(at.caption) >= 9  # every figure view has its "what to look at" caption
+    m = metrics(at)
+    assert len(m) == 7
+    ttft, tpot, itl = (triple(v) for k, v in m.items() if "P50 / P95 / P99" in k)
+    for p50, p95, p99 in (ttft, tpot, itl):
+        assert 0 < p50 <= p95 <= p99 < 60_000  # milliseconds
+    throughput = float(next(v for k, v in m.items() if "tok/s" in k or "令牌/秒" in k))
+    assert throughput > 0
+    ab = [md.value for md in at.markdown if "P99 TBT" in md.value]
+    assert len(ab) == 1 and re.search(r"\d+\.\d (ms|毫秒)", ab[0])
+    return m
+
+
+def metric(m: dict[str, str], fragment: str) -> str:
+    return next(v for k, v in m.items() if fragment in k)
+
+
+EXPECTED_REQUESTS = {"a": 11, "b": 8, "c": 8, "d": 12, "e": 8}
+
+
+@pytest.mark.parametrize("preset", ["a", "b", "c", "d", "e"])
+def test_every_preset_in_both_languages(app, preset):
+    if preset == "d" and azure_conv_path(find_data_dir()) is None:
+        pytest.skip("Azure trace absent (../shared/data): covered by test_trace_preset_without_the_file")
+    choose(app, preset)
+    run(app)
+    m = check_views(app, "en")
+    num_requests, num_steps = (int(x) for x in metric(m, "Requests").split("/"))
+    assert num_requests == EXPECTED_REQUESTS[preset] and num_steps >= 2
+    if preset == "b":
+        hit_tokens = int(metric(m, "Prefix cache hit").split()[0])
+        assert hit_tokens > 0
+    if preset == "c":
+        assert int(metric(m, "Preemptions")) > 0
+    if preset == "a":
+        assert any("500 tokens (8,000 × 0.0625)" in i.value for i in app.info)
+    if preset == "d":
+        assert any("first 12 requests" in i.value for i in app.info)
+
+    app.radio(key="lang").set_value("zh").run()
+    assert not app.exception and not app.error
+    assert app.selectbox(key="preset_zh").value == preset  # the choice survives the switch
+    m_zh = check_views(app, "zh")
+    # the cached run is reused: the same numbers under the translated labels
+    assert sorted(m_zh.values()) == sorted(m.values())
+    assert any("分块预填充" in md.value for md in app.markdown)
+
+
+def step_slider(at: AppTest):
+    return next(s for s in at.slider if (s.key or "").startswith("step_"))
+
+
+def test_step_slider_moves_the_block_views(app):
+    choose(app, "c")
+    run(app)
+    step_slider(app).set_value(0).run()
+    titles = figure_titles(app)
+    assert any(x.startswith("KV block pool at step 0 ") for x in titles)
+    assert "Block tables at step 0: logical block → physical block" in titles
+    step_slider(app).set_value(5).run()
+    assert any(x.startswith("KV block pool at step 5 ") for x in figure_titles(app))
+
+
+def test_changed_controls_are_flagged_until_run_again(app):
+    choose(app, "c")
+    run(app)
+    assert not app.warning
+    app.number_input(key="c_blocks").set_value(32).run()
+    assert any("press Run" in w.value for w in app.warning)
+    assert metric(metrics(app), "Preemptions")  # the previous run stays on screen meanwhile
+    run(app)
+    assert not app.warning
+
+
+def test_stall_threshold_changes_the_stall_table(app):
+    choose(app, "a")
+    app.number_input(key="threshold").set_value(10_000.0).run()
+    run(app)
+    assert any("No ITL above 10000 ms" in i.value for i in app.info)
+    app.number_input(key="threshold").set_value(1.0).run()
+    assert not app.exception
+    assert len(app.dataframe) == 1 and len(app.dataframe[0].value) > 0
+
+
+@pytest.mark.parametrize("controls, message", [
+    ({"a_blocks": 0}, "num_kv_blocks must be at least 1"),
+    ({"a_budget": 8, "a_bs": 16}, "smaller than block_size"),
+    ({"a_blocks": 2}, "num_kv_blocks"),  # the engine refuses a request that cannot fit the pool
+])
+def test_bad_input_shows_a_message_not_a_traceback(app, controls, message):
+    choose(app, "a")
+    for key, value in controls.items():
+        app.number_input(key=key).set_value(value).run()
+    app.button(key="run").click().run()
+    assert not app.exception
+    errors = [e.value for e in app.error]
+    assert len(errors) == 1 and message in errors[0], errors
+    assert not app.get("plotly_chart")
+
+
+def test_malformed_uploaded_trace_is_reported(app):
+    choose(app, "d")
+    app.file_uploader(key="d_upload").set_value(("mine.csv", b"TIMESTAMP,Prompt\n2023-11-16 18:15:46,12\n",
+                                                  "text/csv")).run()
+    assert not app.exception
+    errors = [e.value for e in app.error]
+    assert len(errors) == 1 and "could not be read" in errors[0] and "ContextTokens" in errors[0]
+    assert app.button(key="run").disabled
+
+
+def test_uploaded_trace_is_replayed(app):
+    rows = "\n".join(f"2023-11-16 18:15:{10 + i:02d}.1234567,{40 + 8 * i},{16 + i}" for i in range(5))
+    choose(app, "d")
+    app.file_uploader(key="d_upload").set_value(("mine.csv", f"TIMESTAMP,ContextTokens,GeneratedTokens\n{rows}\n"
+                                                 .encode(), "text/csv")).run()
+    assert any("uploaded trace (5 requests)" in i.value for i in app.info)
+    run(app)
+    assert metric(metrics(app), "Requests").startswith("5 /")
+
+
+def test_trace_preset_without_the_file(monkeypatch):
+    # The script re-imports find_data_dir from the package on every run, so patching the package attribute
+    # makes the app see a machine without ../shared/data.
+    monkeypatch.setattr("minengine.workloads.find_data_dir", lambda explicit=None: None)
+    at = AppTest.from_file(str(APP), default_timeout=300)
+    at.run()
+    choose(at, "d")
+    warnings = [w.value for w in at.warning]
+    assert len(warnings) == 1 and "is not here" in warnings[0] and "upload" in warnings[0].lower()
+    assert at.button(key="run").disabled
+    assert not at.error and not at.exception
+
+
+def test_ab_comparison_of_prefix_caching(app):
+    choose(app, "b")
+    run(app)
+    app.radio(key="ab_knob").set_value("enable_prefix_caching").run()
+    assert not app.exception and not app.error
+    sentence = next(md.value for md in app.markdown if "P99 TBT" in md.value)
+    assert sentence.startswith("With A: prefix caching on instead of B: prefix caching off")
+    assert len(figure_titles(app)) == NUM_FIGURES
