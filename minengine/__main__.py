@@ -12,34 +12,51 @@ import sys
 import time
 
 from minengine.config import EngineConfig
+from minengine.core.policies import POLICIES
 from minengine.engine.llm_engine import LLMEngine
 from minengine.sampling_params import SamplingParams
 from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir, load_real_prompts
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
+    """One flag per ``EngineConfig`` field (``--max-num-batched-tokens`` for ``max_num_batched_tokens``...)."""
     g = p.add_argument_group("engine (EngineConfig)")
     g.add_argument("--model", default=None, help="HF checkpoint dir or hub id (default: the bundled tiny model)")
+    g.add_argument("--tokenizer", default=None, help="tokenizer dir or hub id (default: the model's)")
     g.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     g.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
     g.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (default: derived)")
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV budget in bytes (if no --num-kv-blocks)")
     g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
     g.add_argument("--max-num-seqs", type=int, default=32, help="sequence slots")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--no-chunked-prefill", action="store_true", help="prefill each prompt in one step")
+    g.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings")
+    g.add_argument("--no-chunked-prefill", action="store_true",
+                   help="prefill each prompt in one step (needs --max-num-batched-tokens >= --max-model-len)")
     g.add_argument("--long-prefill-token-threshold", type=int, default=0, help="largest prefill chunk (0 = no cap)")
     g.add_argument("--no-prefix-caching", action="store_true")
+    g.add_argument("--scheduling-policy", default="decode-first", choices=list(POLICIES))
+    g.add_argument("--prefill-decode-ratio", type=float, default=1.0, help="balanced: prefill : decode tokens")
+    g.add_argument("--splitfuse-target-tokens", type=int, default=None,
+                   help="dynamic-splitfuse: tokens per forward (default: the token budget)")
+    g.add_argument("--priority-aging-steps", type=int, default=64, help="priority: steps per level of aging")
+    g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
+    g.add_argument("--swap-space-blocks", type=int, default=None, help="CPU swap blocks (default: num_kv_blocks)")
+    g.add_argument("--shrink-prefill-chunks", action="store_true", help="admission probe: shrink a chunk to fit")
     g.add_argument("--seed", type=int, default=0)
 
 
 def _config(a: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
-        model=a.model, dtype=a.dtype, device=a.device, block_size=a.block_size, num_kv_blocks=a.num_kv_blocks,
+        model=a.model, tokenizer=a.tokenizer, dtype=a.dtype, device=a.device, block_size=a.block_size,
+        num_kv_blocks=a.num_kv_blocks, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
         max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
         max_model_len=a.max_model_len, enable_chunked_prefill=not a.no_chunked_prefill,
         long_prefill_token_threshold=a.long_prefill_token_threshold,
-        enable_prefix_caching=not a.no_prefix_caching, seed=a.seed)
+        enable_prefix_caching=not a.no_prefix_caching, scheduling_policy=a.scheduling_policy,
+        prefill_decode_ratio=a.prefill_decode_ratio, splitfuse_target_tokens=a.splitfuse_target_tokens,
+        priority_aging_steps=a.priority_aging_steps, preemption_mode=a.preemption_mode,
+        swap_space_blocks=a.swap_space_blocks, shrink_prefill_chunks=a.shrink_prefill_chunks, seed=a.seed)
 
 
 def cmd_run(a: argparse.Namespace) -> None:
@@ -73,7 +90,8 @@ def cmd_run(a: argparse.Namespace) -> None:
         out = done[rid]
         print(f"\n--- request {rid} ({len(out.prompt_token_ids)} prompt tokens, "
               f"{len(out.outputs[0].token_ids)} generated, finish: {out.outputs[0].finish_reason}) ---")
-        print((out.prompt or "")[-200:] + "\033[1m" + out.outputs[0].text + "\033[0m")
+        bold, plain = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")  # highlight the completion
+        print((out.prompt or "")[-200:] + bold + out.outputs[0].text + plain)
     print("\n" + engine.summary().as_table())
 
 
@@ -91,18 +109,6 @@ def cmd_generate(a: argparse.Namespace) -> None:
                 sys.stdout.flush()
                 printed = len(text)
     print()
-
-
-def _bench_config(a: argparse.Namespace) -> EngineConfig:
-    """The ``run`` settings plus the scheduler flags, passed only when given (and known to this build)."""
-    config = _config(a)
-    known = {f.name for f in dataclasses.fields(EngineConfig)}
-    extra = {name: getattr(a, name) for name in ("scheduling_policy", "preemption_mode")
-             if getattr(a, name) is not None}
-    unknown = sorted(set(extra) - known)
-    if unknown:
-        raise ValueError(f"this engine has no setting {unknown[0]!r}")
-    return dataclasses.replace(config, **extra) if extra else config
 
 
 def _bench_trace(a: argparse.Namespace, vocab_size: int, block_size: int):
@@ -150,7 +156,7 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
         raise ValueError(f"--burstiness must be > 0, got {a.burstiness!r}")
     if a.capacity and slo is None:
         raise ValueError("--capacity needs an SLO (--slo-ttft-ms, --slo-tpot-ms or --slo-tbt-ms)")
-    config = _bench_config(a)
+    config = _config(a)
     # CPU time measures a CPU step without the noise of other processes; on a GPU the CPU waits, so wall time
     timer = time.process_time if a.step_timer == "cpu" or (a.step_timer == "auto" and config.device == "cpu") \
         else time.perf_counter
@@ -192,11 +198,9 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
 
 
 def _bench_serve_parser(sub) -> None:
-    b = sub.add_parser("bench-serve", help="replay a request trace online; print serving metrics and goodput")
+    b = sub.add_parser("bench-serve", help="replay a request trace online; print serving metrics and goodput",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _engine_args(b)
-    g = b.add_argument_group("scheduler")
-    g.add_argument("--scheduling-policy", default=None, help="EngineConfig.scheduling_policy (default: the engine's)")
-    g.add_argument("--preemption-mode", default=None, help="recompute or swap (default: the engine's)")
     w = b.add_argument_group("workload")
     w.add_argument("--trace", default="azure", choices=["azure", "mooncake", "poisson"],
                    help="Azure conversation trace (Splitwise, ISCA 2024), Mooncake (FAST 2025) or synthetic")
@@ -234,7 +238,8 @@ def _bench_serve_parser(sub) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
-    r = sub.add_parser("run", help="serve a batch of real prompts and print a summary")
+    r = sub.add_parser("run", help="serve a batch of real prompts and print a summary",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     _engine_args(r)
     r.add_argument("--num-prompts", type=int, default=32, help="Shakespeare openings to serve")
     r.add_argument("--num-real-prompts", type=int, default=16, help="real prompts from shared/data/prompts")
@@ -246,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--top-p", type=float, default=0.95)
     r.add_argument("--show", type=int, default=3, help="completions to print")
     r.set_defaults(func=cmd_run)
-    g = sub.add_parser("generate", help="print one completion")
+    g = sub.add_parser("generate", help="print one completion", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     g.add_argument("prompt")
     _engine_args(g)
     g.add_argument("--max-tokens", type=int, default=64)

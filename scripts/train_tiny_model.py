@@ -73,7 +73,7 @@ on a laptop CPU with no download.
 | positions | {rope}, `max_position_embeddings` {cfg['max_position_embeddings']} |
 | norm | RMSNorm, eps {cfg['rms_norm_eps']} |
 | vocabulary | {cfg['vocab_size']} (byte-level BPE trained with `tokenizers`; `<|endoftext|>` is BOS/EOS/pad) |
-| weights on disk | bfloat16 safetensors ({size_kb / 1024:.1f} MB folder); load in float32 for exact comparisons |
+| weights on disk | bfloat16 safetensors ({size_kb / 1024:.1f} MiB folder); load in float32 for exact comparisons |
 
 ## Training
 - Data: `../shared/data/text/tinyshakespeare.txt` (karpathy/char-rnn), first 90 % train
@@ -90,7 +90,7 @@ on a laptop CPU with no download.
 """
     if sample:
         card += f"""
-## Greedy sample (minengine, float32)
+## Samples (minengine, float32; `LLM().generate(prompt, SamplingParams(...))`)
 ```
 {sample}
 ```
@@ -103,6 +103,8 @@ llm = LLM()  # this model
 print(llm.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=64))[0].outputs[0].text)
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # plain transformers works too
+model = AutoModelForCausalLM.from_pretrained("minengine/assets/tiny-shakespeare-llama")
+tokenizer = AutoTokenizer.from_pretrained("minengine/assets/tiny-shakespeare-llama")
 ```
 Trained on public-domain text; it writes Shakespeare-flavoured text and knows nothing else.
 """
