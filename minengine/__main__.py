@@ -10,6 +10,7 @@ import math
 import random
 import sys
 import time
+from pathlib import Path
 
 from minengine.config import EngineConfig
 from minengine.core.policies import POLICIES
@@ -62,6 +63,13 @@ def _config(a: argparse.Namespace) -> EngineConfig:
 def cmd_run(a: argparse.Namespace) -> None:
     from tqdm.auto import tqdm
 
+    for flag in ("num_prompts", "num_real_prompts", "max_prompt_chars", "show"):
+        if getattr(a, flag) < 0:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(a, flag)}")
+    if not 1 <= a.min_tokens <= a.max_tokens:
+        raise ValueError(f"need 1 <= --min-tokens <= --max-tokens, got {a.min_tokens} and {a.max_tokens}")
+    if a.data_dir is not None and not Path(a.data_dir).is_dir():
+        raise ValueError(f"--data-dir {a.data_dir!r} is not a directory")
     engine = LLMEngine(_config(a))
     data_dir = find_data_dir(a.data_dir)
     rng = random.Random(a.seed)
@@ -149,6 +157,8 @@ def _bench_trace(a: argparse.Namespace, vocab_size: int, block_size: int):
 def cmd_bench_serve(a: argparse.Namespace) -> None:
     from minengine.workloads import SLO, ServingBenchmark, VirtualClock, find_capacity, replay
 
+    if a.result_json and not Path(a.result_json).resolve().parent.is_dir():  # fail before the run, not after
+        raise ValueError(f"--result-json: folder {str(Path(a.result_json).parent)!r} does not exist")
     slo = None
     if any(v is not None for v in (a.slo_ttft_ms, a.slo_tpot_ms, a.slo_tbt_ms)):
         slo = SLO(*(v / 1000 if v is not None else None for v in (a.slo_ttft_ms, a.slo_tpot_ms, a.slo_tbt_ms)))
@@ -262,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     try:
         a.func(a)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # bad settings or unreadable files: a message, not a traceback
         p.exit(2, f"error: {exc}\n")
 
 

@@ -11,6 +11,7 @@ from minengine.core.scheduler import PREEMPTION_MODES
 BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespeare-llama")
 
 _DTYPES = ("float32", "float16", "bfloat16")
+MAX_BLOCK_SIZE = 1024  # tokens; vLLM offers 1..128
 
 
 def _positive(name: str, value: int) -> None:
@@ -91,11 +92,23 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = BUNDLED_MODEL
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be a checkpoint directory or hub id (a non-empty string), got {self.model!r}")
+        if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
+            raise ValueError(f"tokenizer must be a directory or hub id (a non-empty string) or None, "
+                             f"got {self.tokenizer!r}")
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "trace_block_tables"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
         if self.device not in ("cpu", "cuda", "auto"):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {self.device!r}")
         _positive("block_size", self.block_size)
+        if self.block_size > MAX_BLOCK_SIZE:
+            raise ValueError(f"block_size must be <= {MAX_BLOCK_SIZE} tokens, got {self.block_size}")
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_num_seqs", self.max_num_seqs)
         if self.num_kv_blocks is not None:
@@ -104,7 +117,8 @@ class EngineConfig:
             _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
-        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+        threshold = self.long_prefill_token_threshold
+        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
             raise ValueError("long_prefill_token_threshold must be an integer >= 0 (0 = no limit), "
                              f"got {self.long_prefill_token_threshold!r}")
         if self.preemption_mode not in PREEMPTION_MODES:
@@ -120,8 +134,8 @@ class EngineConfig:
                                                    or self.swap_space_blocks < 0):
             raise ValueError(f"swap_space_blocks must be an integer >= 0 or None, got {self.swap_space_blocks!r}")
         ratio = self.prefill_decode_ratio
-        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 0 < ratio < float("inf"):
-            raise ValueError(f"prefill_decode_ratio must be a finite number > 0, got {ratio!r}")
+        if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 1e-3 <= ratio <= 1e3:
+            raise ValueError(f"prefill_decode_ratio must be a number in [0.001, 1000], got {ratio!r}")
         if self.splitfuse_target_tokens is not None:
             _positive("splitfuse_target_tokens", self.splitfuse_target_tokens)
             if self.splitfuse_target_tokens > self.max_num_batched_tokens:

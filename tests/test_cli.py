@@ -28,3 +28,12 @@ def test_generate_prints_a_completion(bundled_model):
 def test_bad_option_is_a_clear_error():
     p = run("generate", "ROMEO:", "--block-size", "0")
     assert p.returncode == 2 and "block_size" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_file_errors_are_messages_not_tracebacks(tmp_path):
+    for args, text in [(("bench-serve", "--trace", "azure", "--trace-path", "/nonexistent.csv"), "error"),
+                       (("bench-serve", "--result-json", "/nonexistent/dir/x.json"), "result-json"),
+                       (("run", "--min-tokens", "10", "--max-tokens", "5"), "min-tokens"),
+                       (("run", "--num-real-prompts", "-1"), "num-real-prompts")]:
+        p = run(*args)
+        assert p.returncode == 2 and text in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)

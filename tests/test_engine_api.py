@@ -214,3 +214,68 @@ def test_generate_priority_argument(bundled_model):
     assert m[1].first_token_time < m[0].first_token_time  # the more urgent (smaller) one ran first
     with pytest.raises(ValueError, match="priority"):
         llm.generate(["ROMEO:"], GREEDY, use_tqdm=False, priority=[1, 2])
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature=float("nan")), "temperature"), (dict(temperature=float("inf")), "temperature"),
+    (dict(temperature=True), "temperature"), (dict(top_p=float("nan")), "top_p"), (dict(stop=123), "stop"),
+    (dict(stop_token_ids=5), "stop_token_ids"), (dict(stop_token_ids=[True]), "stop_token_ids"),
+    (dict(ignore_eos="no"), "ignore_eos"), (dict(seed=True), "seed"),
+])
+def test_more_bad_sampling_params(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
+
+
+def test_tiny_temperature_is_greedy(bundled_model):
+    llm = LLM(bundled_model, max_model_len=256)
+    tiny, greedy = llm.generate(["ROMEO:", "ROMEO:"], [SamplingParams(temperature=1e-40, max_tokens=8),
+                                                        SamplingParams(temperature=0, max_tokens=8)], use_tqdm=False)
+    assert tiny.outputs[0].token_ids == greedy.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(seed="x"), "seed"), (dict(seed=-1), "seed"), (dict(model=123), "model"), (dict(model=""), "model"),
+    (dict(enable_chunked_prefill="no"), "enable_chunked_prefill"), (dict(enable_prefix_caching=1), "enable_prefix"),
+    (dict(long_prefill_token_threshold=True), "long_prefill_token_threshold"), (dict(block_size=10**9), "block_size"),
+    (dict(scheduling_policy="balanced", prefill_decode_ratio=1e308), "prefill_decode_ratio"),
+])
+def test_more_bad_config(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        EngineConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(num_kv_blocks=10**12), "num_kv_blocks"), (dict(kv_cache_memory_bytes=10**18), "kv_cache_memory_bytes"),
+    (dict(preemption_mode="swap", swap_space_blocks=10**12), "swap_space_blocks"),
+    (dict(tokenizer="/no/such/tokenizer"), "tokenizer"),
+])
+def test_impossible_sizes_and_paths_fail_early(bundled_model, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        LLMEngine.from_config(model=bundled_model, max_model_len=256, **kwargs)
+
+
+def test_bad_request_fields_are_value_errors(engine):
+    for prompt in ({"prompt_token_ids": 5}, {"prompt_token_ids": None}, {"prompt_token_ids": {1: 2}}):
+        with pytest.raises(ValueError, match="prompt_token_ids"):
+            engine.add_request("x", prompt, GREEDY)
+    for when in ([1], "abc", float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="arrival_time"):
+            engine.add_request("x", "ROMEO:", GREEDY, arrival_time=when)
+    for rid in (None, 123, [1]):
+        with pytest.raises(ValueError, match="request_id"):
+            engine.abort_request(rid)
+    assert not engine.has_unfinished_requests()
+
+
+def test_generate_ids_do_not_collide_and_failures_leave_nothing_behind(bundled_model):
+    llm = LLM(bundled_model, max_model_len=256)
+    engine = llm.llm_engine
+    engine.add_request("0", "ROMEO:", GREEDY)  # the user's own id "0"
+    (out,) = llm.generate(["JULIET:"], GREEDY, use_tqdm=False)
+    assert out.request_id != "0" and len(out.outputs[0].token_ids) == 8
+    with pytest.raises(ValueError, match="prompts"):
+        llm.generate(None, use_tqdm=False)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks

@@ -331,3 +331,12 @@ def test_search_limits():
     assert search_highest_passing_rate(lambda r: True, start_rate=1.0, max_probes=4) == 8.0  # 1, 2, 4, 8 all pass
     with pytest.raises(ValueError, match="start_rate"):
         search_highest_passing_rate(lambda r: True, start_rate=0)
+
+
+def test_mooncake_infinite_timestamp_is_rejected():
+    from minengine.workloads.traces import parse_mooncake_jsonl
+
+    for bad in ('{"timestamp": Infinity, "input_length": 10, "output_length": 2, "hash_ids": [1]}',
+                '{"timestamp": 1e400, "input_length": 10, "output_length": 2, "hash_ids": [1]}'):
+        with pytest.raises(ValueError, match="timestamp"):
+            parse_mooncake_jsonl(bad)

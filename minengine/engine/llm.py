@@ -48,6 +48,8 @@ class LLM:
         """
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
         prompts = list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params = [sampling_params or SamplingParams()] * len(prompts)
@@ -60,18 +62,26 @@ class LLM:
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         engine = self.llm_engine
         # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.
-        requests = [engine.make_request(str(next(self._ids)), p, sp, priority=pr)
+        requests = [engine.make_request(self._next_id(), p, sp, priority=pr)
                     for p, sp, pr in zip(prompts, params, priority)]
         ids = [r.request_id for r in requests]
-        if len(set(ids)) != len(ids) or any(i in engine.scheduler.requests for i in ids):
-            raise ValueError("request ids collide with unfinished requests")
         for r in requests:
             engine.enqueue(r)
         finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(requests), desc="Processed prompts", disable=not use_tqdm) as bar:
-            while len(finished) < len(requests):
-                for out in engine.step():
-                    if out.finished and out.request_id in ids:
-                        finished[out.request_id] = out
-                        bar.update(1)
+        try:
+            with tqdm(total=len(requests), desc="Processed prompts", disable=not use_tqdm) as bar:
+                while len(finished) < len(requests):
+                    for out in engine.step():
+                        if out.finished and out.request_id in ids:
+                            finished[out.request_id] = out
+                            bar.update(1)
+        except BaseException:
+            engine.abort_request(ids)  # an interrupted call leaves nothing queued and no block held
+            raise
         return [finished[i] for i in ids]
+
+    def _next_id(self) -> str:
+        """The next request id not in use in the engine (the user may add requests of their own)."""
+        while (rid := str(next(self._ids))) in self.llm_engine.scheduler.requests:
+            pass
+        return rid

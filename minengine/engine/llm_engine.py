@@ -6,6 +6,8 @@ One step, one direction: ``Scheduler.schedule()`` -> ``SchedulerOutput`` -> ``Mo
 
 from __future__ import annotations
 
+import math
+import os
 import time
 from collections.abc import Callable, Iterable
 
@@ -30,6 +32,24 @@ DEFAULT_MAX_KV_BLOCKS = 2048
 Prompt = str | dict | list[int]
 
 
+def _available_bytes(device: str) -> int | None:
+    """Free memory on the device (CUDA) or in the host (CPU), in bytes; None when it cannot be read."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not on this platform
+        return None
+
+
+def _check_memory(num_bytes: int, device: str, field: str) -> None:
+    """Fail early, naming the setting, when a cache would not fit in free memory (instead of an OOM later)."""
+    available = _available_bytes(device)
+    if available is not None and num_bytes > available:
+        raise ValueError(f"{field}: the cache needs {num_bytes / 2**30:.1f} GiB but only "
+                         f"{available / 2**30:.1f} GiB of {device} memory is free")
+
+
 class LLMEngine:
     """A serving engine over one model: requests in, ``RequestOutput``s out, one ``step()`` at a time.
 
@@ -51,7 +71,7 @@ class LLMEngine:
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device")
         self.model, self.hf_config, self.model_path = load_model(config.model, _DTYPES[config.dtype], device)
-        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None)
         config.check_against_model(self.hf_config.max_position_embeddings)
         self.eos_token_id = self._eos_token_id()
 
@@ -68,11 +88,13 @@ class LLMEngine:
                              config.max_num_seqs * cdiv(config.max_model_len, config.block_size))
         self.num_kv_blocks = num_blocks
         self.kv_cache_bytes = num_blocks * bytes_per_block
-
-        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         swap_blocks = 0
         if config.preemption_mode == "swap":
             swap_blocks = num_blocks if config.swap_space_blocks is None else config.swap_space_blocks
+        _check_memory(self.kv_cache_bytes, device, "num_kv_blocks / kv_cache_memory_bytes")
+        _check_memory(swap_blocks * bytes_per_block, "cpu", "swap_space_blocks")
+
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.num_swap_blocks = swap_blocks
         settings = PolicySettings(prefill_decode_ratio=config.prefill_decode_ratio,
                                   splitfuse_target_tokens=config.splitfuse_target_tokens,
@@ -116,6 +138,8 @@ class LLMEngine:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+                if not isinstance(ids, (list, tuple)):
+                    raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
             elif "prompt" in prompt:
                 return self.prompt_to_token_ids(prompt["prompt"])
             else:
@@ -178,6 +202,10 @@ class LLMEngine:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
                              f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
                              f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
+        if arrival_time is not None and (not isinstance(arrival_time, (int, float)) or isinstance(arrival_time, bool)
+                                         or not math.isfinite(arrival_time)):
+            raise ValueError(f"arrival_time must be a finite number (engine-clock seconds) or None, "
+                             f"got {arrival_time!r}")
         arrival = self.clock() if arrival_time is None else float(arrival_time)
         return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
                        eos_token_id=self.eos_token_id, prompt=text, priority=priority,
@@ -201,7 +229,10 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Finish requests with reason "abort" in whatever state they are, freeing their blocks.
         Unknown and already finished ids are ignored (as in vLLM)."""
-        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        ids = [request_id] if isinstance(request_id, str) else request_id
+        if not isinstance(ids, Iterable) or not all(isinstance(i, str) for i in ids):
+            raise ValueError(f"request_id must be a string or an iterable of strings, got {request_id!r}")
+        ids = list(ids)
         now = self.clock()
         for request in self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED):
             self._finish_metrics(request, now)

@@ -101,13 +101,16 @@ def load_model(model: str, dtype: torch.dtype = torch.float32,
     return net, hf_config, path
 
 
-def load_tokenizer(path: Path | str):
-    """The checkpoint's tokenizer via ``transformers.AutoTokenizer``, or None when it has no tokenizer files
-    (the engine then takes prompts as token ids only)."""
+def load_tokenizer(path: Path | str, required: bool = False):
+    """The tokenizer at ``path`` via ``transformers.AutoTokenizer``. When the checkpoint has no tokenizer
+    files, None (the engine then takes prompts as token ids only), or, when ``required`` (the user named a
+    tokenizer), a ``ValueError``."""
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, TypeError) as exc:
+        if required:
+            raise ValueError(f"tokenizer {str(path)!r} could not be loaded: {exc}") from exc
         logger.info("no tokenizer for %s (%s): prompts must be given as token ids", path, exc)
         return None

@@ -310,8 +310,8 @@ def parse_mooncake_jsonl(text_or_bytes, max_requests: int | None = None, start_s
             if key not in obj:
                 raise ValueError(f"line {line_no}: missing field {key!r}")
         t_ms = obj["timestamp"]
-        if not isinstance(t_ms, (int, float)) or isinstance(t_ms, bool) or not t_ms >= 0:
-            raise ValueError(f"line {line_no}: field 'timestamp' must be a number >= 0 (ms), got {t_ms!r}")
+        if not isinstance(t_ms, (int, float)) or isinstance(t_ms, bool) or not 0 <= t_ms < float("inf"):
+            raise ValueError(f"line {line_no}: field 'timestamp' must be a finite number >= 0 (ms), got {t_ms!r}")
         values = {}
         for key, minimum in (("input_length", 1), ("output_length", 0)):
             v = obj[key]
