@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="how a step's duration is measured: this process's CPU time (default; other processes on "
                         "the machine do not inflate it, CPU only) or wall time (use on a GPU)")
     p.add_argument("--out", default=str(RESULTS), help="the Markdown file to write")
+    p.add_argument("--readme", default=str(Path(__file__).resolve().parent.parent / "README.md"),
+                   help="README whose serving-policies section gets the tables ('' = leave it alone)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -169,7 +171,24 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(out) + "\n"
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(text)
+    if a.readme:
+        update_readme(Path(a.readme), text)
     print("\n" + text)
+
+
+README_BEGIN, README_END = "<!-- serving-policies:begin -->", "<!-- serving-policies:end -->"
+
+
+def update_readme(readme: Path, results: str) -> None:
+    """Put the comparison tables into the README between its two marker comments (headings become bold
+    lines there, so the README's own outline is unchanged)."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise ValueError(f"{readme} has no {README_BEGIN} ... {README_END} section to fill")
+    body = "\n".join(f"**{line[3:]}**" if line.startswith("## ") else line
+                     for line in results.splitlines()[1:]).strip()  # drop the file's own title
+    head, rest = text.split(README_BEGIN, 1)
+    readme.write_text(f"{head}{README_BEGIN}\n{body}\n{README_END}{rest.split(README_END, 1)[1]}")
 
 
 def faster(trace, factor: float):

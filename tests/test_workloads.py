@@ -340,3 +340,22 @@ def test_mooncake_infinite_timestamp_is_rejected():
                 '{"timestamp": 1e400, "input_length": 10, "output_length": 2, "hash_ids": [1]}'):
         with pytest.raises(ValueError, match="timestamp"):
             parse_mooncake_jsonl(bad)
+
+
+def test_policy_benchmark_fills_the_readme_section(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "serving_policies.py"
+    spec = importlib.util.spec_from_file_location("serving_policies", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\nbefore\n{mod.README_BEGIN}\nold\n{mod.README_END}\nafter\n")
+    mod.update_readme(readme, "# Title\n\n## Azure\n\n| a |\n")
+    text = readme.read_text()
+    assert "old" not in text and "**Azure**" in text and "| a |" in text and "Title" not in text
+    assert text.startswith("# x\nbefore\n") and text.endswith("after\n")
+    readme.write_text("no markers")
+    with pytest.raises(ValueError, match="serving-policies"):
+        mod.update_readme(readme, "# T\n")
