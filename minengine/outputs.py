@@ -22,6 +22,7 @@ class RequestMetrics:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    finish_reason: str | None = None  # "stop", "length", "abort", "timeout" once finished
     itls: list[float] = field(default_factory=list)
 
     @property

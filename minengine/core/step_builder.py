@@ -210,7 +210,7 @@ class StepBuilder:
                 start_pos=start,
                 block_ids=self.kv.get_block_ids(request.request_id),
                 sample=end == request.num_tokens,
-                is_prefill=not (num_new == 1 and start >= request.num_prompt_tokens and end == request.num_tokens),
+                is_prefill=not request.is_decode,  # num_computed_tokens is still ``start`` here
                 sampling_params=request.sampling_params,
                 output_index=request.num_output_tokens,
             ))

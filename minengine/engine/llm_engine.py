@@ -109,7 +109,6 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
         self.traces: list[StepTrace] = []
-        self._num_timeouts = 0
 
     @classmethod
     def from_config(cls, **kwargs) -> LLMEngine:
@@ -317,7 +316,6 @@ class LLMEngine:
         expired = [rid for rid, r in self.scheduler.requests.items() if r.deadline is not None and now >= r.deadline]
         outputs = []
         for request in self.scheduler.finish_requests(expired, RequestStatus.FINISHED_TIMEOUT):
-            self._num_timeouts += 1
             self._finish_metrics(request, now)
             outputs.append(self._make_output(request))
             del self._detok[request.request_id]
@@ -337,6 +335,7 @@ class LLMEngine:
         m.finished_time = now
         m.num_output_tokens = request.num_output_tokens
         m.num_preemptions = request.num_preemptions
+        m.finish_reason = request.status.finish_reason
 
     def _make_output(self, request: Request) -> RequestOutput:
         detok = self._detok.get(request.request_id)
@@ -352,13 +351,10 @@ class LLMEngine:
     def summary(self) -> ServingSummary:
         """TTFT/TPOT/ITL percentiles, throughput, preemptions, prefix hits and peak KV use of all requests
         finished so far, over all recorded steps."""
-        summary = summarize(list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
-        summary.num_timeouts = self._num_timeouts  # also those in a step that then had nothing to run
-        return summary
+        return summarize(list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
 
     def reset_stats(self) -> None:
         """Forget finished requests' metrics and the step trace (e.g. between benchmark runs)."""
         live = set(self.scheduler.requests)
         self.request_metrics = {k: v for k, v in self.request_metrics.items() if k in live}
         self.traces = []
-        self._num_timeouts = 0

@@ -112,5 +112,5 @@ def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blo
         num_swapped_out_blocks=sum(t.num_swapped_out_blocks for t in traces),
         num_swapped_in_blocks=sum(t.num_swapped_in_blocks for t in traces),
         swap_time_s=sum(t.swap_time_s for t in traces),
-        num_timeouts=sum(len(t.timed_out_ids) for t in traces),
+        num_timeouts=sum(m.finish_reason == "timeout" for m in done),
     )

@@ -40,17 +40,18 @@ class CpuSwapSpace:
         if not blocks_to_swap_out and not blocks_to_swap_in:
             return 0.0
         start = time.perf_counter()
+        device = gpu_caches[0][0].device
+        out_gpu = torch.tensor([g for g, _ in blocks_to_swap_out], dtype=torch.long, device=device)
+        out_cpu = torch.tensor([c for _, c in blocks_to_swap_out], dtype=torch.long)
+        in_cpu = torch.tensor([c for c, _ in blocks_to_swap_in], dtype=torch.long)
+        in_gpu = torch.tensor([g for _, g in blocks_to_swap_in], dtype=torch.long, device=device)
         for (gpu_k, gpu_v), (cpu_k, cpu_v) in zip(gpu_caches, self.caches):
             if blocks_to_swap_out:
-                src = torch.tensor([g for g, _ in blocks_to_swap_out], device=gpu_k.device)
-                dst = torch.tensor([c for _, c in blocks_to_swap_out])
-                cpu_k[dst] = gpu_k[src].cpu()
-                cpu_v[dst] = gpu_v[src].cpu()
+                cpu_k[out_cpu] = gpu_k[out_gpu].cpu()
+                cpu_v[out_cpu] = gpu_v[out_gpu].cpu()
             if blocks_to_swap_in:
-                src = torch.tensor([c for c, _ in blocks_to_swap_in])
-                dst = torch.tensor([g for _, g in blocks_to_swap_in], device=gpu_k.device)
-                gpu_k[dst] = cpu_k[src].to(gpu_k.device)
-                gpu_v[dst] = cpu_v[src].to(gpu_v.device)
+                gpu_k[in_gpu] = cpu_k[in_cpu].to(device)
+                gpu_v[in_gpu] = cpu_v[in_cpu].to(device)
         if gpu_caches and gpu_caches[0][0].is_cuda:
             torch.cuda.synchronize()  # host-to-device copies are asynchronous: time the whole copy
         return time.perf_counter() - start
