@@ -8,56 +8,80 @@ import dataclasses
 import json
 import math
 import random
+import re
 import sys
-import time
+import typing
 from pathlib import Path
 
 from minengine.config import EngineConfig
 from minengine.core.policies import POLICIES
+from minengine.core.scheduler import PREEMPTION_MODES
 from minengine.engine.llm_engine import LLMEngine
 from minengine.sampling_params import SamplingParams
 from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir, load_real_prompts
 
+_CHOICES = {"dtype": ("float32", "float16", "bfloat16"), "device": ("cpu", "cuda", "auto"),
+            "scheduling_policy": tuple(POLICIES), "preemption_mode": PREEMPTION_MODES}
+_BOOL_ALIASES = {"enable_chunked_prefill": "--chunked-prefill", "enable_prefix_caching": "--prefix-caching"}
+_HELP_OVERRIDES = {"model": "HF checkpoint directory or hub id (None: the bundled tiny model)"}
+
+
+def _field_docs() -> dict[str, str]:
+    """Each ``EngineConfig`` field's description, from the "Attributes:" section of its docstring."""
+    docs: dict[str, str] = {}
+    name = None
+    lines = (EngineConfig.__doc__ or "").split("Attributes:", 1)[-1].split("Raises:", 1)[0].splitlines()
+    for line in lines:
+        head = re.match(r"^ {8}(\w+): (.*)$", line)
+        if head:
+            name = head.group(1)
+            docs[name] = head.group(2).strip()
+        elif name and line.startswith(" " * 12):
+            docs[name] += " " + line.strip()
+    # the formatter appends "(default: X)" itself: drop the docstring's own mentions so none shows twice
+    return {k: v.replace("``", "").replace(" (default)", "").replace("(default, ", "(").replace("%", "%%")
+            for k, v in docs.items()}
+
+
+def _optional(kind):
+    """An argparse type for an ``X | None`` field: "none" gives None."""
+    def parse(text: str):
+        return None if text.strip().lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    """One flag per ``EngineConfig`` field (``--max-num-batched-tokens`` for ``max_num_batched_tokens``...)."""
-    g = p.add_argument_group("engine (EngineConfig)")
-    g.add_argument("--model", default=None, help="HF checkpoint dir or hub id (default: the bundled tiny model)")
-    g.add_argument("--tokenizer", default=None, help="tokenizer dir or hub id (default: the model's)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    g.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    g.add_argument("--num-kv-blocks", type=int, default=None, help="KV blocks in the pool (default: derived)")
-    g.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="KV budget in bytes (if no --num-kv-blocks)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=512, help="token budget per step")
-    g.add_argument("--max-num-seqs", type=int, default=32, help="sequence slots")
-    g.add_argument("--max-model-len", type=int, default=None, help="default: the model's max_position_embeddings")
-    g.add_argument("--no-chunked-prefill", action="store_true",
-                   help="prefill each prompt in one step (needs --max-num-batched-tokens >= --max-model-len)")
-    g.add_argument("--long-prefill-token-threshold", type=int, default=0, help="largest prefill chunk (0 = no cap)")
-    g.add_argument("--no-prefix-caching", action="store_true")
-    g.add_argument("--scheduling-policy", default="decode-first", choices=list(POLICIES))
-    g.add_argument("--prefill-decode-ratio", type=float, default=1.0, help="balanced: prefill : decode tokens")
-    g.add_argument("--splitfuse-target-tokens", type=int, default=None,
-                   help="dynamic-splitfuse: tokens per forward (default: the token budget)")
-    g.add_argument("--priority-aging-steps", type=int, default=64, help="priority: steps per level of aging")
-    g.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"])
-    g.add_argument("--swap-space-blocks", type=int, default=None, help="CPU swap blocks (default: num_kv_blocks)")
-    g.add_argument("--shrink-prefill-chunks", action="store_true", help="admission probe: shrink a chunk to fit")
-    g.add_argument("--seed", type=int, default=0)
+    """One flag per ``EngineConfig`` field, generated from the dataclass (names, types, defaults, help), so the
+    CLI cannot drift from the config: ``--max-num-batched-tokens`` for ``max_num_batched_tokens``; booleans as
+    ``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill`` (also ``--no-chunked-prefill``)."""
+    g = p.add_argument_group("engine (EngineConfig; every field, with its default)")
+    docs = _field_docs()
+    hints = typing.get_type_hints(EngineConfig)
+    for f in dataclasses.fields(EngineConfig):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        kind = next((a for a in args if a is not type(None)), hint) if args else hint
+        if kind not in (bool, int, float, str):
+            continue  # e.g. ``extra``: not a command-line setting
+        flags = ["--" + f.name.replace("_", "-")]
+        helptext = _HELP_OVERRIDES.get(f.name, docs.get(f.name, f.name))
+        if kind is bool:
+            if f.name in _BOOL_ALIASES:
+                flags.append(_BOOL_ALIASES[f.name])
+            g.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                           help=helptext)
+        else:
+            g.add_argument(*flags, dest=f.name, type=_optional(kind) if optional else kind, default=f.default,
+                           choices=_CHOICES.get(f.name), help=helptext,
+                           metavar=None if f.name in _CHOICES else kind.__name__.upper())
 
 
 def _config(a: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=a.model, tokenizer=a.tokenizer, dtype=a.dtype, device=a.device, block_size=a.block_size,
-        num_kv_blocks=a.num_kv_blocks, kv_cache_memory_bytes=a.kv_cache_memory_bytes,
-        max_num_batched_tokens=a.max_num_batched_tokens, max_num_seqs=a.max_num_seqs,
-        max_model_len=a.max_model_len, enable_chunked_prefill=not a.no_chunked_prefill,
-        long_prefill_token_threshold=a.long_prefill_token_threshold,
-        enable_prefix_caching=not a.no_prefix_caching, scheduling_policy=a.scheduling_policy,
-        prefill_decode_ratio=a.prefill_decode_ratio, splitfuse_target_tokens=a.splitfuse_target_tokens,
-        priority_aging_steps=a.priority_aging_steps, preemption_mode=a.preemption_mode,
-        swap_space_blocks=a.swap_space_blocks, shrink_prefill_chunks=a.shrink_prefill_chunks, seed=a.seed)
+    """The ``EngineConfig`` of the parsed flags (every field that has a flag)."""
+    names = {f.name for f in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in vars(a).items() if k in names})
 
 
 def cmd_run(a: argparse.Namespace) -> None:
@@ -154,8 +178,31 @@ def _bench_trace(a: argparse.Namespace, vocab_size: int, block_size: int):
     return trace
 
 
+def _clock_spec(a: argparse.Namespace, config: EngineConfig):
+    """The ``ClockSpec`` of bench-serve's ``--clock`` flags; "auto" = CPU time on the CPU, per-step wall time on
+    a GPU (where the CPU waits for the device)."""
+    from minengine.timing import ClockSpec
+
+    kind = a.clock
+    if kind == "auto":
+        kind = "cpu" if config.device == "cpu" else "perf"
+    return ClockSpec(kind, hardware=a.hardware, model=a.model_shape, tp=a.clock_tp, block_size=config.block_size)
+
+
+def _warm_up(engine: LLMEngine) -> None:
+    """Two short requests through the engine, then forget them: the first steps of a process pay one-off
+    costs (allocator, kernels, caches) that a measured clock would charge to the benchmark's first requests."""
+    vocab = engine.hf_config.vocab_size
+    for i in range(2):
+        engine.add_request(f"warmup-{i}", {"prompt_token_ids": [(17 * j + i) % vocab for j in range(32)]},
+                           SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.reset_stats()
+
+
 def cmd_bench_serve(a: argparse.Namespace) -> None:
-    from minengine.workloads import SLO, ServingBenchmark, VirtualClock, find_capacity, replay
+    from minengine.workloads import SLO, ServingBenchmark, find_capacity, replay
 
     if a.result_json and not Path(a.result_json).resolve().parent.is_dir():  # fail before the run, not after
         raise ValueError(f"--result-json: folder {str(Path(a.result_json).parent)!r} does not exist")
@@ -166,20 +213,26 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
         raise ValueError(f"--burstiness must be > 0, got {a.burstiness!r}")
     if a.capacity and slo is None:
         raise ValueError("--capacity needs an SLO (--slo-ttft-ms, --slo-tpot-ms or --slo-tbt-ms)")
+    if not isinstance(a.clock_tp, int) or a.clock_tp < 1:
+        raise ValueError(f"--clock-tp must be >= 1, got {a.clock_tp!r}")
     config = _config(a)
-    # CPU time measures a CPU step without the noise of other processes; on a GPU the CPU waits, so wall time
-    timer = time.process_time if a.step_timer == "cpu" or (a.step_timer == "auto" and config.device == "cpu") \
-        else time.perf_counter
-    engine = LLMEngine(config, clock=time.perf_counter if a.wall_clock else VirtualClock(timer=timer))
+    spec = _clock_spec(a, config)
+    engine = LLMEngine(config, clock=spec.make())
+    if spec.kind in ("cpu", "perf", "wall"):
+        _warm_up(engine)
     trace = _bench_trace(a, engine.hf_config.vocab_size, config.block_size)
-    print(f"model: {engine.model_path} ({engine.config.dtype}, {engine.runner.device}); KV pool "
+    print(f"model: {engine.model_path} ({engine.config.dtype}, {engine.runner.device}, torch threads "
+          f"{config.num_cpu_threads if config.num_cpu_threads is not None else 'unchanged'}); KV pool "
           f"{engine.num_kv_blocks} blocks x {config.block_size} tokens; token budget {config.max_num_batched_tokens}; "
-          f"policy {getattr(config, 'scheduling_policy', 'decode-first')}")
+          f"policy {config.scheduling_policy}")
     print(f"trace: {len(trace)} requests from {trace.source}; length_scale {trace.length_scale:g}"
           + (" (lengths scaled down: not the real sizes)" if trace.length_scale != 1 else "")
           + f"; arrivals over {trace.duration_s:.1f} s")
-    print("clock: " + ("wall (real time)" if a.wall_clock else "virtual (step times measured as "
-                       f"{'CPU' if timer is time.process_time else 'wall'} time, idle gaps skipped)"))
+    explain = {"modelled": "each step lasts what the roofline cost model gives for these shapes; tokens computed "
+                           "by the loaded model; idle gaps skipped",
+               "cpu": "step times measured as this process's CPU time, idle gaps skipped",
+               "perf": "step times measured as wall time, idle gaps skipped", "wall": "real time"}
+    print(f"clock: {spec.label} ({explain[spec.kind]})")
     result = replay(engine, trace, seed=a.seed, too_long=a.too_long)
     if result.num_clipped or result.skipped_ids:
         print(f"note: {result.num_clipped} requests clipped, {len(result.skipped_ids)} skipped to fit "
@@ -190,21 +243,27 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
     print(f"steps {s.num_steps}, preemptions {s.num_preemptions}, prefix hit rate {s.prefix_hit_rate:.1%} "
           f"({s.prefix_hit_tokens} of {s.prefix_queried_tokens} tokens), peak KV blocks {s.peak_kv_blocks_used} "
           f"of {s.num_kv_blocks}, wall time {result.wall_time_s:.1f} s")
+    cap = None
     if a.capacity:
         start = a.request_rate or trace.mean_rate  # begin the search at the replayed load
         start = start if math.isfinite(start) and start > 0 else 1.0
         cap = find_capacity(slo, config, lengths=list(trace), num_requests=max(2, min(len(trace), a.capacity_requests)),
-                            start_rate=start, max_probes=a.capacity_probes, seed=a.seed, timer=timer)
+                            start_rate=start, max_probes=a.capacity_probes, seed=a.seed, clock=spec)
         print(f"capacity (Sarathi-Serve: highest Poisson rate with >= 90% of requests within the SLO and median "
-              f"scheduling delay <= 2 s): {cap.capacity:.2f} req/s")
+              f"scheduling delay <= 2 s; {spec.label}): {cap.describe()}")
         for p in cap.probes:
             print(f"  probe {p.rate:8.2f} req/s: attainment {p.attainment:6.1%}, median queue delay "
                   f"{p.median_queue_delay_s * 1000:8.1f} ms, goodput {p.goodput:6.2f} req/s  "
                   f"{'pass' if p.passed else 'fail'}")
+        if not cap.bounded:
+            print("  (raise --capacity-probes to search further)")
     if a.result_json:
         with open(a.result_json, "w") as f:
-            json.dump({"trace": trace.source, "length_scale": trace.length_scale, "slo": str(slo),
-                       "benchmark": dataclasses.asdict(bench), "summary": s.as_dict()}, f, indent=2, default=str)
+            json.dump({"trace": trace.source, "length_scale": trace.length_scale, "slo": str(slo), "clock": spec.label,
+                       "benchmark": dataclasses.asdict(bench), "summary": s.as_dict(),
+                       "capacity": None if cap is None else {"capacity": cap.capacity, "failing_rate": cap.failing_rate,
+                                                             "text": cap.describe()}},
+                      f, indent=2, default=str)
 
 
 def _bench_serve_parser(sub) -> None:
@@ -214,8 +273,8 @@ def _bench_serve_parser(sub) -> None:
     w = b.add_argument_group("workload")
     w.add_argument("--trace", default="azure", choices=["azure", "mooncake", "poisson"],
                    help="Azure conversation trace (Splitwise, ISCA 2024), Mooncake (FAST 2025) or synthetic")
-    w.add_argument("--trace-path", default=None, help="a trace file (default: the copy in shared/data)")
-    w.add_argument("--data-dir", default=None, help="the shared/data folder (default: ../shared/data)")
+    w.add_argument("--trace-path", default=None, help="a trace file (None: the copy in shared/data)")
+    w.add_argument("--data-dir", default=None, help="the shared/data folder (None: ../shared/data)")
     w.add_argument("--num-requests", type=int, default=64, help="first N requests of the trace")
     w.add_argument("--start-s", type=float, default=None, help="window start, seconds into the trace")
     w.add_argument("--length-scale", type=float, default=1 / 16, help="factor on the trace's token lengths")
@@ -229,10 +288,16 @@ def _bench_serve_parser(sub) -> None:
     w.add_argument("--range-ratio", type=float, default=0.0, help="poisson: lengths uniform in len*(1 +- r)")
     w.add_argument("--too-long", default="clip", choices=["clip", "skip", "error"],
                    help="requests longer than max_model_len / the KV pool")
-    w.add_argument("--wall-clock", action="store_true", help="replay in real time instead of on a virtual clock")
-    w.add_argument("--step-timer", default="auto", choices=["auto", "cpu", "wall"],
-                   help="virtual clock: measure steps in this process's CPU time (robust to other load; CPU only) "
-                        "or wall time; auto = cpu on --device cpu")
+    k = b.add_argument_group("clock (how time is measured or modelled)")
+    k.add_argument("--clock", default="auto", choices=["auto", "cpu", "perf", "wall", "modelled"],
+                   help="cpu: each step's CPU time of this process, idle gaps skipped (robust to other load; CPU "
+                        "only); perf: each step's wall time, idle gaps skipped (GPU); wall: real time; modelled: "
+                        "each step's roofline time on --hardware for --model-shape (deterministic); auto: cpu on "
+                        "--device cpu, else perf")
+    k.add_argument("--hardware", default="h100", help="modelled clock: h100, h200, a100, l4, rtx4090 or cpu")
+    k.add_argument("--model-shape", default="llama-3-8b",
+                   help="modelled clock: llama-3-8b, qwen2.5-7b, llama-3-70b, bundled, or a config.json path")
+    k.add_argument("--clock-tp", type=int, default=1, help="modelled clock: tensor-parallel GPUs")
     s = b.add_argument_group("SLO (goodput counts requests meeting all given bounds)")
     s.add_argument("--slo-ttft-ms", type=float, default=None, help="time to first token")
     s.add_argument("--slo-tpot-ms", type=float, default=None, help="time per output token")
@@ -253,20 +318,20 @@ def main(argv: list[str] | None = None) -> None:
     _engine_args(r)
     r.add_argument("--num-prompts", type=int, default=32, help="Shakespeare openings to serve")
     r.add_argument("--num-real-prompts", type=int, default=16, help="real prompts from shared/data/prompts")
-    r.add_argument("--max-prompt-chars", type=int, default=2000)
-    r.add_argument("--data-dir", default=None, help="the shared/data folder (default: ../shared/data)")
-    r.add_argument("--min-tokens", type=int, default=32)
-    r.add_argument("--max-tokens", type=int, default=96)
-    r.add_argument("--temperature", type=float, default=0.8)
-    r.add_argument("--top-p", type=float, default=0.95)
+    r.add_argument("--max-prompt-chars", type=int, default=2000, help="cut each real prompt to this many characters")
+    r.add_argument("--data-dir", default=None, help="the shared/data folder (None: ../shared/data)")
+    r.add_argument("--min-tokens", type=int, default=32, help="fewest tokens to generate per request")
+    r.add_argument("--max-tokens", type=int, default=96, help="most tokens to generate per request")
+    r.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (0 = greedy)")
+    r.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass")
     r.add_argument("--show", type=int, default=3, help="completions to print")
     r.set_defaults(func=cmd_run)
     g = sub.add_parser("generate", help="print one completion", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    g.add_argument("prompt")
+    g.add_argument("prompt", help="the prompt text")
     _engine_args(g)
-    g.add_argument("--max-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
+    g.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0 = greedy)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     g.set_defaults(func=cmd_generate)
     _bench_serve_parser(sub)
     a = p.parse_args(argv)

@@ -60,6 +60,10 @@ class EngineConfig:
             shrink it to what fits (down to one block) instead of leaving the request waiting.
         seed: seed for requests without their own ``SamplingParams.seed``.
         trace_block_tables: record each step's block tables and ref counts in the trace (for drawing).
+        num_cpu_threads: torch intra-op threads on ``device="cpu"`` (``torch.set_num_threads``, process-wide);
+            ``None`` leaves torch's setting alone. vLLM has no such field (its CPU backend binds threads with
+            the ``VLLM_CPU_OMP_THREADS_BIND`` environment variable); the default 1 was measured: see
+            ``benchmarks/cpu_threads.py`` and the README section "Time: modelled vs measured".
 
     Raises:
         ValueError: naming the field and the limit, for any setting out of range.
@@ -87,6 +91,7 @@ class EngineConfig:
     shrink_prefill_chunks: bool = False
     seed: int = 0
     trace_block_tables: bool = True
+    num_cpu_threads: int | None = 1
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -117,6 +122,8 @@ class EngineConfig:
             _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
+        if self.num_cpu_threads is not None:
+            _positive("num_cpu_threads", self.num_cpu_threads)
         threshold = self.long_prefill_token_threshold
         if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
             raise ValueError("long_prefill_token_threshold must be an integer >= 0 (0 = no limit), "

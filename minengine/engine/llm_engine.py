@@ -24,6 +24,7 @@ from minengine.models.loader import load_model, load_tokenizer
 from minengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
+from minengine.timing.clocks import Clock, as_clock
 from minengine.worker.model_runner import ModelRunner, kv_bytes_per_block
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -55,21 +56,25 @@ class LLMEngine:
 
     Args:
         config: the engine settings (``EngineConfig``); or use ``LLMEngine.from_config(**kwargs)``.
-        clock: the time source in seconds (default ``time.perf_counter``); a replay driver may pass a virtual
-            clock. Arrival, scheduling, token and finish times all come from it.
+        clock: the time source in seconds (default ``time.perf_counter``, the wall clock): a plain callable, or
+            a clock with step hooks (``minengine.timing``: ``ModelledClock``, ``MeasuredClock``, ``make_clock``)
+            that ``step()`` tells where each step begins (``begin_step()``) and ends
+            (``end_step(scheduler_output)``). Arrival, scheduling, token and finish times all come from it.
 
     Raises:
         ValueError: bad settings, or settings that do not fit the model (``max_model_len``, KV pool).
     """
 
-    def __init__(self, config: EngineConfig, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter):
         self.config = config
-        self.clock = clock
+        self.clock = as_clock(clock)
         device = config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' but torch sees no CUDA device")
+        if device == "cpu" and config.num_cpu_threads is not None:
+            torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
         self.model, self.hf_config, self.model_path = load_model(config.model, _DTYPES[config.dtype], device)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None)
         config.check_against_model(self.hf_config.max_position_embeddings)
@@ -252,10 +257,12 @@ class LLMEngine:
             RuntimeError: if unfinished requests exist but none could be scheduled (a bug guard: admission
                 checks make this impossible, and it is better to fail than to spin).
         """
+        self.clock.begin_step()
         start = self.clock()
         timed_out = self._finish_timed_out(start)
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            self.clock.end_step(sched)
             if self.has_unfinished_requests():
                 raise RuntimeError("no request could be scheduled although some are unfinished")
             return timed_out
@@ -271,6 +278,7 @@ class LLMEngine:
 
         sampled = self.runner.execute(sched)
         got_token, finished = self.scheduler.update_from_output(sched, sampled)
+        self.clock.end_step(sched)  # a modelled clock advances by this step's cost here
         now = self.clock()
 
         outputs_for = dict.fromkeys(r.request_id for r in got_token)

@@ -22,6 +22,7 @@ from minengine.workloads.goodput import (
     goodput,
     meets_slo,
     search_highest_passing_rate,
+    search_rate_bracket,
     slo_attainment,
 )
 from minengine.workloads.prompts import SHAKESPEARE_OPENINGS, find_data_dir, load_real_prompts
@@ -43,6 +44,6 @@ __all__ = [
     "TraceRequest", "VirtualClock", "azure_conv_path", "find_capacity", "find_data_dir", "gamma_arrivals",
     "goodput", "inter_arrival_stats", "load_azure_trace", "load_mooncake_trace", "load_real_prompts", "meets_slo",
     "mooncake_path", "parse_azure_csv", "parse_mooncake_jsonl", "poisson_arrivals", "replay", "replay_trace",
-    "search_highest_passing_rate", "slo_attainment", "speed_up", "synthetic_prompt_ids", "synthetic_trace",
-    "with_arrivals",
+    "search_highest_passing_rate", "search_rate_bracket", "slo_attainment", "speed_up", "synthetic_prompt_ids",
+    "synthetic_trace", "with_arrivals",
 ]

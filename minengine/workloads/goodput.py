@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from minengine.config import EngineConfig
 from minengine.metrics.stats import percentile
 from minengine.outputs import RequestMetrics
+from minengine.timing.clocks import ClockChoice, MeasuredClock, clock_factory
 from minengine.workloads.arrivals import poisson_arrivals, with_arrivals
 from minengine.workloads.replay import replay_trace
 from minengine.workloads.traces import TraceRequest
@@ -106,6 +107,16 @@ def goodput(request_metrics: dict[str, RequestMetrics] | Iterable[RequestMetrics
     return good / duration
 
 
+def _slo_counts(ms: list[RequestMetrics], slo: SLO) -> dict[str, int]:
+    """Requests (of ``ms``) within each bound of ``slo`` separately, and within all of them ("all")."""
+    counts = {"all": sum(meets_slo(m, slo) for m in ms)}
+    for key in ("ttft_s", "tpot_s", "tbt_p99_s"):
+        if getattr(slo, key) is not None:
+            only = SLO(**{key: getattr(slo, key)})
+            counts[key] = sum(meets_slo(m, only) for m in ms)
+    return counts
+
+
 # ---- the serving-benchmark table ----------------------------------------------------------------------------
 @dataclass
 class ServingBenchmark:
@@ -121,11 +132,14 @@ class ServingBenchmark:
     total_token_throughput: float
     latencies: dict[str, tuple[float, float, float]]  # "TTFT"/"TPOT"/"ITL"/"E2EL" -> (mean, median, P99)
     slo: SLO | None = None
+    slo_met: dict[str, int] = field(default_factory=dict)  # "all" and each given bound -> requests within it
+    num_requests: int = 0  # requests in the run, finished or not (the SLO attainment's denominator)
 
     @classmethod
     def from_metrics(cls, request_metrics, slo: SLO | None = None) -> ServingBenchmark:
         """Compute the numbers from finished requests' ``RequestMetrics``."""
-        ms = [m for m in _metrics_list(request_metrics) if m.finished_time is not None]
+        every = _metrics_list(request_metrics)
+        ms = [m for m in every if m.finished_time is not None]
         duration = benchmark_duration(ms)
         out_tokens = sum(m.num_output_tokens for m in ms)
         in_tokens = sum(m.num_prompt_tokens for m in ms)
@@ -142,7 +156,7 @@ class ServingBenchmark:
             output_throughput=rate(out_tokens), total_token_throughput=rate(in_tokens + out_tokens),
             latencies={"TTFT": stats([m.ttft for m in ms]), "TPOT": stats([m.tpot for m in ms if m.tpot is not None]),
                        "ITL": stats([x for m in ms for x in m.itls]), "E2EL": stats([m.e2e_latency for m in ms])},
-            slo=slo)
+            slo=slo, slo_met=_slo_counts(every, slo) if slo is not None else {}, num_requests=len(every))
 
     def as_table(self, title: str = "Serving Benchmark Result") -> str:
         """The table in the layout of vLLM's ``benchmark_serving.py`` (milliseconds for latencies)."""
@@ -167,8 +181,16 @@ class ServingBenchmark:
             mean, median, p99 = self.latencies[key]
             rows += [f"{name:-^{w}}", line(f"Mean {key} (ms):", f"{mean * 1000:.2f}"),
                      line(f"Median {key} (ms):", f"{median * 1000:.2f}"), line(f"P99 {key} (ms):", f"{p99 * 1000:.2f}")]
-        if self.slo is not None:
-            rows.append(f"{'SLO: ' + str(self.slo):-^{w}}")
+        if self.slo is not None and self.slo_met:
+            n = max(self.num_requests, 1)
+            rows.append(f"{'SLO attainment':-^{w}}")
+            for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("tbt_p99_s", "P99 TBT")):
+                if key in self.slo_met:
+                    bound = getattr(self.slo, key) * 1000
+                    rows.append(line(f"Within {label} <= {bound:g} ms:", f"{self.slo_met[key]}/{self.num_requests} "
+                                     f"({self.slo_met[key] / n:.1%})"))
+            rows.append(line("Within all SLOs (goodput):", f"{self.slo_met['all']}/{self.num_requests} "
+                             f"({self.slo_met['all'] / n:.1%})"))
         rows.append("=" * w)
         return "\n".join(r.rstrip() for r in rows)
 
@@ -188,29 +210,61 @@ class CapacityProbe:
 
 @dataclass
 class CapacityResult:
-    """The highest passing rate found (``capacity``, req/s; 0.0 when even the lowest probed rate failed) and
-    every probe in the order it ran."""
+    """What the capacity search found.
+
+    Attributes:
+        capacity: the highest passing rate (req/s); 0.0 when every probed rate failed.
+        slo: the objectives.
+        probes: every probe in the order it ran.
+        failing_rate: the lowest rate that failed (req/s); ``inf`` when none did, so the capacity is only a
+            lower bound ("≥ X req/s").
+        clock_label: the clock the probes ran on ("modelled: H100 SXM, Llama-3-8B shapes", "measured: CPU time").
+    """
 
     capacity: float
     slo: SLO
     probes: list[CapacityProbe] = field(default_factory=list)
+    failing_rate: float = math.inf
+    clock_label: str = ""
+
+    @property
+    def bounded(self) -> bool:
+        """True when a passing and a failing rate bracket the capacity (the number means what it says)."""
+        return self.capacity > 0 and math.isfinite(self.failing_rate)
+
+    def describe(self) -> str:
+        """"12.3 req/s", "≥ 12.3 req/s (no failing rate found)" or "< 0.5 req/s (no passing rate found)"."""
+        if self.capacity <= 0:
+            lowest = min((p.rate for p in self.probes), default=math.nan)
+            return f"< {_rate(lowest)} req/s (no passing rate found)"
+        if not math.isfinite(self.failing_rate):
+            return f"≥ {_rate(self.capacity)} req/s (no failing rate found)"
+        return f"{_rate(self.capacity)} req/s"
 
 
-def search_highest_passing_rate(passes: Callable[[float], bool], start_rate: float = 1.0, rel_tol: float = 0.1,
-                                max_probes: int = 12) -> float:
-    """The highest rate (> 0) where ``passes(rate)`` holds, assuming it holds below some threshold and fails
-    above (a monotone load response).
+def _rate(x: float) -> str:
+    """A rate with 3 significant digits, without exponent notation."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
 
-    Doubles (or halves) from ``start_rate`` to bracket the threshold, then bisects geometrically until the
-    bracket ``[lo, hi]`` satisfies ``hi / lo <= 1 + rel_tol`` or ``max_probes`` rates were tried. Returns the
-    highest rate that passed, 0.0 if none did (the threshold is below every rate tried).
+
+def search_rate_bracket(passes: Callable[[float], bool], start_rate: float = 1.0, rel_tol: float = 0.1,
+                        max_probes: int = 12, max_rate: float = math.inf) -> tuple[float, float]:
+    """Bracket the threshold rate of a monotone load response: returns ``(lo, hi)``, the highest rate where
+    ``passes(rate)`` held (0.0 if none) and the lowest where it failed (``inf`` if none).
+
+    From ``start_rate`` it doubles while the probes pass (growing the load until one fails, up to ``max_rate``),
+    or halves while they fail, then bisects geometrically until ``hi / lo <= 1 + rel_tol`` or ``max_probes``
+    rates were tried. ``hi == inf`` means no failing rate was found within the limits: ``lo`` is then a lower
+    bound only.
 
     Raises:
-        ValueError: ``start_rate`` or ``rel_tol`` not > 0, ``max_probes`` < 1.
+        ValueError: ``start_rate`` or ``rel_tol`` not > 0, ``max_probes`` < 1, ``max_rate`` < ``start_rate``.
     """
     if not start_rate > 0 or not rel_tol > 0 or max_probes < 1:
         raise ValueError(f"need start_rate > 0, rel_tol > 0, max_probes >= 1; got {start_rate}, {rel_tol}, "
                          f"{max_probes}")
+    if not max_rate >= start_rate:
+        raise ValueError(f"max_rate ({max_rate}) must be >= start_rate ({start_rate})")
     probes = 0
 
     def check(rate: float) -> bool:
@@ -227,27 +281,43 @@ def search_highest_passing_rate(passes: Callable[[float], bool], start_rate: flo
             hi = rate
         if lo > 0 and hi < math.inf:
             break
-        rate = rate * 2 if hi == math.inf else rate / 2
+        if hi == math.inf:
+            if rate >= max_rate:
+                break  # passed at the limit: no failing rate within it
+            rate = min(rate * 2, max_rate)
+        else:
+            rate = rate / 2
     while probes < max_probes and lo > 0 and hi < math.inf and hi / lo > 1 + rel_tol:
         mid = math.sqrt(lo * hi)
         if check(mid):
             lo = mid
         else:
             hi = mid
-    return lo
+    return lo, hi
+
+
+def search_highest_passing_rate(passes: Callable[[float], bool], start_rate: float = 1.0, rel_tol: float = 0.1,
+                                max_probes: int = 12) -> float:
+    """The highest rate (> 0) where ``passes(rate)`` held, 0.0 if none did: ``search_rate_bracket(...)[0]``.
+    Raises ``ValueError`` as ``search_rate_bracket``."""
+    return search_rate_bracket(passes, start_rate, rel_tol, max_probes)[0]
 
 
 def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequence[TraceRequest] | None = None,
                   *, num_requests: int = 32, start_rate: float = 1.0, rel_tol: float = 0.1, max_probes: int = 10,
                   min_attainment: float = 0.9, max_median_queue_delay_s: float = 2.0, seed: int = 0,
                   timer: Callable[[], float] = time.perf_counter, step_time_scale: float = 1.0,
-                  **config_fields) -> CapacityResult:
+                  clock: ClockChoice | None = None, max_rate: float = math.inf, **config_fields) -> CapacityResult:
     """The highest Poisson arrival rate at which the engine meets ``slo`` (Sarathi-Serve's capacity).
 
     Each probe replays ``num_requests`` requests with Poisson arrivals at the probed rate on a fresh engine with
-    a ``VirtualClock``. The request lengths (and token ids, if any) come from ``lengths`` (e.g. a scaled Azure
-    trace, cycled if shorter), else 64-token prompts and 32-token outputs. One seed gives the same arrival
-    pattern at every rate (only compressed), so probes differ only in load. A probe passes when at least
+    a fresh clock (``clock``: "modelled", "cpu", "perf", a ``ClockSpec`` or a clock factory; default a
+    ``MeasuredClock`` on ``timer``). The search grows the rate until a probe fails, then bisects
+    (``search_rate_bracket``); when none fails up to ``max_rate`` or within ``max_probes``, the result says so
+    (``CapacityResult.failing_rate`` is ``inf``, ``describe()`` gives "≥ X req/s").
+    The request lengths (and token ids, if any) come from ``lengths`` (e.g. a scaled Azure trace, cycled if
+    shorter), else 64-token prompts and 32-token outputs. One seed gives the same arrival pattern at every rate
+    (only compressed), so probes differ only in load. A probe passes when at least
     ``min_attainment`` of its requests meet every SLO and the median scheduling delay (arrival -> first
     scheduled) is at most ``max_median_queue_delay_s`` (Sarathi-Serve bounds it at 2 s so an overloaded system
     whose queue grows without bound does not count). Short probes only approximate a steady state.
@@ -255,7 +325,9 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
     Args:
         slo: the latency objectives.
         config / **config_fields: the engine settings (one of the two).
-        timer, step_time_scale: passed to each probe's ``VirtualClock``.
+        timer, step_time_scale: passed to each probe's ``MeasuredClock`` when ``clock`` is None.
+        clock: the clock of every probe (see above).
+        max_rate: the highest rate to probe, req/s.
 
     Returns:
         ``CapacityResult`` with the capacity (req/s) and every probe.
@@ -276,11 +348,17 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
                 for i, r in enumerate(base)]
     else:
         base = [TraceRequest(0.0, 64, 32, None, f"capacity-{i}") for i in range(num_requests)]
+    if clock is None:
+        def new_clock():
+            return MeasuredClock(timer=timer, step_time_scale=step_time_scale)
+    else:
+        new_clock = clock_factory(clock)
     result = CapacityResult(capacity=0.0, slo=slo)
 
     def passes(rate: float) -> bool:
         trace = with_arrivals(base, poisson_arrivals(rate, num_requests, seed), source=f"poisson({rate:g})")
-        run = replay_trace(trace, config, virtual=True, timer=timer, step_time_scale=step_time_scale, seed=seed)
+        run = replay_trace(trace, config, clock=new_clock(), seed=seed)
+        result.clock_label = run.clock_label
         ms = run.request_metrics
         delays = [m.time_in_queue for m in ms.values() if m.time_in_queue is not None]
         attained = slo_attainment(ms, slo)
@@ -289,5 +367,5 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
         result.probes.append(CapacityProbe(rate, attained, delay, goodput(ms, slo), ok))
         return ok
 
-    result.capacity = search_highest_passing_rate(passes, start_rate, rel_tol, max_probes)
+    result.capacity, result.failing_rate = search_rate_bracket(passes, start_rate, rel_tol, max_probes, max_rate)
     return result

@@ -9,15 +9,16 @@ waiting in real time for a trace's idle gaps wastes hours. The ``VirtualClock`` 
 steps (so time advances by each step's measured duration) and jumps straight over idle gaps to the next
 arrival. Queueing, TTFT and TBT then follow from the engine's real step times and the trace's arrival pattern,
 at whatever speed the replay itself runs, and the driver's own bookkeeping between steps costs no time.
-On a busy CPU, pass ``timer=time.process_time`` so a step is measured in this process's CPU time and other
-processes do not inflate it (not on a GPU, where the CPU waits for the device).
+On a busy CPU, pass ``timer=time.process_time`` (or ``clock="cpu"``) so a step is measured in this process's
+CPU time and other processes do not inflate it (not on a GPU, where the CPU waits for the device). With
+``clock="modelled"`` (``minengine.timing``) each step lasts what the roofline cost model says it would on a
+named GPU for a named model shape: deterministic, the same on every machine.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from minengine.config import EngineConfig
@@ -26,71 +27,15 @@ from minengine.metrics.stats import ServingSummary, summarize
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestMetrics
 from minengine.sampling_params import SamplingParams
+from minengine.timing.clocks import ClockChoice, MeasuredClock, clock_factory
 from minengine.workloads.traces import Trace, TraceRequest, synthetic_prompt_ids
 
 TOO_LONG_MODES = ("clip", "skip", "error")
 
 
-class VirtualClock:
-    """A clock (seconds) for ``LLMEngine(config, clock=VirtualClock())`` that advances only while running.
-
-    ``resume()`` / ``pause()`` (or ``with clock.running():``) bracket each ``engine.step()``; in between, time
-    stands still, and ``advance_to(t)`` jumps over an idle gap. While running it advances by the ``timer``'s
-    elapsed seconds times ``step_time_scale`` (e.g. 0.1 to pretend the hardware is 10x faster).
-
-    Args:
-        start: the time at construction, seconds.
-        timer: the real time source (default ``time.perf_counter``); a test may pass a deterministic one.
-        step_time_scale: factor on measured durations, > 0.
-
-    Raises:
-        ValueError: ``step_time_scale`` not > 0; ``advance_to`` while running.
-    """
-
-    def __init__(self, start: float = 0.0, timer: Callable[[], float] = time.perf_counter,
-                 step_time_scale: float = 1.0):
-        if not step_time_scale > 0:
-            raise ValueError(f"step_time_scale must be > 0, got {step_time_scale!r}")
-        self._now = float(start)
-        self._timer = timer
-        self._scale = step_time_scale
-        self._resumed_at: float | None = None  # timer value at resume(); None while paused
-
-    def __call__(self) -> float:
-        if self._resumed_at is None:
-            return self._now
-        return self._now + (self._timer() - self._resumed_at) * self._scale
-
-    @property
-    def is_running(self) -> bool:
-        """True between ``resume()`` and ``pause()``."""
-        return self._resumed_at is not None
-
-    def resume(self) -> None:
-        """Let time run (from now on it follows the timer); no-op if already running."""
-        if self._resumed_at is None:
-            self._resumed_at = self._timer()
-
-    def pause(self) -> None:
-        """Freeze time at its current value; no-op if already paused."""
-        if self._resumed_at is not None:
-            self._now = self()
-            self._resumed_at = None
-
-    @contextmanager
-    def running(self) -> Iterator[None]:
-        """Let time run for the duration of the ``with`` block (one engine step)."""
-        self.resume()
-        try:
-            yield
-        finally:
-            self.pause()
-
-    def advance_to(self, t: float) -> None:
-        """Jump forward to time ``t`` (no-op if ``t`` is in the past): an idle gap costs no real time."""
-        if self._resumed_at is not None:
-            raise ValueError("advance_to needs a paused clock: time is running (inside a step)")
-        self._now = max(self._now, float(t))
+# The measured virtual clock moved to ``minengine.timing.clocks`` (with the modelled and wall clocks); the old
+# name stays importable from here.
+VirtualClock = MeasuredClock
 
 
 @dataclass
@@ -103,12 +48,13 @@ class ReplayResult:
         steps: the ``StepTrace`` of every step of this replay.
         output_token_ids: per request id, the generated token ids.
         finish_reasons: per request id, "length", "stop", ... (None if unfinished).
-        virtual_clock: True when the replay ran on a ``VirtualClock``.
+        virtual_clock: True when the replay ran on a virtual clock (measured or modelled: idle gaps skipped).
         start_time: engine-clock time of the trace's time 0.
         num_clipped: requests whose prompt / output was cut to fit ``max_model_len`` or the KV pool.
         skipped_ids: requests left out because they could not fit (``too_long="skip"``).
         num_kv_blocks: the engine's KV pool size (for the summary).
         wall_time_s: real seconds the replay took.
+        clock_label: the clock's label, for figure titles ("modelled: H100 SXM, Llama-3-8B shapes").
     """
 
     trace: Trace
@@ -122,6 +68,7 @@ class ReplayResult:
     skipped_ids: list[str] = field(default_factory=list)
     num_kv_blocks: int = 0
     wall_time_s: float = 0.0
+    clock_label: str = ""
 
     def summary(self) -> ServingSummary:
         """TTFT/TPOT/ITL percentiles, throughput, preemptions and prefix hits of this replay."""
@@ -184,9 +131,10 @@ def replay(engine: LLMEngine, trace: Sequence[TraceRequest], *, seed: int = 0, t
            max_steps: int | None = None, on_step: Callable[[StepTrace], None] | None = None) -> ReplayResult:
     """Replay ``trace`` through ``engine`` online: add each request when its arrival time comes, step meanwhile.
 
-    The clock decides the mode. With ``LLMEngine(config, clock=VirtualClock())`` time advances by each step's
-    measured duration and jumps over idle gaps (no waiting); with a real clock (the default
-    ``time.perf_counter``) the driver sleeps through idle gaps and the replay takes the trace's real time.
+    The clock decides the mode. On a virtual clock (``MeasuredClock``, ``ModelledClock``: ``is_virtual``) time
+    advances by each step's measured or modelled duration and jumps over idle gaps (no waiting); with a real
+    clock (the default ``time.perf_counter``, ``WallClock``) the driver sleeps through idle gaps and the replay
+    takes the trace's real time.
     A request arriving during a step is added after it, with its true arrival time, so its TTFT includes
     the wait for the step in progress.
 
@@ -194,7 +142,7 @@ def replay(engine: LLMEngine, trace: Sequence[TraceRequest], *, seed: int = 0, t
     the trace. Requests are added in arrival order (ties keep the trace's order).
 
     Args:
-        engine: the engine; its clock must be a ``VirtualClock`` (virtual replay) or track real seconds.
+        engine: the engine; its clock is virtual (``is_virtual``) or tracks real seconds.
         trace: the requests (``TraceRequest``), arrival times in seconds from 0.
         seed: seed for synthetic prompt ids.
         too_long: what to do with a request the engine cannot hold: "clip", "skip" or "error".
@@ -211,8 +159,8 @@ def replay(engine: LLMEngine, trace: Sequence[TraceRequest], *, seed: int = 0, t
     if len(set(ids)) != len(ids):
         raise ValueError("trace has duplicate request_id values")
     clock = engine.clock
-    virtual = isinstance(clock, VirtualClock)
-    if virtual:
+    virtual = bool(getattr(clock, "is_virtual", False))
+    if isinstance(clock, MeasuredClock):
         clock.pause()
     wall_start = time.perf_counter()
     start = clock()
@@ -235,21 +183,13 @@ def replay(engine: LLMEngine, trace: Sequence[TraceRequest], *, seed: int = 0, t
         if not engine.has_unfinished_requests():
             # idle until the next arrival: jump (virtual) or sleep (wall clock), then add it for sure, so a
             # clock that is not quite in step with time.sleep cannot make the loop spin
-            due = start + prepared[next_i][0].arrival_time
-            if virtual:
-                clock.advance_to(due)
-            else:
-                time.sleep(max(0.0, due - clock()))
+            clock.advance_to(start + prepared[next_i][0].arrival_time)  # a jump, or a sleep on a wall clock
             add(next_i)
             next_i += 1
             continue
         if max_steps is not None and num_steps >= max_steps:
             raise RuntimeError(f"replay did not finish within max_steps={max_steps} steps")
-        if virtual:
-            with clock.running():
-                step_outputs = engine.step()
-        else:
-            step_outputs = engine.step()
+        step_outputs = engine.step()  # the step tells the clock where it begins and ends
         num_steps += 1
         for out in step_outputs:
             if out.request_id in reasons:
@@ -263,18 +203,34 @@ def replay(engine: LLMEngine, trace: Sequence[TraceRequest], *, seed: int = 0, t
         request_metrics={rid: engine.request_metrics[rid] for rid in ids},
         steps=engine.traces[first_step:], output_token_ids=outputs, finish_reasons=reasons,
         virtual_clock=virtual, start_time=start, num_clipped=num_clipped, skipped_ids=skipped,
-        num_kv_blocks=engine.num_kv_blocks, wall_time_s=time.perf_counter() - wall_start)
+        num_kv_blocks=engine.num_kv_blocks, wall_time_s=time.perf_counter() - wall_start,
+        clock_label=getattr(clock, "label", ""))
 
 
 def replay_trace(trace: Sequence[TraceRequest], config: EngineConfig | None = None, *, virtual: bool = True,
                  timer: Callable[[], float] = time.perf_counter, step_time_scale: float = 1.0, seed: int = 0,
-                 too_long: str = "clip", max_steps: int | None = None, **config_fields) -> ReplayResult:
-    """Build an engine (``config`` or ``EngineConfig(**config_fields)``) with a fresh ``VirtualClock``
-    (``virtual=True``) or the wall clock, and ``replay`` the trace on it. Raises as ``replay``/``EngineConfig``.
+                 too_long: str = "clip", max_steps: int | None = None, clock: ClockChoice | None = None,
+                 **config_fields) -> ReplayResult:
+    """Build an engine (``config`` or ``EngineConfig(**config_fields)``) on a fresh clock and ``replay`` the trace.
+
+    Args:
+        clock: the clock: a kind ("modelled", "cpu", "perf", "wall"), a ``minengine.timing.ClockSpec``, a
+            function returning a fresh clock, or a clock instance (used as is). ``None`` keeps the older
+            arguments: a ``MeasuredClock(timer=timer, step_time_scale=step_time_scale)`` when ``virtual``,
+            else the wall clock.
+        virtual, timer, step_time_scale: the clock when ``clock`` is None.
+
+    Raises:
+        ValueError: as ``replay`` / ``EngineConfig``; an unknown clock kind.
     """
     if config is not None and config_fields:
         raise ValueError("pass either config or EngineConfig fields, not both")
     config = config if config is not None else EngineConfig(**config_fields)
-    clock = VirtualClock(timer=timer, step_time_scale=step_time_scale) if virtual else time.perf_counter
-    engine = LLMEngine(config, clock=clock)
+    if clock is None:
+        engine_clock = MeasuredClock(timer=timer, step_time_scale=step_time_scale) if virtual else time.perf_counter
+    elif hasattr(clock, "begin_step"):
+        engine_clock = clock
+    else:
+        engine_clock = clock_factory(clock)()
+    engine = LLMEngine(config, clock=engine_clock)
     return replay(engine, trace, seed=seed, too_long=too_long, max_steps=max_steps)

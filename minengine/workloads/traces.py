@@ -243,7 +243,7 @@ def load_azure_trace(path: str | os.PathLike, max_requests: int | None = None, s
     Returns a ``Trace`` (a ``list[TraceRequest]`` with ``.length_scale`` and ``.source``).
     Raises ``ValueError`` on malformed content (line and column named), ``FileNotFoundError`` when absent.
     """
-    path = Path(path)
+    path = _trace_file(path, AZURE_CONV_RELPATH)
     return parse_azure_csv(path.read_bytes(), max_requests=max_requests, start_s=start_s, end_s=end_s,
                            length_scale=length_scale, source=str(path))
 
@@ -358,7 +358,7 @@ def load_mooncake_trace(path: str | os.PathLike, max_requests: int | None = None
 
     Raises ``ValueError`` on malformed content (line and field named), ``FileNotFoundError`` when absent.
     """
-    path = Path(path)
+    path = _trace_file(path, MOONCAKE_RELPATH)
     return parse_mooncake_jsonl(path.read_bytes(), max_requests=max_requests, start_s=start_s, end_s=end_s,
                                 length_scale=length_scale, block_size=block_size, vocab_size=vocab_size,
                                 source=str(path))
@@ -374,13 +374,27 @@ def synthetic_prompt_ids(request_id: str, length: int, vocab_size: int, seed: in
     return [rng.randrange(vocab_size) for _ in range(length)]
 
 
+AZURE_CONV_RELPATH = "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+MOONCAKE_RELPATH = "traces/mooncake_fast25/synthetic_trace.jsonl"
+
+
+def _trace_file(path: str | os.PathLike | None, relpath: str) -> Path:
+    """``path`` as a ``Path``; for None (what ``azure_conv_path`` / ``mooncake_path`` return when the data folder
+    or the file is absent) a ``FileNotFoundError`` that says where the file goes."""
+    if path is None:
+        raise FileNotFoundError(f"trace file not found: put {Path(relpath).name} at <data>/{relpath}, where <data> "
+                                "is ../shared/data next to the repository, or the folder in $MINENGINE_DATA "
+                                "(find_data_dir); or pass the file's path")
+    return Path(path)
+
+
 def azure_conv_path(data_dir: Path | None) -> Path | None:
     """The Azure 2023 conversation trace inside a ``shared/data`` folder, None when absent."""
-    p = data_dir / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv" if data_dir else None
+    p = data_dir / AZURE_CONV_RELPATH if data_dir else None
     return p if p is not None and p.exists() else None
 
 
 def mooncake_path(data_dir: Path | None) -> Path | None:
     """The Mooncake FAST'25 synthetic trace inside a ``shared/data`` folder, None when absent."""
-    p = data_dir / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl" if data_dir else None
+    p = data_dir / MOONCAKE_RELPATH if data_dir else None
     return p if p is not None and p.exists() else None

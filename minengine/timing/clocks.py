@@ -1,0 +1,321 @@
+"""The clocks an engine can run on: one protocol, three kinds of time.
+
+``LLMEngine(config, clock=...)`` reads time only from its clock (arrival, scheduling, token and finish times)
+and tells the clock where each step begins and ends:
+
+    clock.begin_step()                 # start of LLMEngine.step()
+    now = clock()                      # seconds, any time
+    clock.end_step(scheduler_output)   # after the step's forward and update, before its end time is read
+    clock.advance_to(t)                # a driver (replay) skips an idle gap to time t
+
+- ``WallClock``: real time; ``advance_to`` sleeps. What a server lives on.
+- ``MeasuredClock`` (was ``workloads.replay.VirtualClock``, still importable under that name): runs only inside
+  steps and advances by each step's *measured* duration (``time.process_time``: this process's CPU time, which
+  other processes on a shared machine do not inflate; or ``time.perf_counter`` on a GPU, where the CPU waits for
+  the device); idle gaps are skipped.
+- ``ModelledClock``: advances by the step cost model's duration of each step on a named GPU for a named model
+  shape (``StepCostModel``), whatever machine runs the engine: the same workload gives the same times on every
+  laptop, every run. The tokens are still computed by the loaded model.
+
+A plain callable (``clock=time.perf_counter``) keeps working: ``as_clock`` wraps it with no-op hooks.
+``ClockSpec`` / ``make_clock`` choose a clock by name for everything that reports time (``replay_trace``,
+``find_capacity``, ``bench-serve``, the dashboard): a spec is a frozen, hashable recipe, and each run makes
+its own fresh clock from it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from minengine.timing.cost_model import StepCost, StepCostModel, StepWork
+from minengine.timing.hardware import Hardware, get_hardware
+from minengine.timing.model_shape import ModelShape, get_model_shape
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What ``LLMEngine`` needs from a clock. Times in seconds; ``label`` names the clock in figure titles."""
+
+    label: str
+
+    def __call__(self) -> float: ...
+
+    def begin_step(self) -> None: ...
+
+    def end_step(self, scheduler_output) -> None: ...
+
+    def advance_to(self, t: float) -> None: ...
+
+
+class WallClock:
+    """Real time from ``timer`` (default ``time.perf_counter``). ``advance_to(t)`` sleeps until ``t``.
+
+    Virtual drivers check ``is_virtual`` (False here) to know that idle gaps take real time.
+    """
+
+    is_virtual = False
+
+    def __init__(self, timer: Callable[[], float] = time.perf_counter, label: str = "wall"):
+        self._timer = timer
+        self.label = label
+
+    def __call__(self) -> float:
+        return self._timer()
+
+    def begin_step(self) -> None:
+        pass
+
+    def end_step(self, scheduler_output=None) -> None:
+        pass
+
+    def advance_to(self, t: float) -> None:
+        delay = float(t) - self()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class CallableClock(WallClock):
+    """A plain callable used as a clock (``LLMEngine(config, clock=time.perf_counter)``): no step hooks."""
+
+    def __init__(self, fn: Callable[[], float]):
+        name = "wall" if fn in (time.perf_counter, time.time, time.monotonic) else getattr(fn, "__name__", "clock")
+        super().__init__(fn, label=getattr(fn, "label", name))
+        self.fn = fn
+
+
+_TIMER_LABELS = {time.process_time: "measured: CPU time", time.perf_counter: "measured: wall time per step"}
+
+
+class MeasuredClock:
+    """A clock (seconds) that advances only while an engine step runs, by the ``timer``'s elapsed seconds.
+
+    ``LLMEngine.step()`` calls ``begin_step()`` / ``end_step()``; a driver may also bracket steps itself with
+    ``resume()`` / ``pause()`` or ``with clock.running():`` (nested calls are no-ops). Between steps time
+    stands still, and ``advance_to(t)`` jumps over an idle gap, so queueing, TTFT and TBT follow from the
+    engine's measured step times and the arrival pattern at whatever speed the replay itself runs.
+
+    Args:
+        start: the time at construction, seconds.
+        timer: the real time source: ``time.process_time`` (CPU time of this process: robust to other load, CPU
+            only) or ``time.perf_counter`` (the default, kept from ``VirtualClock``; use it on a GPU); a test
+            may pass a deterministic one.
+        step_time_scale: factor on measured durations, > 0 (e.g. 0.1 to pretend the hardware is 10x faster).
+        label: the name in figure titles (default from the timer: "measured: CPU time").
+
+    Raises:
+        ValueError: ``step_time_scale`` not > 0; ``advance_to`` while running.
+    """
+
+    is_virtual = True
+
+    def __init__(self, start: float = 0.0, timer: Callable[[], float] = time.perf_counter,
+                 step_time_scale: float = 1.0, label: str | None = None):
+        if not isinstance(step_time_scale, (int, float)) or not step_time_scale > 0:
+            raise ValueError(f"step_time_scale must be > 0, got {step_time_scale!r}")
+        self._now = float(start)
+        self._timer = timer
+        self._scale = step_time_scale
+        self._resumed_at: float | None = None  # timer value at resume(); None while paused
+        self.label = label or _TIMER_LABELS.get(timer, "measured")
+
+    def __call__(self) -> float:
+        if self._resumed_at is None:
+            return self._now
+        return self._now + (self._timer() - self._resumed_at) * self._scale
+
+    @property
+    def is_running(self) -> bool:
+        """True between ``resume()`` and ``pause()``."""
+        return self._resumed_at is not None
+
+    def resume(self) -> None:
+        """Let time run (from now on it follows the timer); no-op if already running."""
+        if self._resumed_at is None:
+            self._resumed_at = self._timer()
+
+    def pause(self) -> None:
+        """Freeze time at its current value; no-op if already paused."""
+        if self._resumed_at is not None:
+            self._now = self()
+            self._resumed_at = None
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Let time run for the duration of the ``with`` block (one engine step)."""
+        self.resume()
+        try:
+            yield
+        finally:
+            self.pause()
+
+    def begin_step(self) -> None:
+        self.resume()
+
+    def end_step(self, scheduler_output=None) -> None:
+        self.pause()
+
+    def advance_to(self, t: float) -> None:
+        """Jump forward to time ``t`` (no-op if ``t`` is in the past): an idle gap costs no real time."""
+        if self._resumed_at is not None:
+            raise ValueError("advance_to needs a paused clock: time is running (inside a step)")
+        self._now = max(self._now, float(t))
+
+
+class ModelledClock:
+    """A clock that advances by the modelled duration of each step (``StepCostModel``); deterministic.
+
+    Time moves only in ``end_step`` (by ``cost_model.cost_of(scheduler_output).time_s``) and ``advance_to``;
+    reading it never changes it. ``costs`` keeps the ``StepCost`` of every non-empty step in order, so for an
+    engine built with a fresh clock ``clock.costs[i]`` explains ``engine.traces[i]`` (compute- or memory-bound,
+    FLOPs, bytes); ``last_cost`` is the latest.
+
+    Args:
+        cost_model: the ``StepCostModel`` (hardware, model shape, tp).
+        start: the time at construction, seconds.
+        keep_costs: record ``costs`` (turn off for very long simulations).
+    """
+
+    is_virtual = True
+
+    def __init__(self, cost_model: StepCostModel, start: float = 0.0, keep_costs: bool = True):
+        if not isinstance(cost_model, StepCostModel):
+            raise ValueError(f"cost_model must be a StepCostModel, got {type(cost_model).__name__}")
+        self.cost_model = cost_model
+        self._now = float(start)
+        self.keep_costs = keep_costs
+        self.costs: list[StepCost] = []
+        self.last_cost: StepCost | None = None
+
+    @property
+    def label(self) -> str:
+        return self.cost_model.label
+
+    def __call__(self) -> float:
+        return self._now
+
+    def begin_step(self) -> None:
+        pass
+
+    def end_step(self, scheduler_output) -> None:
+        """Advance by the modelled duration of the step ``scheduler_output`` describes (0 for an empty one)."""
+        work = StepWork.from_scheduler_output(scheduler_output)
+        if work.is_empty:
+            return
+        cost = self.cost_model.cost(work)
+        self._now += cost.time_s
+        self.last_cost = cost
+        if self.keep_costs:
+            self.costs.append(cost)
+
+    def advance_to(self, t: float) -> None:
+        """Jump forward to time ``t`` (no-op if ``t`` is in the past)."""
+        self._now = max(self._now, float(t))
+
+
+def as_clock(clock) -> Clock:
+    """``clock`` itself when it has the step hooks, else a plain callable wrapped in ``CallableClock``.
+
+    Raises:
+        ValueError: ``clock`` is not callable.
+    """
+    if all(hasattr(clock, name) for name in ("begin_step", "end_step", "advance_to")) and callable(clock):
+        if not hasattr(clock, "label"):
+            clock.label = type(clock).__name__
+        return clock
+    if not callable(clock):
+        raise ValueError(f"clock must be callable (seconds), got {clock!r}")
+    return CallableClock(clock)
+
+
+# ---- choosing a clock by name ------------------------------------------------------------------------------
+CLOCK_KINDS = ("modelled", "cpu", "perf", "wall")
+
+
+@dataclass(frozen=True)
+class ClockSpec:
+    """A recipe for a fresh clock, chosen by name; hashable, so it can key a cache.
+
+    Attributes:
+        kind: "modelled" (``ModelledClock``), "cpu" (``MeasuredClock`` on process CPU time), "perf"
+            (``MeasuredClock`` on ``time.perf_counter``: per-step wall time, idle gaps skipped; for GPUs) or
+            "wall" (``WallClock``: real time, idle gaps slept through).
+        hardware, model, tp: the modelled target (preset names or ``Hardware`` / ``ModelShape``); "modelled" only.
+        block_size: tokens per KV block, to cost swaps; "modelled" only.
+        step_time_scale: factor on measured durations; "cpu" / "perf" only.
+
+    Raises:
+        ValueError: unknown ``kind``, hardware or model shape.
+    """
+
+    kind: str = "modelled"
+    hardware: str | Hardware = "h100"
+    model: str | ModelShape = "llama-3-8b"
+    tp: int = 1
+    block_size: int = 16
+    step_time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLOCK_KINDS:
+            raise ValueError(f"clock kind must be one of {CLOCK_KINDS}, got {self.kind!r}")
+        if self.kind == "modelled":
+            get_hardware(self.hardware), get_model_shape(self.model)  # fail early on unknown names
+
+    def cost_model(self) -> StepCostModel:
+        """The ``StepCostModel`` of a "modelled" spec."""
+        return StepCostModel(self.hardware, self.model, tp=self.tp, block_size=self.block_size)
+
+    def make(self) -> Clock:
+        """A new clock of this kind, at time 0."""
+        if self.kind == "modelled":
+            return ModelledClock(self.cost_model())
+        if self.kind == "cpu":
+            return MeasuredClock(timer=time.process_time, step_time_scale=self.step_time_scale)
+        if self.kind == "perf":
+            return MeasuredClock(timer=time.perf_counter, step_time_scale=self.step_time_scale)
+        return WallClock()
+
+    @property
+    def label(self) -> str:
+        """The label the clock will carry ("modelled: H100 SXM, Llama-3-8B shapes", "measured: CPU time")."""
+        if self.kind == "modelled":
+            return self.cost_model().label
+        return {"cpu": "measured: CPU time", "perf": "measured: wall time per step", "wall": "wall"}[self.kind]
+
+
+def make_clock(kind: str | ClockSpec = "modelled", **spec_fields) -> Clock:
+    """A fresh clock by name: ``make_clock("modelled", hardware="h100", model="llama-3-8b")``, ``make_clock("cpu")``,
+    ``make_clock("wall")``; or from a ``ClockSpec``. Raises ``ValueError`` as ``ClockSpec``."""
+    spec = kind if isinstance(kind, ClockSpec) else ClockSpec(kind, **spec_fields)
+    if isinstance(kind, ClockSpec) and spec_fields:
+        raise ValueError("pass either a ClockSpec or its fields, not both")
+    return spec.make()
+
+
+ClockChoice = str | ClockSpec | Callable[[], Clock]
+
+
+def clock_factory(choice: ClockChoice) -> Callable[[], Clock]:
+    """A zero-argument function that makes a fresh clock for each run, from a kind name, a ``ClockSpec`` or
+    such a function itself (what ``find_capacity`` needs: one clock per probe).
+
+    Raises:
+        ValueError: an unknown kind name; something else.
+    """
+    if isinstance(choice, str):
+        return ClockSpec(choice).make
+    if isinstance(choice, ClockSpec):
+        return choice.make
+    if callable(choice) and not isinstance(choice, (MeasuredClock, ModelledClock, WallClock)):
+        def make() -> Clock:
+            clock = choice()
+            if isinstance(clock, (int, float)):
+                raise ValueError(f"the clock factory {choice!r} returned a number, not a clock: pass a kind "
+                                 f"({', '.join(CLOCK_KINDS)}), a ClockSpec or a function returning a fresh clock")
+            return as_clock(clock)
+        return make
+    raise ValueError(f"clock must be a kind ({', '.join(CLOCK_KINDS)}), a ClockSpec or a function returning a "
+                     f"fresh clock, got {choice!r}")

@@ -1,0 +1,205 @@
+"""Model shapes for the step cost model: the sizes that decide a step's FLOPs and bytes, from any HF config.
+
+The modelled clock times a step as if it ran a *target* model (e.g. Llama-3-8B) while the tokens are computed
+by the model actually loaded (the bundled tiny Llama by default). Only these numbers matter for the cost:
+layers, hidden size, query / KV heads and head size (attention and the KV cache), the MLP width, the vocabulary
+(embedding and LM head) and the bytes per weight. Presets are the published configs (``config.json`` on the
+Hugging Face hub) of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B and meta-llama/Meta-Llama-3-70B, and the
+bundled model's own config. No torch and no transformers needed: a config is a dict, a ``PretrainedConfig``
+or a path to a checkpoint directory / ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "float8_e4m3fn": 1,
+                "float8_e5m2": 1, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A decoder-only transformer (Llama / Qwen2 family: RMSNorm, rotary attention with GQA, gated MLP).
+
+    Attributes:
+        name: shown in figure titles ("Llama-3-8B").
+        num_layers, hidden_size, num_heads, num_kv_heads, head_dim, intermediate_size, vocab_size: as in the
+            HF config (``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``...).
+        dtype_bytes: bytes per weight and per activation element moved (2 for BF16, 1 for FP8, 4 for FP32).
+        kv_dtype_bytes: bytes per KV-cache element; ``None`` = ``dtype_bytes``.
+        tie_word_embeddings: the LM head is the embedding matrix (counted once in ``num_params``).
+        gated_mlp: SwiGLU (gate, up, down: 3 matrices) rather than 2.
+        qkv_bias: q/k/v projections have biases (Qwen2).
+
+    Raises:
+        ValueError: a size that is not a positive integer, ``num_heads`` not a multiple of ``num_kv_heads``.
+    """
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    dtype_bytes: int = 2
+    kv_dtype_bytes: int | None = None
+    tie_word_embeddings: bool = False
+    gated_mlp: bool = True
+    qkv_bias: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
+                     "vocab_size", "dtype_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"ModelShape.{name} must be a positive integer, got {v!r}")
+        if self.kv_dtype_bytes is not None and (not isinstance(self.kv_dtype_bytes, int) or self.kv_dtype_bytes < 1):
+            raise ValueError(f"ModelShape.kv_dtype_bytes must be a positive integer or None, "
+                             f"got {self.kv_dtype_bytes!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+    # ---- parameter counts --------------------------------------------------------------------------------
+    @property
+    def q_size(self) -> int:
+        """Width of the query projection output: ``num_heads * head_dim``."""
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        """Width of the key (or value) projection output: ``num_kv_heads * head_dim``."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one decoder layer: q, k, v, o projections (+ q/k/v biases), the MLP, two RMSNorms."""
+        h = self.hidden_size
+        attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
+        if self.qkv_bias:
+            attn += self.q_size + 2 * self.kv_size
+        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
+        return attn + mlp + 2 * h
+
+    @property
+    def num_layer_params(self) -> int:
+        """Non-embedding parameters: every layer plus the final norm (what ``2 x params x tokens`` counts)."""
+        return self.num_layers * self.params_per_layer + self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """The LM head matrix, ``vocab_size x hidden_size`` (the embedding itself when tied)."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """All parameters: layers, embedding, and the LM head unless tied."""
+        embed = self.vocab_size * self.hidden_size
+        return self.num_layer_params + embed + (0 if self.tie_word_embeddings else self.lm_head_params)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token occupies over all layers: K and V, ``num_kv_heads x head_dim`` each."""
+        kv = self.kv_dtype_bytes if self.kv_dtype_bytes is not None else self.dtype_bytes
+        return 2 * self.num_layers * self.kv_size * kv
+
+    def with_(self, **changes) -> ModelShape:
+        """A copy with some fields changed (e.g. ``LLAMA_3_8B.with_(dtype_bytes=1)`` for FP8 weights)."""
+        return dataclasses.replace(self, **changes)
+
+    # ---- from a Hugging Face config -----------------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, config, name: str | None = None, dtype_bytes: int | None = None) -> ModelShape:
+        """The shape of a Hugging Face Llama / Qwen2 / Qwen3 / Mistral config.
+
+        Args:
+            config: a dict, a ``transformers.PretrainedConfig``, or a path to a checkpoint directory or its
+                ``config.json``.
+            name: the display name (default: the directory name, or the config's ``_name_or_path``).
+            dtype_bytes: bytes per weight; default from the config's ``dtype`` / ``torch_dtype``, else 2.
+
+        Raises:
+            ValueError: a missing size field (named), or a path without a ``config.json``.
+        """
+        if isinstance(config, (str, Path)):
+            path = Path(config)
+            file = path / "config.json" if path.is_dir() else path
+            if not file.is_file():
+                raise ValueError(f"no config.json at {str(path)!r}")
+            default_name = (path if path.is_dir() else path.parent).name
+            config = json.loads(file.read_text())
+        else:
+            default_name = None
+        get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+        default_name = default_name or str(get("_name_or_path", "") or "").rstrip("/").split("/")[-1] or "model"
+
+        def need(key: str) -> int:
+            v = get(key)
+            if v is None:
+                raise ValueError(f"the config has no {key!r}")
+            return int(v)
+
+        heads = need("num_attention_heads")
+        hidden = need("hidden_size")
+        kv_heads = get("num_key_value_heads") or heads
+        head_dim = get("head_dim") or hidden // heads
+        if dtype_bytes is None:
+            dtype = get("dtype") or get("torch_dtype")
+            dtype_bytes = _DTYPE_BYTES.get(str(dtype).replace("torch.", ""), 2) if dtype is not None else 2
+        model_type = str(get("model_type", "") or "")
+        qkv_bias = bool(get("attention_bias", False)) or model_type == "qwen2"
+        return cls(name=name or default_name, num_layers=need("num_hidden_layers"), hidden_size=hidden,
+                   num_heads=heads, num_kv_heads=int(kv_heads), head_dim=int(head_dim),
+                   intermediate_size=need("intermediate_size"), vocab_size=need("vocab_size"),
+                   dtype_bytes=int(dtype_bytes), tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+                   qkv_bias=qkv_bias)
+
+
+# Published configs (config.json on the Hugging Face hub), BF16.
+LLAMA_3_8B = ModelShape("Llama-3-8B", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                        intermediate_size=14336, vocab_size=128256)
+QWEN_2_5_7B = ModelShape("Qwen2.5-7B", num_layers=28, hidden_size=3584, num_heads=28, num_kv_heads=4, head_dim=128,
+                         intermediate_size=18944, vocab_size=152064, qkv_bias=True)
+LLAMA_3_70B = ModelShape("Llama-3-70B", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128,
+                         intermediate_size=28672, vocab_size=128256)
+
+
+def bundled_shape(dtype_bytes: int = 4) -> ModelShape:
+    """The bundled tiny Shakespeare Llama, read from its ``config.json``; float32 by default (how the engine
+    runs it on the CPU)."""
+    from minengine.config import BUNDLED_MODEL  # config imports no torch
+
+    return ModelShape.from_hf_config(BUNDLED_MODEL, name="bundled tiny Llama", dtype_bytes=dtype_bytes)
+
+
+MODEL_SHAPES: dict[str, ModelShape] = {"llama-3-8b": LLAMA_3_8B, "qwen2.5-7b": QWEN_2_5_7B, "llama-3-70b": LLAMA_3_70B}
+_ALIASES = {"llama3-8b": "llama-3-8b", "meta-llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b",
+            "qwen2.5-7b-instruct": "qwen2.5-7b", "qwen-2.5-7b": "qwen2.5-7b", "llama3-70b": "llama-3-70b",
+            "meta-llama-3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b", "llama-3.3-70b": "llama-3-70b"}
+
+
+def get_model_shape(name: str | ModelShape) -> ModelShape:
+    """A preset by name ("llama-3-8b", "qwen2.5-7b", "llama-3-70b", "bundled"), a path to a checkpoint
+    directory or ``config.json``, or a ``ModelShape`` as is.
+
+    Raises:
+        ValueError: neither a preset nor a readable config (the message lists the presets).
+    """
+    if isinstance(name, ModelShape):
+        return name
+    if not isinstance(name, str):
+        raise ValueError(f"model shape must be a preset name, a config path or a ModelShape, got {name!r}")
+    key = name.strip().lower()
+    key = _ALIASES.get(key, key)
+    if key == "bundled":
+        return bundled_shape()
+    if key in MODEL_SHAPES:
+        return MODEL_SHAPES[key]
+    if Path(name).exists():
+        return ModelShape.from_hf_config(name)
+    raise ValueError(f"unknown model shape {name!r}; presets: {', '.join([*MODEL_SHAPES, 'bundled'])}, "
+                     "or a checkpoint directory / config.json")
