@@ -209,26 +209,27 @@ def calibrate(engine, prefill_sizes: Sequence[int] = (16, 32, 64, 128, 256, 512)
                 dt = _timed_step(engine, timer)
                 if r >= warmup:
                     samples.append(dt)
-                    work = StepWork.of((c.num_new_tokens, c.start_pos, int(c.sample))
-                                       for c in engine.traces[-1].chunks)
+                    work = StepWork.from_step_trace(engine.traces[-1])
                 while engine.has_unfinished_requests():
                     engine.step()
             points.append(CalibrationPoint("prefill", p, work, statistics.median(samples), samples=tuple(samples)))
-        blocks_per_request = -(-(decode_context + warmup + repeats + 2) // cfg.block_size)
         for b in sorted(set(decode_batch_sizes)):
+            # the first requests decode while the last ones still prefill: enough tokens that none finishes early
+            max_tokens = warmup + repeats + 2 + -(-b * decode_context // cfg.max_num_batched_tokens)
+            blocks_per_request = -(-(decode_context + max_tokens) // cfg.block_size)
             if b < 1 or b > cfg.max_num_seqs or b * blocks_per_request > engine.num_kv_blocks \
-                    or decode_context + warmup + repeats + 2 > cfg.max_model_len:
+                    or decode_context + max_tokens > cfg.max_model_len:
                 continue
-            rids = [add(decode_context, warmup + repeats + 2) for _ in range(b)]
+            rids = [add(decode_context, max_tokens) for _ in range(b)]
             while any(engine.scheduler.requests[r].num_computed_tokens < decode_context for r in rids):
                 engine.step()  # prefill them
             samples, works = [], []
             for r in range(warmup + repeats):
                 dt = _timed_step(engine, timer)
                 chunks = engine.traces[-1].chunks
-                if r >= warmup and len(chunks) == b and all(c.num_new_tokens == 1 for c in chunks):
+                if r >= warmup and len(chunks) == b and all(c.num_tokens == 1 for c in chunks):
                     samples.append(dt)
-                    works.append(StepWork.of((1, c.start_pos, 1) for c in chunks))
+                    works.append(StepWork.from_step_trace(engine.traces[-1]))
             engine.abort_request(rids)
             if samples:
                 mid = sorted(range(len(samples)), key=samples.__getitem__)[len(samples) // 2]

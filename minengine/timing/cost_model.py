@@ -106,6 +106,14 @@ class StepWork:
                      for s in scheduler_output.scheduled)
         return cls(reqs, len(scheduler_output.blocks_to_swap_out), len(scheduler_output.blocks_to_swap_in))
 
+    @classmethod
+    def from_step_trace(cls, step_trace) -> StepWork:
+        """The work of a recorded ``StepTrace`` (its ``chunks``: ``num_tokens``, ``start_pos``, ``sampled``; its
+        swapped block counts), e.g. to re-time a recorded run under another hardware or model shape. A trace
+        records whether a row sampled, not how many rows: one per sampling chunk."""
+        reqs = tuple(RequestWork(c.num_tokens, c.start_pos, int(c.sampled)) for c in step_trace.chunks)
+        return cls(reqs, step_trace.num_swapped_out_blocks, step_trace.num_swapped_in_blocks)
+
     @property
     def num_tokens(self) -> int:
         """New tokens of the step (what the token budget counts)."""

@@ -1,0 +1,301 @@
+"""minengine.timing: the roofline step cost model (hand-counted FLOPs and bytes, bounds, monotonicity, tensor
+parallelism, the textbook stall), the clocks (modelled, measured, wall, plain callables) and the calibration."""
+
+from __future__ import annotations
+
+import ast
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minengine.config import EngineConfig
+from minengine.engine.llm_engine import LLMEngine
+from minengine.timing import (
+    HARDWARE,
+    LLAMA_3_8B,
+    LLAMA_3_70B,
+    CallableClock,
+    ClockSpec,
+    Hardware,
+    MeasuredClock,
+    ModelledClock,
+    ModelShape,
+    RequestWork,
+    StepCostModel,
+    StepWork,
+    WallClock,
+    bundled_shape,
+    calibrate,
+    clock_factory,
+    get_hardware,
+    get_model_shape,
+    make_clock,
+)
+from minengine.workloads import Trace, TraceRequest, replay, replay_trace, synthetic_trace
+
+TINY = ModelShape("tiny", num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
+                  vocab_size=10, dtype_bytes=2)
+UNIT = Hardware("unit", peak_flops=1.0, memory_bandwidth=1.0, mfu=1.0, mbu=1.0, step_overhead_s=0.0)
+
+
+# ---- FLOPs and bytes, counted by hand --------------------------------------------------------------------------
+def test_hand_counted_flops_and_bytes():
+    # per layer: q 8x8 + k 8x4 + v 8x4 + o 8x8 = 192; MLP 3 x 8 x 16 = 384; two norms 16 -> 592; x2 + final norm 8
+    assert TINY.params_per_layer == 592 and TINY.num_layer_params == 1192 and TINY.lm_head_params == 80
+    assert TINY.num_params == 1192 + 80 + 80  # untied: embedding and LM head
+    assert TINY.kv_bytes_per_token == 2 * 2 * 4 * 2  # K and V x layers x (kv heads x head_dim) x bytes
+    # one request: 3 new tokens after 2 cached, 1 sampled row; causal pairs 3 x 2 + (1 + 2 + 3) = 12
+    c = StepCostModel(UNIT, TINY).cost([(3, 2, 1)])
+    assert c.linear_flops == 2 * 1192 * 3
+    assert c.attention_flops == 4 * 2 * 8 * 12  # QK^T and PV: 2 x 2 FLOPs x layers x (heads x head_dim) x pairs
+    assert c.lm_head_flops == 2 * 80 * 1
+    assert c.flops == 7152 + 768 + 160
+    assert c.weight_bytes == (1192 + 80) * 2  # every weight read once, the LM head because a row samples
+    assert c.kv_bytes == (2 + 3 + 3) * 32  # read context + new, write new
+    assert c.other_bytes == 3 * 8 * 2  # embedding rows
+    assert c.bytes == 2544 + 256 + 48
+    # unit hardware, roofline: the step takes max(FLOPs, bytes) seconds
+    assert c.time_s == max(c.flops, c.bytes) and c.bound == "compute"
+    # an intermediate prefill chunk samples nothing: no LM head FLOPs, no LM head weights read
+    quiet = StepCostModel(UNIT, TINY).cost([(3, 2, 0)])
+    assert quiet.lm_head_flops == 0 and quiet.weight_bytes == 1192 * 2
+
+
+def test_param_counts_match_published_and_real_models(random_llama):
+    assert round(LLAMA_3_8B.num_params / 1e9, 2) == 8.03
+    assert round(LLAMA_3_70B.num_params / 1e9, 1) == 70.6
+    assert round(get_model_shape("qwen2.5-7b").num_params / 1e9, 2) == 7.62
+    from transformers import AutoModelForCausalLM
+
+    for path in (random_llama, None):
+        shape = ModelShape.from_hf_config(path) if path else bundled_shape()
+        model = AutoModelForCausalLM.from_pretrained(path or str(Path(__file__).parents[1] / "minengine" / "assets"
+                                                             / "tiny-shakespeare-llama"))
+        assert shape.num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_work_from_scheduler_output_counts_sampled_rows():
+    from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+    from minengine.sampling_params import SamplingParams
+
+    sp = SamplingParams()
+    so = SchedulerOutput(scheduled=[ScheduledRequest("a", [1] * 5, 10, [0], True, True, sp, 0),
+                                    ScheduledRequest("b", [1] * 7, 0, [1], False, True, sp, 0)],
+                         blocks_to_swap_out=[(1, 2)], blocks_to_swap_in=[(3, 4), (5, 6)])
+    work = StepWork.from_scheduler_output(so)
+    assert work.requests == (RequestWork(5, 10, 1), RequestWork(7, 0, 0))
+    assert (work.num_swap_out_blocks, work.num_swap_in_blocks, work.num_tokens, work.num_sampled) == (1, 2, 12, 1)
+    with pytest.raises(ValueError, match="num_sampled"):
+        RequestWork(2, 0, 3)  # speculative decoding samples at most 1 + k rows of 1 + k tokens
+    with pytest.raises(ValueError, match="num_new_tokens"):
+        RequestWork(0, 5, 0)
+
+
+# ---- the roofline's shape -------------------------------------------------------------------------------------
+def test_decode_is_memory_bound_and_long_prefill_compute_bound_on_h100():
+    m = StepCostModel("h100", "llama-3-8b")
+    decode = m.cost([(1, 512, 1)])
+    prefill = m.cost([(8192, 0, 1)])
+    assert decode.bound == "memory" and decode.memory_time_s > 50 * decode.compute_time_s
+    assert prefill.bound == "compute" and prefill.compute_time_s > 10 * prefill.memory_time_s
+    # the ridge: arithmetic intensity below the hardware's peak/bandwidth for decode, above for prefill
+    ridge = m.hardware.peak_flops / m.hardware.memory_bandwidth
+    assert decode.arithmetic_intensity < ridge < prefill.arithmetic_intensity
+
+
+@pytest.mark.parametrize("hw", sorted(HARDWARE))
+def test_monotone_in_tokens_context_and_batch(hw):
+    m = StepCostModel(hw, "llama-3-8b")
+    times = [m.cost([(n, 0, 1)]).time_s for n in (1, 2, 16, 128, 1024, 4096)]
+    assert times == sorted(times) and times[0] < times[-1]
+    ctx = [m.cost([(1, c, 1)]).time_s for c in (0, 100, 1000, 10_000, 100_000)]
+    assert ctx == sorted(ctx) and ctx[0] < ctx[-1]
+    batch = [m.cost([(1, 1000, 1)] * b).time_s for b in (1, 2, 8, 64, 256)]
+    assert batch == sorted(batch)
+    assert m.cost([(512, 4000, 0)]).time_s > m.cost([(512, 0, 0)]).time_s  # a later chunk reads more KV
+
+
+def test_tensor_parallel_splits_work_and_adds_all_reduces():
+    one = StepCostModel("h100", "llama-3-70b", tp=1).cost([(1024, 0, 1)] + [(1, 2000, 1)] * 8)
+    four = StepCostModel("h100", "llama-3-70b", tp=4).cost([(1024, 0, 1)] + [(1, 2000, 1)] * 8)
+    assert four.flops == pytest.approx(one.flops / 4)
+    assert four.weight_bytes == pytest.approx(one.weight_bytes / 4)
+    assert four.kv_bytes == pytest.approx(one.kv_bytes / 4)  # 8 KV heads: 2 per GPU
+    assert one.communication_time_s == 0 and four.communication_time_s > 0
+    # 2 all-reduces per layer + 1 over the logits, ring: 2 (tp-1)/tp x message bytes sent per GPU
+    msg = (1024 + 8) * 8192 * 2
+    assert four.communication_bytes == pytest.approx(1.5 * (160 * msg + 9 * 128256 * 2))
+    assert four.time_s < one.time_s
+    # more GPUs than KV heads: heads are replicated, not split below one per GPU
+    sixteen = StepCostModel("h100", "llama-3-70b", tp=16).cost([(1, 2000, 1)])
+    assert sixteen.kv_bytes == pytest.approx(StepCostModel("h100", "llama-3-70b", tp=8).cost([(1, 2000, 1)]).kv_bytes)
+
+
+def test_swapped_blocks_cost_host_link_time():
+    m = StepCostModel("h100", "llama-3-8b", block_size=16)
+    base = m.cost(StepWork.of([(1, 100, 1)]))
+    swapped = m.cost(StepWork.of([(1, 100, 1)], num_swap_out_blocks=10, num_swap_in_blocks=30))
+    expected = 40 * 16 * LLAMA_3_8B.kv_bytes_per_token / get_hardware("h100").host_link_bandwidth
+    assert swapped.swap_time_s == pytest.approx(expected) and swapped.time_s == pytest.approx(base.time_s + expected)
+
+
+def test_the_textbook_stall_with_and_without_chunked_prefill():
+    """10 requests decoding when an 8,000-token prompt arrives, one H100, Llama-3-8B shapes: without chunked
+    prefill the decodes stall for the whole prefill (~0.3 s); with 512-token chunks for about one chunk."""
+    m = StepCostModel("h100", "llama-3-8b")
+    decodes = [(1, 1000, 1)] * 10
+    stall = m.cost([(8000, 0, 1)] + decodes).time_s
+    assert 0.3 * 0.7 <= stall <= 0.3 * 1.3
+    chunked = m.cost([(512, 0, 0)] + decodes).time_s
+    assert chunked == pytest.approx(m.cost([(512, 0, 0)]).time_s, rel=0.15)  # the decodes ride along
+    assert stall > 10 * chunked
+
+
+def test_presets_and_errors():
+    assert get_hardware("H100") is get_hardware("h100-sxm") and get_model_shape("Llama-3-8B") is LLAMA_3_8B
+    for name, hw in HARDWARE.items():
+        assert hw.source, name
+    fp8 = StepCostModel("h100", LLAMA_3_8B.with_(dtype_bytes=1)).cost([(4096, 0, 1)])
+    bf16 = StepCostModel("h100", LLAMA_3_8B).cost([(4096, 0, 1)])
+    assert fp8.compute_time_s == pytest.approx(bf16.compute_time_s / 2)  # FP8 tensor peak is twice BF16's
+    with pytest.raises(ValueError, match="presets"):
+        get_hardware("tpu")
+    with pytest.raises(ValueError, match="presets"):
+        get_model_shape("gpt-5")
+    with pytest.raises(ValueError, match="mfu"):
+        get_hardware("h100").with_(mfu=1.5)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        LLAMA_3_8B.with_(num_kv_heads=5)
+    with pytest.raises(ValueError, match="tp"):
+        StepCostModel("h100", "llama-3-8b", tp=0)
+    assert StepCostModel("h100", "llama-3-70b", tp=4).label == "modelled: H100 SXM, Llama-3-70B shapes, TP 4"
+
+
+def test_cost_model_and_clocks_import_no_torch():
+    root = Path(__file__).resolve().parents[1] / "minengine" / "timing"
+    for name in ("hardware.py", "model_shape.py", "cost_model.py", "clocks.py"):
+        tree = ast.parse((root / name).read_text())
+        modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        modules |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        assert not any(m.split(".")[0] in ("torch", "transformers") for m in modules), name
+        assert not any(m.startswith(("minengine.engine", "minengine.worker", "minengine.models")) for m in modules)
+
+
+# ---- clocks -----------------------------------------------------------------------------------------------------
+def test_make_clock_by_name_and_labels():
+    assert make_clock("modelled", hardware="h100", model="llama-3-8b").label == "modelled: H100 SXM, Llama-3-8B shapes"
+    assert make_clock("cpu").label == "measured: CPU time" and isinstance(make_clock("cpu"), MeasuredClock)
+    assert isinstance(make_clock("wall"), WallClock) and make_clock("wall").label == "wall"
+    assert ClockSpec("modelled", hardware="a100").label == "modelled: A100 80GB, Llama-3-8B shapes"
+    spec = ClockSpec("modelled")
+    assert hash(spec) == hash(ClockSpec("modelled")) and spec.make() is not spec.make()  # fresh each time
+    with pytest.raises(ValueError, match="kind"):
+        make_clock("sundial")
+    with pytest.raises(ValueError, match="presets"):
+        ClockSpec("modelled", hardware="abacus")
+    with pytest.raises(ValueError, match="returned a number"):
+        clock_factory(time.perf_counter)()
+
+
+def test_measured_clock_runs_only_inside_steps():
+    ticks = iter(range(100))
+    clock = MeasuredClock(start=5.0, timer=lambda: float(next(ticks)))
+    assert clock() == 5.0 == clock()
+    clock.begin_step()
+    assert clock() == 6.0  # resumed at 0, read at 1
+    clock.end_step(None)
+    frozen = clock()
+    assert clock() == frozen
+    clock.advance_to(100.0)
+    assert clock() == 100.0
+    from minengine.workloads import VirtualClock  # the old name still works
+
+    assert VirtualClock is MeasuredClock
+
+
+def test_plain_callable_clock_still_works(random_llama):
+    engine = LLMEngine(EngineConfig(model=random_llama, num_kv_blocks=32, max_model_len=256), clock=time.perf_counter)
+    assert isinstance(engine.clock, CallableClock) and engine.clock.label == "wall"
+    engine.add_request("a", [5, 6, 7], None)
+    while engine.has_unfinished_requests():
+        engine.step()
+    m = engine.request_metrics["a"]
+    assert m.first_token_time >= m.arrival_time and m.finished_time >= m.first_token_time
+
+
+def _modelled_run(model: str):
+    trace = synthetic_trace(12, rate=30.0, prompt_len=40, output_len=6, range_ratio=0.5, seed=3)
+    clock = make_clock("modelled", hardware="h100", model="llama-3-8b")
+    engine = LLMEngine(EngineConfig(model=model, block_size=16, num_kv_blocks=96, max_num_batched_tokens=64,
+                                    max_num_seqs=8, max_model_len=512), clock=clock)
+    return engine, clock, replay(engine, trace)
+
+
+def test_modelled_run_is_bit_identical_twice_and_follows_the_cost_model(random_llama):
+    e1, c1, r1 = _modelled_run(random_llama)
+    e2, c2, r2 = _modelled_run(random_llama)
+
+    def numbers(result):
+        return [(rid, m.arrival_time, m.first_scheduled_time, m.first_token_time, m.finished_time, tuple(m.itls))
+                for rid, m in result.request_metrics.items()]
+
+    assert numbers(r1) == numbers(r2)  # bit-identical, whatever the machine did meanwhile
+    assert r1.summary().as_dict() == r2.summary().as_dict()
+    assert r1.clock_label == "modelled: H100 SXM, Llama-3-8B shapes" and r1.virtual_clock
+    # every step lasted exactly its modelled cost, and the clock kept one cost per step
+    assert len(c1.costs) == len(e1.traces)
+    model = c1.cost_model
+    for trace, cost in zip(e1.traces, c1.costs):
+        assert trace.end_time - trace.start_time == pytest.approx(cost.time_s, rel=1e-12)
+        assert cost == model.cost(StepWork.from_step_trace(trace))
+
+
+def test_replay_trace_takes_a_clock_choice(random_llama):
+    trace = Trace([TraceRequest(0.0, 30, 4, None, "a"), TraceRequest(5.0, 30, 4, None, "b")])
+    cfg = EngineConfig(model=random_llama, num_kv_blocks=32, max_model_len=256)
+    fast = replay_trace(trace, cfg, clock=ClockSpec("modelled", hardware="h200"))
+    slow = replay_trace(trace, cfg, clock=ClockSpec("modelled", hardware="l4"))
+    assert slow.request_metrics["a"].ttft > fast.request_metrics["a"].ttft  # 16x less bandwidth
+    assert fast.request_metrics["b"].arrival_time - fast.start_time == 5.0  # idle gap skipped, arrival kept
+    cpu = replay_trace(trace, cfg, clock="cpu")
+    assert cpu.clock_label == "measured: CPU time" and cpu.all_finished
+    own = ModelledClock(StepCostModel("h100", "qwen2.5-7b"))
+    assert replay_trace(trace, cfg, clock=own).clock_label.startswith("modelled: H100 SXM, Qwen2.5-7B")
+
+
+# ---- calibration ------------------------------------------------------------------------------------------------
+def test_calibrate_fits_this_machine(random_llama):
+    engine = LLMEngine(EngineConfig(model=random_llama, num_kv_blocks=128, max_num_batched_tokens=128,
+                                    max_num_seqs=8, max_model_len=512, trace_block_tables=False))
+    threads = torch.get_num_threads()
+    result = calibrate(engine, prefill_sizes=(8, 32, 128), decode_batch_sizes=(1, 4, 8), decode_context=32,
+                       repeats=3, warmup=1)
+    assert torch.get_num_threads() == threads  # restored
+    assert len(result.points) == 6 and {p.kind for p in result.points} == {"prefill", "decode"}
+    assert all(p.measured_s > 0 and p.predicted_s > 0 for p in result.points)
+    assert math.isfinite(result.r2) and result.r2 <= 1
+    assert result.worst_relative_error == max(p.relative_error for p in result.points)
+    hw = result.hardware
+    assert hw.combine == "sum" and hw.step_overhead_s >= 0 and hw.per_request_overhead_s >= 0
+    assert not engine.has_unfinished_requests() and engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+    assert "R^2" in result.as_table()
+    # the fitted model predicts its own points as reported
+    model = result.cost_model()
+    assert all(model.cost(p.work).time_s == pytest.approx(p.predicted_s) for p in result.points)
+
+
+def test_num_cpu_threads_sets_torch_threads(random_llama):
+    old = torch.get_num_threads()
+    try:
+        LLMEngine(EngineConfig(model=random_llama, num_kv_blocks=8, max_model_len=64, num_cpu_threads=2))
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        LLMEngine(EngineConfig(model=random_llama, num_kv_blocks=8, max_model_len=64, num_cpu_threads=None))
+        assert torch.get_num_threads() == 1  # None leaves it alone
+    finally:
+        torch.set_num_threads(old)
+    with pytest.raises(ValueError, match="num_cpu_threads"):
+        EngineConfig(num_cpu_threads=0)
