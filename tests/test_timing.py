@@ -299,3 +299,20 @@ def test_num_cpu_threads_sets_torch_threads(random_llama):
         torch.set_num_threads(old)
     with pytest.raises(ValueError, match="num_cpu_threads"):
         EngineConfig(num_cpu_threads=0)
+
+
+def test_validation_benchmark_points_and_seed_case():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_model_validation.py"
+    spec = importlib.util.spec_from_file_location("cost_model_validation", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.points()
+    assert len(rows) >= 4 and len({p.source for p in rows}) >= 2
+    assert all(p.source in mod.SOURCES for p in rows)
+    assert all(abs(p.error) < 0.3 for p in rows)  # every published point within 30 %
+    seed = mod.seed_case()
+    assert abs(seed["stall_s"] / 0.3 - 1) < 0.3 and seed["chunked_step_s"] < 1.2 * seed["chunk_alone_s"]
+    table = mod.markdown(rows, seed)
+    assert table.count("\n| ") == len(rows) + 1 and f"{rows[0].error:+.0%}" in table
