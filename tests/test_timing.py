@@ -307,6 +307,9 @@ def test_validation_benchmark_points_and_seed_case():
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_model_validation.py"
     spec = importlib.util.spec_from_file_location("cost_model_validation", path)
     mod = importlib.util.module_from_spec(spec)
+    import sys
+
+    sys.modules["cost_model_validation"] = mod  # dataclasses look their module up
     spec.loader.exec_module(mod)
     rows = mod.points()
     assert len(rows) >= 4 and len({p.source for p in rows}) >= 2
