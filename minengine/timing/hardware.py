@@ -25,13 +25,15 @@ against other published measurements in ``benchmarks/cost_model_validation.py``:
 - ``mbu = 0.7`` and ``step_overhead_s = 1.5e-3``: vLLM's nightly latency benchmark on one H200
   (Llama-3.1-8B, batch 8, 32 prompt + 128 output tokens: 833 ms, i.e. ~6.5 ms per decode step for 16 GB of
   weights that take 3.35 ms at the datasheet bandwidth) and on four H200s (Llama-3-70B, TP 4: 2,078 ms); the
-  two runs share the engine and the GPU, so their difference separates bandwidth from fixed cost. Databricks
-  reports MBUs of 55-75 % for production engines (same blog as above).
+  two runs share the engine and the GPU, so their difference separates bandwidth from fixed cost (round values
+  near that solution; the validation table shows -8 % and -1 % on these two runs).
 - ``mfu = 0.5``: NVIDIA NIM's published TTFT of 407 ms for a 5,000-token prompt on Llama-3.3-70B (FP8, TP 2,
   2x H100) implies ~50 % of the FP8 peak across the whole prefill (attention included).
 - ``allreduce_latency_s = 25e-6``: the fixed cost of one NCCL all-reduce of a small message on an 8x H100
-  DGX node, 20-38 us in Vidur's measurements (Agrawal et al., MLSys 2024;
-  microsoft/vidur ``data/profiling/network/h100_dgx/all_reduce.csv``).
+  DGX node: mean times of 20-40 us for messages of 2 KB to 1 MB in Vidur's profiling data (Agrawal et al.,
+  MLSys 2024; microsoft/vidur ``data/profiling/network/h100_dgx/all_reduce.csv``). ``comm_efficiency = 0.6``:
+  the same file's 2 MB all-reduce (39 us mean) moves 2 x 7/8 x 2 MB in the ~14 us beyond that latency, ~0.6 of
+  NVLink's 450 GB/s per direction.
 
 The ``cpu`` preset is not a datasheet: its numbers were fitted by ``minengine.timing.calibrate`` on this
 project's 2-core machine (1 torch thread, float32, bundled model; see ``CPU_CALIBRATION_NOTE``). Fit your own
@@ -90,7 +92,7 @@ class Hardware:
     step_overhead_s: float = 1.5e-3
     per_request_overhead_s: float = 0.0
     allreduce_latency_s: float = 25e-6
-    comm_efficiency: float = 0.7
+    comm_efficiency: float = 0.6
     combine: str = "max"
     source: str = ""
 
