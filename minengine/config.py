@@ -64,6 +64,15 @@ class EngineConfig:
             ``None`` leaves torch's setting alone. vLLM has no such field (its CPU backend binds threads with
             the ``VLLM_CPU_OMP_THREADS_BIND`` environment variable); the default 1 was measured: see
             ``benchmarks/cpu_threads.py`` and the README section "Time: modelled vs measured".
+        gpu_memory_utilization: vLLM's knob, as a KV budget: at most this fraction of the free device (CUDA)
+            or host (CPU) memory for the KV pool, when ``num_kv_blocks`` and ``kv_cache_memory_bytes`` are
+            None; the pool is never larger than the default size. None = the default size.
+        swap_space_bytes: ``"swap"``: the CPU swap space in bytes (vLLM's ``swap_space`` is GiB), when
+            ``swap_space_blocks`` is None.
+        revision, trust_remote_code: passed to the Hugging Face loaders (hub revision, custom code).
+        served_model_name: the name clients and metrics use (``model`` of the OpenAI API, the ``model_name``
+            label); None = ``model`` as given, or "tiny-shakespeare-llama" for the bundled model (``model`` None
+            or ``BUNDLED_MODEL``).
 
     Raises:
         ValueError: naming the field and the limit, for any setting out of range.
@@ -92,9 +101,17 @@ class EngineConfig:
     seed: int = 0
     trace_block_tables: bool = True
     num_cpu_threads: int | None = 1
+    gpu_memory_utilization: float | None = None
+    swap_space_bytes: int | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+    served_model_name: str | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if self.served_model_name is None:
+            bundled = self.model is None or self.model == BUNDLED_MODEL
+            self.served_model_name = Path(BUNDLED_MODEL).name if bundled else self.model
         if self.model is None:
             self.model = BUNDLED_MODEL
         if not isinstance(self.model, str) or not self.model:
@@ -128,9 +145,24 @@ class EngineConfig:
         if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
             raise ValueError("long_prefill_token_threshold must be an integer >= 0 (0 = no limit), "
                              f"got {self.long_prefill_token_threshold!r}")
+        self._check_loading()
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         self._check_scheduling()
+
+    def _check_loading(self) -> None:
+        """Validate the vLLM-compatible loading and memory settings (ValueError naming the field)."""
+        u = self.gpu_memory_utilization
+        if u is not None and (not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1):
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1] or None, got {u!r}")
+        if self.swap_space_bytes is not None:
+            _positive("swap_space_bytes", self.swap_space_bytes)
+        if not isinstance(self.trust_remote_code, bool):
+            raise ValueError(f"trust_remote_code must be a bool, got {self.trust_remote_code!r}")
+        for name in ("revision", "served_model_name"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"{name} must be a non-empty string or None, got {v!r}")
 
     def _check_scheduling(self) -> None:
         """Validate the scheduling-policy and swap settings (ValueError naming the field)."""

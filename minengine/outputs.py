@@ -1,4 +1,4 @@
-"""RequestOutput, CompletionOutput and RequestMetrics: what the engine returns (vLLM's shapes)."""
+"""RequestOutput, CompletionOutput, Logprob and RequestMetrics: what the engine returns (vLLM's shapes)."""
 
 from __future__ import annotations
 
@@ -51,12 +51,33 @@ class RequestMetrics:
 
 
 @dataclass
+class Logprob:
+    """One token's log-probability at one position (vLLM's ``Logprob``): natural log, from the raw model
+    distribution; ``rank`` 1 is the most likely token; ``decoded_token`` its text (None without a tokenizer)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per position: {token id: Logprob}, the sampled (or prompt) token first, then the top alternatives by rank.
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
 class CompletionOutput:
-    """One generated sequence: ``text`` (cut before a stop string), ``token_ids`` and why it ended."""
+    """One generated sequence: ``text`` (cut before a stop string), ``token_ids`` and why it ended.
+
+    ``index`` numbers the sequences of a request with ``n > 1``. ``logprobs`` (one dict per generated token)
+    and ``cumulative_logprob`` (their sum over the sampled tokens) are None unless the request asked for
+    ``logprobs``. With ``output_kind=DELTA``, ``text``, ``token_ids`` and ``logprobs`` hold only what is new.
+    """
 
     index: int
     text: str
     token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
@@ -66,7 +87,12 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """The state of one request after a step (cumulative, as vLLM's default output kind)."""
+    """The state of one request after a step (cumulative by default; see ``SamplingParams.output_kind``).
+
+    ``outputs`` holds one ``CompletionOutput`` per sequence (``n`` of them, by ``index``; with DELTA only the
+    sequences that changed). ``prompt_logprobs`` has one entry per prompt token (None for the first) when
+    the request asked for them. For ``n > 1``, ``metrics`` are those of the sequence with index 0.
+    """
 
     request_id: str
     prompt: str | None
@@ -75,3 +101,4 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics
     num_cached_tokens: int = 0
+    prompt_logprobs: list[PositionLogprobs | None] | None = None

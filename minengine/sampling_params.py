@@ -1,40 +1,98 @@
-"""SamplingParams: how one request samples and when it stops (vLLM's names and defaults)."""
+"""SamplingParams: how one request samples and when it stops (vLLM's names, defaults and meanings)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import enum
+import math
+from dataclasses import dataclass, field
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold under which a temperature means greedy
+MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs``: most top alternatives returned per position
 
 
-@dataclass
+class RequestOutputKind(enum.IntEnum):
+    """What each ``RequestOutput`` of a request carries (vLLM's ``RequestOutputKind``).
+
+    CUMULATIVE: the whole text and token ids so far (the default); DELTA: only what is new since the last
+    output (what a streaming server sends); FINAL_ONLY: one output, when the request finishes.
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+@dataclass(kw_only=True)
 class SamplingParams:
-    """Sampling and stopping settings of one request.
+    """Sampling and stopping settings of one request, with vLLM's field names, defaults and meanings.
+
+    Sampling order (vLLM v1's sampler): raw logprobs are taken first; then ``min_tokens`` masks EOS and the
+    stop token ids; then the penalties (repetition, then frequency and presence); greedy requests take the
+    argmax here; others divide by the temperature, apply ``min_p``, then top-k and top-p, and draw.
 
     Attributes:
+        n: completions to generate for the prompt (each is a child request; outputs carry ``.index``).
+        presence_penalty: subtracted from the logit of every token already generated (OpenAI's; in [-2, 2]).
+        frequency_penalty: subtracted once per earlier occurrence in the output (OpenAI's; in [-2, 2]).
+        repetition_penalty: divides positive / multiplies negative logits of every token seen in the prompt or
+            the output (Keskar et al. 2019, CTRL; > 0, 1 = off).
         temperature: 0 (or below 1e-5) means greedy (argmax); > 0 divides the logits before softmax.
-        top_p: nucleus sampling, keep the smallest set of tokens whose probability sums to >= top_p; in (0, 1].
-        top_k: keep the k most likely tokens; -1 means all (0 is rejected, as in current vLLM).
-        max_tokens: the most tokens to generate (>= 1).
-        stop: strings that end generation; the returned text is cut before the stop string.
+        top_p: nucleus sampling (Holtzman et al., ICLR 2020): keep the smallest set of tokens whose probability
+            sums to >= top_p; in (0, 1].
+        top_k: keep the k most likely tokens; 0 or -1 keeps all (vLLM's meaning).
+        min_p: drop tokens less likely than ``min_p`` times the most likely one (after temperature); [0, 1].
+        seed: per-request seed; the request's samples then depend on nothing else in the batch.
+        stop: strings that end generation; the returned text is cut before the stop string unless
+            ``include_stop_str_in_output``.
         stop_token_ids: token ids that end generation (the token is kept in ``token_ids``).
         ignore_eos: keep generating past the model's EOS token.
-        seed: per-request seed; the request's samples then depend on nothing else in the batch.
+        max_tokens: the most tokens to generate (>= 1); None = as many as fit in ``max_model_len``.
+        min_tokens: EOS and ``stop_token_ids`` cannot be sampled before this many tokens (<= max_tokens).
+        logprobs: return, for every generated token, the log-probabilities of the sampled token and of the
+            ``logprobs`` most likely ones (0 = the sampled token only), from the raw model distribution
+            (before penalties, temperature and truncation, as vLLM's default); None = none; at most 20.
+        prompt_logprobs: the same for every prompt token (the first has None); the request then skips the
+            prefix cache, as in vLLM, since cached positions compute no logits.
         skip_special_tokens: drop special tokens from the returned text.
+        spaces_between_special_tokens: accepted for vLLM compatibility (the tokenizer's decode decides).
+        include_stop_str_in_output: keep the matched stop string at the end of the text.
+        output_kind: CUMULATIVE, DELTA or FINAL_ONLY outputs (``RequestOutputKind``).
 
     Raises:
         ValueError: naming the field and the allowed range.
     """
 
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1
-    max_tokens: int = 16
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
     stop: list[str] | str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Filled by the engine when it accepts the request (EOS + stop_token_ids, masked before min_tokens).
+    all_stop_token_ids: frozenset[int] = field(default=frozenset(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -45,30 +103,63 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if _is_int(self.output_kind) and self.output_kind in tuple(RequestOutputKind):
+            self.output_kind = RequestOutputKind(self.output_kind)
         self.verify()
 
     def verify(self) -> None:
         """Check every field; raises ``ValueError`` naming the first bad one."""
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not _is_number(v) or not -2.0 <= v <= 2.0:
+                raise ValueError(f"{name} must be a number in [-2, 2], got {v!r}")
+        if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be a number > 0 (1 = off), got {self.repetition_penalty!r}")
         t = self.temperature
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0 <= t < float("inf"):
+        if not _is_number(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        if not isinstance(self.top_p, (int, float)) or isinstance(self.top_p, bool) or not 0 < self.top_p <= 1:
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < -1 or self.top_k == 0:
-            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k must be 0 or -1 (all tokens) or >= 1, got {self.top_k!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
+                raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {v!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
-        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must hold non-negative integers, got {self.stop_token_ids!r}")
-        if not isinstance(self.ignore_eos, bool) or not isinstance(self.skip_special_tokens, bool):
-            raise ValueError(f"ignore_eos and skip_special_tokens must be bools, got {self.ignore_eos!r}, "
-                             f"{self.skip_special_tokens!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0):
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
             raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
 
     @property
     def greedy(self) -> bool:
         """Temperatures below 1e-5 sample greedily (as vLLM): dividing logits by them would overflow."""
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+    def clone(self) -> SamplingParams:
+        """A copy the engine can fill in without changing the caller's object."""
+        c = copy.copy(self)
+        c.stop, c.stop_token_ids = list(self.stop), list(self.stop_token_ids)
+        return c

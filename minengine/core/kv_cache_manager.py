@@ -55,9 +55,10 @@ class KVCacheManager:
         """Longest cached prefix of a waiting request: (blocks, number of tokens they cover).
 
         At most ``(num_tokens - 1) // block_size`` blocks are taken, so at least the last known token is
-        recomputed and the step has logits to sample from. Pure: takes no references.
+        recomputed and the step has logits to sample from. Pure: takes no references. A request asking for
+        ``prompt_logprobs`` gets no hit (as in vLLM): cached positions would compute no logits.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         self._update_block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from minengine.sampling_params import SamplingParams
@@ -21,6 +22,8 @@ class ScheduledRequest:
         is_prefill: False only for a decode (one new token that is the request's latest generated token).
         sampling_params: the request's sampling settings.
         output_index: how many tokens the request has generated so far (the index of the token to sample).
+        prompt_token_ids, output_token_ids: the request's tokens so far, read-only, for the sampler's
+            penalties and prompt logprobs (the request's own lists: no copy per step).
     """
 
     request_id: str
@@ -31,6 +34,8 @@ class ScheduledRequest:
     is_prefill: bool
     sampling_params: SamplingParams
     output_index: int
+    prompt_token_ids: Sequence[int] = field(default=(), repr=False, compare=False)
+    output_token_ids: Sequence[int] = field(default=(), repr=False, compare=False)
 
     @property
     def num_new_tokens(self) -> int:

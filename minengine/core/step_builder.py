@@ -213,5 +213,7 @@ class StepBuilder:
                 is_prefill=not request.is_decode,  # num_computed_tokens is still ``start`` here
                 sampling_params=request.sampling_params,
                 output_index=request.num_output_tokens,
+                prompt_token_ids=request.prompt_token_ids,
+                output_token_ids=request.output_token_ids,
             ))
         return self.out

@@ -1,35 +1,68 @@
-"""LLM: vLLM's offline interface, ``LLM(model).generate(prompts, sampling_params)``."""
+"""LLM: vLLM's offline interface, ``LLM(model).generate(prompts, sampling_params)`` and ``LLM.chat(messages)``."""
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from minengine.config import EngineConfig
+from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.llm_engine import LLMEngine, Prompt
+from minengine.entrypoints.chat_utils import render_chat
+from minengine.metrics.reader import Metric
 from minengine.outputs import RequestOutput
-from minengine.sampling_params import SamplingParams
+from minengine.sampling_params import RequestOutputKind, SamplingParams
+
+# generation_config.json keys vLLM takes as default sampling parameters -> SamplingParams fields
+_GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                           "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def default_sampling_overrides(model_path: str | Path) -> dict:
+    """The sampling defaults a checkpoint's ``generation_config.json`` sets (vLLM's ``generation_config="auto"``):
+    ``{SamplingParams field: value}`` for temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens;
+    ``{}`` without the file or those keys. Only where ``do_sample`` is not False do sampling keys count."""
+    path = Path(model_path) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    out = {}
+    for key, name in _GENERATION_CONFIG_KEYS.items():
+        if config.get(key) is not None and (name == "max_tokens" or config.get("do_sample", True) is not False):
+            out[name] = config[key]
+    return out
 
 
 class LLM:
-    """Offline batch generation with continuous batching underneath.
+    """Offline batch generation with continuous batching underneath (vLLM's ``LLM``).
 
     Args:
         model: Hugging Face checkpoint directory or hub id; ``None`` is the bundled tiny Shakespeare model.
-        **kwargs: any ``EngineConfig`` field (``block_size``, ``max_num_batched_tokens``, ``num_kv_blocks``...).
+        **kwargs: any ``EngineArgs`` field: the ``EngineConfig`` fields (``block_size``,
+            ``max_num_batched_tokens``, ``num_kv_blocks``...) and vLLM's (``gpu_memory_utilization``,
+            ``tensor_parallel_size=1``, ``enforce_eager``...; see ``minengine.engine.arg_utils``).
 
     Raises:
-        ValueError: bad settings (see ``EngineConfig``).
+        ValueError: bad settings (see ``EngineConfig`` and ``EngineArgs``); TypeError: an unknown keyword.
     """
 
     def __init__(self, model: str | None = None, **kwargs):
-        self.llm_engine = LLMEngine(EngineConfig(model=model, **kwargs))
+        try:
+            args = EngineArgs(model=model, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"LLM(): {exc} (the keywords are EngineArgs fields)") from None
+        self.llm_engine = LLMEngine.from_engine_args(args)
         self._ids = itertools.count()
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's defaults for this model: ``SamplingParams()`` updated by the checkpoint's generation_config."""
+        return SamplingParams(**default_sampling_overrides(self.llm_engine.model_path))
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -37,10 +70,12 @@ class LLM:
         """Generate for every prompt; returns the finished ``RequestOutput``s in input order.
 
         Args:
-            prompts: a string, a token-id dict ``{"prompt_token_ids": [...]}``, or a list of either.
-            sampling_params: one for all prompts, or one per prompt; ``None`` = ``SamplingParams()``.
+            prompts: a string, a ``TextPrompt`` / ``TokensPrompt`` dict (``{"prompt_token_ids": [...]}``), or a
+                list of them.
+            sampling_params: one for all prompts, or one per prompt; ``None`` = ``get_default_sampling_params()``.
+                ``n > 1`` gives ``n`` completions per output (``outputs[i].index == i``).
             use_tqdm: show a progress bar over finished requests.
-            priority: one priority per prompt for ``scheduling_policy="priority"`` (as vLLM: smaller = more
+            priority: one int per prompt for ``scheduling_policy="priority"`` (as vLLM: smaller = more
                 urgent); None = all 0.
 
         Raises:
@@ -51,8 +86,10 @@ class LLM:
         if not isinstance(prompts, (list, tuple)):
             raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
         prompts = list(prompts)
-        if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params = [sampling_params or SamplingParams()] * len(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
@@ -60,19 +97,28 @@ class LLM:
         priority = [0] * len(prompts) if priority is None else list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
+        final = []
+        for sp in params:  # one output per request, when it finishes (what vLLM's LLM does)
+            if not isinstance(sp, SamplingParams):
+                raise ValueError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
+            sp = sp.clone()
+            sp.output_kind = RequestOutputKind.FINAL_ONLY
+            final.append(sp)
         engine = self.llm_engine
         # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.
-        requests = [engine.make_request(self._next_id(), p, sp, priority=pr)
-                    for p, sp, pr in zip(prompts, params, priority)]
-        ids = [r.request_id for r in requests]
-        for r in requests:
-            engine.enqueue(r)
+        groups, used = [], set()
+        for p, sp, pr in zip(prompts, final, priority):
+            groups.append(engine.make_requests(self._next_id(used), p, sp, priority=pr))
+            used.add(groups[-1].request_id)
+        ids = [g.request_id for g in groups]
+        for g in groups:
+            engine.enqueue(g)
         finished: dict[str, RequestOutput] = {}
         try:
-            with tqdm(total=len(requests), desc="Processed prompts", disable=not use_tqdm) as bar:
-                while len(finished) < len(requests):
+            with tqdm(total=len(groups), desc="Processed prompts", disable=not use_tqdm) as bar:
+                while len(finished) < len(groups):
                     for out in engine.step():
-                        if out.finished and out.request_id in ids:
+                        if out.finished and out.request_id in used:
                             finished[out.request_id] = out
                             bar.update(1)
         except BaseException:
@@ -80,8 +126,36 @@ class LLM:
             raise
         return [finished[i] for i in ids]
 
-    def _next_id(self) -> str:
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to conversations (vLLM's ``LLM.chat``): each conversation (a list of
+        ``{"role", "content"}`` dicts) goes through the model's chat template (or ``chat_template``), then
+        ``generate``. ``messages`` is one conversation or a list of them.
+
+        Raises:
+            ValueError: no chat template, malformed messages, and as ``generate``.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = []
+        for conv in conversations:
+            text, ids = render_chat(self.get_tokenizer(), conv, chat_template, add_generation_prompt,
+                                    continue_final_message, chat_template_kwargs)
+            prompts.append({"prompt_token_ids": ids, "prompt": text})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's ``LLM.get_metrics()``: the engine's Prometheus series as ``minengine.metrics.reader`` objects."""
+        return self.llm_engine.get_metrics()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False (nothing changed) while a request holds blocks."""
+        return self.llm_engine.reset_prefix_cache()
+
+    def _next_id(self, taken: set[str]) -> str:
         """The next request id not in use in the engine (the user may add requests of their own)."""
-        while (rid := str(next(self._ids))) in self.llm_engine.scheduler.requests:
+        while (rid := str(next(self._ids))) in taken or rid in self.llm_engine.scheduler.requests \
+                or self.llm_engine.output_processor.is_in_use(rid):
             pass
         return rid

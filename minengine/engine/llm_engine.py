@@ -18,10 +18,14 @@ from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.policies import PolicySettings
 from minengine.core.scheduler import Scheduler
 from minengine.engine.detokenizer import IncrementalDetokenizer
+from minengine.engine.output_processor import OutputProcessor
+from minengine.engine.parallel_sampling import ParentRequest, RequestGroup, child_request_id, child_sampling_params
+from minengine.metrics.prometheus import PrometheusStatLogger
+from minengine.metrics.reader import Metric, get_metrics_snapshot
 from minengine.metrics.stats import ServingSummary, summarize
 from minengine.metrics.trace import ScheduledChunk, StepTrace
 from minengine.models.loader import load_model, load_tokenizer
-from minengine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from minengine.outputs import RequestMetrics, RequestOutput
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.timing.clocks import Clock, as_clock
@@ -75,8 +79,11 @@ class LLMEngine:
             raise ValueError("device='cuda' but torch sees no CUDA device")
         if device == "cpu" and config.num_cpu_threads is not None:
             torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
-        self.model, self.hf_config, self.model_path = load_model(config.model, _DTYPES[config.dtype], device)
-        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None)
+        self.model, self.hf_config, self.model_path = load_model(config.model, _DTYPES[config.dtype], device,
+                                                                 config.revision, config.trust_remote_code)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None,
+                                        revision=config.revision if config.tokenizer else None,
+                                        trust_remote_code=config.trust_remote_code)
         config.check_against_model(self.hf_config.max_position_embeddings)
         self.eos_token_id = self._eos_token_id()
 
@@ -91,11 +98,20 @@ class LLMEngine:
         else:
             num_blocks = min(DEFAULT_MAX_KV_BLOCKS,
                              config.max_num_seqs * cdiv(config.max_model_len, config.block_size))
+            if config.gpu_memory_utilization is not None:  # vLLM's knob as a budget on the free memory
+                available = _available_bytes(device)
+                if available is not None:
+                    num_blocks = min(num_blocks, int(config.gpu_memory_utilization * available) // bytes_per_block)
+                if num_blocks < 1:
+                    raise ValueError(f"gpu_memory_utilization ({config.gpu_memory_utilization}) of the free "
+                                     f"{device} memory is smaller than one KV block ({bytes_per_block} bytes)")
         self.num_kv_blocks = num_blocks
         self.kv_cache_bytes = num_blocks * bytes_per_block
         swap_blocks = 0
         if config.preemption_mode == "swap":
             swap_blocks = num_blocks if config.swap_space_blocks is None else config.swap_space_blocks
+            if config.swap_space_blocks is None and config.swap_space_bytes is not None:
+                swap_blocks = config.swap_space_bytes // bytes_per_block
         _check_memory(self.kv_cache_bytes, device, "num_kv_blocks / kv_cache_memory_bytes")
         _check_memory(swap_blocks * bytes_per_block, "cpu", "swap_space_blocks")
 
@@ -114,11 +130,24 @@ class LLMEngine:
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
         self.traces: list[StepTrace] = []
+        self.num_steps = 0  # steps recorded so far (the next trace's ``step``), kept when old traces are dropped
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.stat_logger = PrometheusStatLogger(
+            config.served_model_name, config.max_model_len,
+            {"block_size": str(config.block_size), "num_gpu_blocks": str(num_blocks),
+             "num_cpu_blocks": str(swap_blocks), "enable_prefix_caching": str(config.enable_prefix_caching),
+             "cache_dtype": config.dtype})
+        self._record_state()
 
     @classmethod
     def from_config(cls, **kwargs) -> LLMEngine:
         """``LLMEngine.from_config(model=..., block_size=...)``: the ``EngineConfig`` fields as keywords."""
         return cls(EngineConfig(**kwargs))
+
+    @classmethod
+    def from_engine_args(cls, engine_args, clock: Clock | Callable[[], float] = time.perf_counter) -> LLMEngine:
+        """vLLM's constructor: ``LLMEngine.from_engine_args(EngineArgs(model=...))`` (see ``EngineArgs``)."""
+        return cls(engine_args.create_engine_config(), clock=clock)
 
     def _eos_token_id(self) -> int | None:
         eos = getattr(self.hf_config, "eos_token_id", None)
@@ -173,6 +202,9 @@ class LLMEngine:
             deadline: engine-clock time (seconds, the clock of ``arrival_time``) after which the request
                 finishes with reason "timeout" and frees its blocks; None = no deadline.
 
+        The request gets its own copy of ``params``, with ``max_tokens=None`` resolved to what fits in
+        ``max_model_len``. For ``n > 1`` use ``make_requests``.
+
         Raises:
             ValueError: naming the field: ``request_id`` (duplicate), ``prompt`` (empty, longer than
                 ``max_model_len``, needing more blocks than ``num_kv_blocks``), ``sampling_params``,
@@ -180,7 +212,7 @@ class LLMEngine:
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
-        if request_id in self.scheduler.requests:
+        if request_id in self.scheduler.requests or self.output_processor.is_in_use(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an integer, got {priority!r}")
@@ -191,6 +223,8 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.verify()
+        if params.n != 1:
+            raise ValueError(f"make_request takes n == 1 (got n={params.n}); use make_requests or add_request")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; use stop_token_ids with a model without one")
         text, ids = self.prompt_to_token_ids(prompt)
@@ -199,6 +233,14 @@ class LLMEngine:
             raise ValueError("prompt is empty: it must have at least 1 token")
         if len(ids) > cfg.max_model_len:
             raise ValueError(f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
+        params = params.clone()
+        if params.max_tokens is None:  # vLLM: as many as fit
+            params.max_tokens = max(1, cfg.max_model_len - len(ids))
+            params.min_tokens = min(params.min_tokens, params.max_tokens)
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos and self.eos_token_id is not None:
+            stop_ids.add(self.eos_token_id)
+        params.all_stop_token_ids = frozenset(stop_ids)
         # The longest this request can grow; one request alone must always fit in the pool, or it would
         # preempt itself forever.
         max_len = min(len(ids) + params.max_tokens, cfg.max_model_len)
@@ -215,32 +257,75 @@ class LLMEngine:
                        eos_token_id=self.eos_token_id, prompt=text, priority=priority,
                        deadline=None if deadline is None else float(deadline))
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
-                    arrival_time: float | None = None, priority: int = 0, deadline: float | None = None) -> None:
-        """Queue a request (vLLM: ``LLMEngine.add_request``; ``priority`` as vLLM's, smaller = more urgent;
-        ``deadline`` in engine-clock seconds, see ``make_request``). Raises ``ValueError`` as ``make_request``."""
-        self.enqueue(self.make_request(request_id, prompt, params, arrival_time, priority, deadline))
+    def make_requests(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                      arrival_time: float | None = None, priority: int = 0,
+                      deadline: float | None = None) -> RequestGroup:
+        """Validate a request of any ``n`` without adding it: for ``n > 1``, its ``n`` child requests
+        (ids ``"{index}_{request_id}"``, seeds ``seed + index``; vLLM's parallel sampling). Raises
+        ``ValueError`` as ``make_request``."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.verify()
+        if params.n == 1:
+            return RequestGroup(request_id, params, [self.make_request(request_id, prompt, params, arrival_time,
+                                                                       priority, deadline)])
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if request_id in self.scheduler.requests or self.output_processor.is_in_use(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        first = self.make_request(child_request_id(request_id, 0), prompt, child_sampling_params(params, 0),
+                                  arrival_time, priority, deadline)
+        tokenized = {"prompt_token_ids": first.prompt_token_ids, "prompt": first.prompt}  # tokenize once
+        children = [first] + [self.make_request(child_request_id(request_id, i), tokenized,
+                                                child_sampling_params(params, i), first.arrival_time, priority,
+                                                deadline) for i in range(1, params.n)]
+        return RequestGroup(request_id, params, children)
 
-    def enqueue(self, request: Request) -> None:
-        """Queue a request built by ``make_request``."""
-        self.scheduler.add_request(request)
-        self._detok[request.request_id] = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, request.sampling_params.stop,
-            request.sampling_params.skip_special_tokens)
-        self.request_metrics[request.request_id] = RequestMetrics(arrival_time=request.arrival_time,
-                                                                  num_prompt_tokens=request.num_prompt_tokens)
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                    arrival_time: float | None = None, priority: int = 0, deadline: float | None = None) -> str:
+        """Queue a request and return its id (vLLM: ``LLMEngine.add_request``; ``priority`` as vLLM's,
+        smaller = more urgent; ``deadline`` in engine-clock seconds, see ``make_request``; ``n > 1`` fans out
+        into child requests whose outputs come back gathered under ``request_id``).
+        Raises ``ValueError`` as ``make_request``."""
+        self.enqueue(self.make_requests(request_id, prompt, params, arrival_time, priority, deadline))
+        return request_id
+
+    def enqueue(self, request: Request | RequestGroup) -> None:
+        """Queue a request built by ``make_request`` (or all of a ``make_requests`` group)."""
+        group = request if isinstance(request, RequestGroup) else RequestGroup(
+            request.request_id, request.sampling_params, [request])
+        parent = None
+        for index, child in enumerate(group.requests):
+            self.scheduler.add_request(child)
+            self._detok[child.request_id] = IncrementalDetokenizer(
+                self.tokenizer, child.prompt_token_ids, child.sampling_params.stop,
+                child.sampling_params.skip_special_tokens)
+            self.request_metrics[child.request_id] = RequestMetrics(arrival_time=child.arrival_time,
+                                                                    num_prompt_tokens=child.num_prompt_tokens)
+            if group.is_parent and parent is None:
+                parent = ParentRequest(group.request_id, group.params.n, group.params.output_kind, child,
+                                       self.request_metrics[child.request_id])
+            self.output_processor.add_request(child, index, parent)
+        self.stat_logger.record_new_request(group.params.n)
+        self._record_state()
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
-        """Finish requests with reason "abort" in whatever state they are, freeing their blocks.
-        Unknown and already finished ids are ignored (as in vLLM)."""
+        """Finish requests with reason "abort" in whatever state they are, freeing their blocks (an ``n > 1``
+        parent id aborts all its children). Unknown and already finished ids are ignored (as in vLLM)."""
         ids = [request_id] if isinstance(request_id, str) else request_id
         if not isinstance(ids, Iterable) or not all(isinstance(i, str) for i in ids):
             raise ValueError(f"request_id must be a string or an iterable of strings, got {request_id!r}")
-        ids = list(ids)
+        ids = [child for rid in ids for child in self.output_processor.children_of(rid)]
         now = self.clock()
-        for request in self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED):
+        aborted = self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
+        for request in aborted:
             self._finish_metrics(request, now)
             del self._detok[request.request_id]
+        self.output_processor.abort([r.request_id for r in aborted])
+        self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
+                                         for r in aborted)
+        self._record_state()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -251,7 +336,8 @@ class LLMEngine:
     # ---- one step -------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, sample, update; returns an output for every request that got a token
-        or finished in this step (text and token ids are cumulative).
+        or finished in this step (cumulative, delta or final-only as its ``output_kind``; one per parent of
+        ``n > 1`` children).
 
         Raises:
             RuntimeError: if unfinished requests exist but none could be scheduled (a bug guard: admission
@@ -265,7 +351,8 @@ class LLMEngine:
             self.clock.end_step(sched)
             if self.has_unfinished_requests():
                 raise RuntimeError("no request could be scheduled although some are unfinished")
-            return timed_out
+            self._record_stats(None, [], [r for r, _ in timed_out])
+            return self.output_processor.make_outputs(timed_out, self.request_metrics)
         trace_blocks = self._block_snapshot() if self.config.trace_block_tables else {}
         num_free = self.kv_cache_manager.num_free_blocks
         num_cached_free = self.kv_cache_manager.pool.num_cached_free_blocks
@@ -277,6 +364,7 @@ class LLMEngine:
             self.request_metrics[rid].num_preemptions += 1
 
         sampled = self.runner.execute(sched)
+        self.output_processor.record_logprobs(self.runner.last_logprobs, self.runner.last_prompt_logprobs)
         got_token, finished = self.scheduler.update_from_output(sched, sampled)
         self.clock.end_step(sched)  # a modelled clock advances by this step's cost here
         now = self.clock()
@@ -299,35 +387,52 @@ class LLMEngine:
             self._finish_metrics(request, now)
             outputs_for[request.request_id] = None
         requests = {r.request_id: r for r in got_token + finished}
-        outputs = timed_out + [self._make_output(requests[rid]) for rid in outputs_for]
+        outputs = self.output_processor.make_outputs(
+            timed_out + [(requests[rid], self._detok[rid].text) for rid in outputs_for], self.request_metrics)
         for request in finished:
             del self._detok[request.request_id]
 
+        timed_out_ids = [r.request_id for r, _ in timed_out]
         self.traces.append(StepTrace(
-            step=len(self.traces), start_time=start, end_time=now, token_budget=self.config.max_num_batched_tokens,
+            step=self.num_steps, start_time=start, end_time=now, token_budget=self.config.max_num_batched_tokens,
             chunks=[ScheduledChunk(s.request_id, s.num_new_tokens, s.start_pos, s.is_prefill, s.sample)
                     for s in sched.scheduled],
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             num_free_blocks=num_free, num_cached_free_blocks=num_cached_free, num_total_blocks=self.num_kv_blocks,
             preempted_ids=sched.preempted_ids, admitted_ids=sched.admitted_ids,
-            finished_ids=[o.request_id for o in timed_out] + [r.request_id for r in finished],
+            finished_ids=timed_out_ids + [r.request_id for r in finished],
             prefix_queried_tokens=sched.prefix_queried_tokens, prefix_hit_tokens=sched.prefix_hit_tokens,
             num_swapped_out_blocks=len(sched.blocks_to_swap_out), num_swapped_in_blocks=len(sched.blocks_to_swap_in),
-            swap_time_s=self.runner.last_swap_time_s, timed_out_ids=[o.request_id for o in timed_out],
+            swap_time_s=self.runner.last_swap_time_s, timed_out_ids=timed_out_ids,
             **trace_blocks,
         ))
+        self.num_steps += 1
+        self._record_stats(self.traces[-1], got_token, [r for r, _ in timed_out] + finished)
         return outputs
 
-    def _finish_timed_out(self, now: float) -> list[RequestOutput]:
+    def _finish_timed_out(self, now: float) -> list[tuple[Request, str]]:
         """Finish every unfinished request whose deadline has passed with reason "timeout" (its blocks and
-        swap blocks are freed); returns their final outputs."""
+        swap blocks are freed); returns them with their final text."""
         expired = [rid for rid, r in self.scheduler.requests.items() if r.deadline is not None and now >= r.deadline]
-        outputs = []
+        done = []
         for request in self.scheduler.finish_requests(expired, RequestStatus.FINISHED_TIMEOUT):
             self._finish_metrics(request, now)
-            outputs.append(self._make_output(request))
-            del self._detok[request.request_id]
-        return outputs
+            done.append((request, self._detok.pop(request.request_id).text))
+        return done
+
+    def _record_stats(self, trace: StepTrace | None, got_token: list[Request], finished: list[Request]) -> None:
+        """Update the Prometheus series after a step."""
+        self.stat_logger.record_step(trace, got_token, self.request_metrics)
+        self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
+                                         for r in finished)
+        self._record_state()
+
+    def _record_state(self) -> None:
+        s = self.scheduler
+        self.stat_logger.record_state(s.num_running, s.num_waiting,
+                                      sum(r.status is RequestStatus.SWAPPED for r in s.waiting),
+                                      self.kv_cache_manager.num_free_blocks,
+                                      self.kv_cache_manager.pool.num_cached_free_blocks, self.num_kv_blocks)
 
     def _block_snapshot(self) -> dict:
         pool = self.kv_cache_manager.pool
@@ -345,16 +450,6 @@ class LLMEngine:
         m.num_preemptions = request.num_preemptions
         m.finish_reason = request.status.finish_reason
 
-    def _make_output(self, request: Request) -> RequestOutput:
-        detok = self._detok.get(request.request_id)
-        text = detok.text if detok is not None else ""
-        completion = CompletionOutput(index=0, text=text, token_ids=list(request.output_token_ids),
-                                      finish_reason=request.status.finish_reason, stop_reason=request.stop_reason)
-        return RequestOutput(request_id=request.request_id, prompt=request.prompt,
-                             prompt_token_ids=request.prompt_token_ids, outputs=[completion],
-                             finished=request.is_finished, metrics=self.request_metrics[request.request_id],
-                             num_cached_tokens=request.num_cached_tokens)
-
     # ---- statistics -----------------------------------------------------------------------------------
     def summary(self) -> ServingSummary:
         """TTFT/TPOT/ITL percentiles, throughput, preemptions, prefix hits and peak KV use of all requests
@@ -366,3 +461,18 @@ class LLMEngine:
         live = set(self.scheduler.requests)
         self.request_metrics = {k: v for k, v in self.request_metrics.items() if k in live}
         self.traces = []
+        self.num_steps = 0
+
+    def get_metrics(self) -> list[Metric]:
+        """vLLM's ``LLMEngine.get_metrics()``: a snapshot of the Prometheus series (``minengine.metrics.reader``
+        Counter / Gauge / Histogram objects, vLLM's names; the totals count since the engine started)."""
+        return get_metrics_snapshot(self.stat_logger.registry)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix (vLLM's ``reset_prefix_cache``). Only when no request holds a block
+        (the prefix cache of running requests is in use): returns False and changes nothing otherwise."""
+        if self.kv_cache_manager.num_used_blocks:
+            return False
+        self.kv_cache_manager.pool.reset_prefix_cache()
+        self._record_state()
+        return True

@@ -21,9 +21,10 @@ SUPPORTED_MODEL_TYPES = {
 _WEIGHT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 
 
-def resolve_model_path(model: str) -> Path:
+def resolve_model_path(model: str, revision: str | None = None) -> Path:
     """A local checkpoint directory as is; anything else is a hub id, downloaded (weights, config and
-    tokenizer files only) into the Hugging Face cache with ``huggingface_hub.snapshot_download``.
+    tokenizer files only, at ``revision``: a branch, tag or commit; None = the default branch) into the
+    Hugging Face cache with ``huggingface_hub.snapshot_download``.
 
     Raises:
         ValueError: the path does not exist and is not a valid hub id, or the download fails.
@@ -36,7 +37,7 @@ def resolve_model_path(model: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id=model, allow_patterns=_WEIGHT_PATTERNS))
+        return Path(snapshot_download(repo_id=model, allow_patterns=_WEIGHT_PATTERNS, revision=revision))
     except Exception as exc:  # network, auth, unknown repo: one clear message
         raise ValueError(f"model {model!r}: not a local directory, and downloading it from the hub failed: {exc}") \
             from exc
@@ -61,9 +62,10 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(model: str, dtype: torch.dtype = torch.float32,
-               device: torch.device | str = "cpu") -> tuple[LlamaForCausalLM, object, Path]:
-    """Build the model for a checkpoint and load its weights.
+def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+               revision: str | None = None, trust_remote_code: bool = False) -> tuple[LlamaForCausalLM, object, Path]:
+    """Build the model for a checkpoint and load its weights (``revision``, ``trust_remote_code``: as
+    transformers', for the hub download and the config).
 
     Returns:
         (model in eval mode on ``device`` with ``dtype`` parameters, the transformers config, the local path).
@@ -72,8 +74,8 @@ def load_model(model: str, dtype: torch.dtype = torch.float32,
     """
     from transformers import AutoConfig
 
-    path = resolve_model_path(model)
-    hf_config = AutoConfig.from_pretrained(path)
+    path = resolve_model_path(model, revision)
+    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
@@ -101,14 +103,15 @@ def load_model(model: str, dtype: torch.dtype = torch.float32,
     return net, hf_config, path
 
 
-def load_tokenizer(path: Path | str, required: bool = False):
-    """The tokenizer at ``path`` via ``transformers.AutoTokenizer``. When the checkpoint has no tokenizer
-    files, None (the engine then takes prompts as token ids only), or, when ``required`` (the user named a
-    tokenizer), a ``ValueError``."""
+def load_tokenizer(path: Path | str, required: bool = False, revision: str | None = None,
+                   trust_remote_code: bool = False):
+    """The tokenizer at ``path`` via ``transformers.AutoTokenizer`` (``revision`` for a hub id). When the
+    checkpoint has no tokenizer files, None (the engine then takes prompts as token ids only), or, when
+    ``required`` (the user named a tokenizer), a ``ValueError``."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as exc:
         if required:
             raise ValueError(f"tokenizer {str(path)!r} could not be loaded: {exc}") from exc

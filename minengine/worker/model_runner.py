@@ -7,7 +7,7 @@ import torch
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.models.llama import LlamaForCausalLM
 from minengine.worker.forward_batch import ForwardBatch
-from minengine.worker.sampler import Sampler
+from minengine.worker.sampler import Sampler, TokenLogprobs, compute_prompt_logprobs
 from minengine.worker.swap import CpuSwapSpace
 
 
@@ -29,6 +29,9 @@ class ModelRunner:
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
+        last_logprobs: {request_id: TokenLogprobs} of the tokens the last ``execute`` sampled, for requests
+            with ``logprobs``; last_prompt_logprobs: {request_id: (first prompt index, [TokenLogprobs])} of
+            the prompt tokens its prefill chunks scored, for requests with ``prompt_logprobs``.
     """
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
@@ -45,6 +48,8 @@ class ModelRunner:
         self.swap_space = CpuSwapSpace(num_swap_blocks, len(self.kv_caches), block_size, model.num_kv_heads,
                                        model.head_dim, self.dtype)
         self.last_swap_time_s = 0.0
+        self.last_logprobs: dict[str, TokenLogprobs] = {}
+        self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
@@ -54,13 +59,18 @@ class ModelRunner:
         reads swapped-in ones."""
         self.last_swap_time_s = self.swap_space.swap(self.kv_caches, scheduler_output.blocks_to_swap_out,
                                                      scheduler_output.blocks_to_swap_in)
+        self.last_logprobs, self.last_prompt_logprobs = {}, {}
         if scheduler_output.is_empty:
             return {}
         batch = ForwardBatch.build(scheduler_output, self.block_size, self.device)
         hidden = self.model(batch, self.kv_caches)
+        if any(s.sampling_params.prompt_logprobs is not None for s in scheduler_output.scheduled):
+            self.last_prompt_logprobs = compute_prompt_logprobs(
+                self.model.compute_logits, hidden, batch.query_start_loc_list, scheduler_output.scheduled)
         sampling = [s for s in scheduler_output.scheduled if s.sample]
         if not sampling:
             return {}
         logits = self.model.compute_logits(hidden[batch.logits_indices])
         tokens = self.sampler(logits, sampling)
+        self.last_logprobs = self.sampler.last_logprobs
         return {s.request_id: t for s, t in zip(sampling, tokens)}

@@ -1,0 +1,147 @@
+"""EngineArgs and AsyncEngineArgs: vLLM's way to configure an engine, mapped onto ``EngineConfig``.
+
+``EngineArgs`` has every ``EngineConfig`` field plus the vLLM fields minengine maps or accepts: a script
+written for vLLM (``EngineArgs(model=..., gpu_memory_utilization=0.8)``, ``EngineArgs.add_cli_args(parser)``,
+``LLM(model, tensor_parallel_size=1, enforce_eager=True)``) runs unchanged. ``create_engine_config()`` turns it
+into a validated ``EngineConfig``:
+
+=========================  ==================================================================================
+vLLM field                 minengine
+=========================  ==================================================================================
+num_gpu_blocks_override    ``num_kv_blocks``
+gpu_memory_utilization     ``EngineConfig.gpu_memory_utilization``: a KV budget, at most this fraction of the free
+                           device / host memory (never more than the default pool)
+swap_space (GiB)           ``swap_space_bytes`` (used by ``preemption_mode="swap"``)
+scheduling_policy="fcfs"   ``"decode-first"`` (vLLM's FCFS serves running requests first); "priority" as is
+dtype="auto"               float32 on the CPU; on CUDA the checkpoint's dtype (float16 for a float32 one)
+tensor_parallel_size, ...  must be 1 (one device); quantization None, kv_cache_dtype "auto", cpu_offload_gb 0
+enforce_eager, ...         accepted, no effect (no CUDA graphs, stats always kept)
+=========================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+from minengine.config import EngineConfig
+
+# vLLM fields with no minengine counterpart: name -> (type, default, the only value(s) allowed or None = any, help)
+_VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
+    "tensor_parallel_size": (int, 1, (1,), "must be 1: minengine runs on one device"),
+    "pipeline_parallel_size": (int, 1, (1,), "must be 1: minengine runs on one device"),
+    "data_parallel_size": (int, 1, (1,), "must be 1: one engine per process"),
+    "num_gpu_blocks_override": (int, None, None, "KV blocks in the pool (= num_kv_blocks)"),
+    "swap_space": (float, None, None, "CPU swap space in GiB for preemption_mode=swap (default: num_kv_blocks)"),
+    "enforce_eager": (bool, False, None, "accepted; no effect (no CUDA graphs)"),
+    "disable_log_stats": (bool, False, None, "accepted; no effect (stats are always kept)"),
+    "disable_custom_all_reduce": (bool, False, None, "accepted; no effect"),
+    "max_seq_len_to_capture": (int, None, None, "accepted; no effect"),
+    "tokenizer_mode": (str, "auto", ("auto",), "must be 'auto'"),
+    "tokenizer_revision": (str, None, None, "hub revision of the tokenizer (default: revision)"),
+    "quantization": (str, None, (None,), "must be None: no quantized kernels"),
+    "kv_cache_dtype": (str, "auto", ("auto",), "must be 'auto': the KV cache has the model's dtype"),
+    "cpu_offload_gb": (float, 0, (0,), "must be 0"),
+}
+_SCHEDULING_ALIASES = {"fcfs": "decode-first"}
+_CONFIG_FIELDS = [f for f in dataclasses.fields(EngineConfig) if f.name != "extra"]
+_CLI_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _resolve_auto_dtype(model: str | None, device: str) -> str:
+    """vLLM's dtype="auto": the checkpoint's dtype on a GPU (float16 for a float32 checkpoint); float32 on the
+    CPU, where minengine is exact against transformers."""
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return "float32"
+    config = {}
+    if model is not None and (Path(model) / "config.json").is_file():
+        config = json.loads((Path(model) / "config.json").read_text())
+    elif model is not None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model).to_dict()
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").replace("torch.", "")
+    return dtype if dtype in ("float16", "bfloat16") else "float16"
+
+
+def _fields() -> list[tuple[str, object, dataclasses.Field]]:
+    out = [(f.name, f.type, dataclasses.field(default=f.default) if f.default is not dataclasses.MISSING
+            else dataclasses.field(default_factory=f.default_factory)) for f in _CONFIG_FIELDS]
+    out += [(name, f"{t.__name__} | None", dataclasses.field(default=default))
+            for name, (t, default, _, _) in _VLLM_ONLY.items()]
+    return out
+
+
+class _EngineArgsMethods:
+    """The methods of ``EngineArgs`` (its fields are generated from ``EngineConfig`` and ``_VLLM_ONLY``)."""
+
+    def create_engine_config(self) -> EngineConfig:
+        """The validated ``EngineConfig`` these arguments describe.
+
+        Raises:
+            ValueError: naming the field, for a vLLM setting minengine cannot honour (``tensor_parallel_size``
+                != 1, a quantization...) or any invalid ``EngineConfig`` value.
+        """
+        for name, (_, _, allowed, why) in _VLLM_ONLY.items():
+            if allowed is not None and getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not supported: {why}")
+        kwargs = {f.name: getattr(self, f.name) for f in _CONFIG_FIELDS}
+        if self.num_gpu_blocks_override is not None:
+            kwargs["num_kv_blocks"] = self.num_gpu_blocks_override
+        if self.swap_space is not None:
+            if not isinstance(self.swap_space, (int, float)) or isinstance(self.swap_space, bool) \
+                    or not self.swap_space > 0:
+                raise ValueError(f"swap_space must be a number of GiB > 0, got {self.swap_space!r}")
+            kwargs["swap_space_bytes"] = int(self.swap_space * 2**30)
+        kwargs["scheduling_policy"] = _SCHEDULING_ALIASES.get(self.scheduling_policy, self.scheduling_policy)
+        if self.dtype == "auto":
+            kwargs["dtype"] = _resolve_auto_dtype(self.model, self.device)
+        return EngineConfig(**kwargs)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add one flag per field (``--max-num-batched-tokens``...; booleans also as ``--no-...``), with
+        vLLM's flag names, to ``parser``; returns it."""
+        group = parser.add_argument_group(f"{cls.__name__} (vLLM's names)")
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            kind = str(f.type)
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if f.name in _VLLM_ONLY:
+                help_text = _VLLM_ONLY[f.name][3]
+            else:
+                help_text = f"EngineConfig.{f.name}"
+            if "bool" in kind:
+                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            elif "dict" in kind or "list" in kind:
+                continue
+            else:
+                typ = next((t for name, t in _CLI_TYPES.items() if kind.startswith(name)), str)
+                group.add_argument(flag, type=typ, default=default, help=help_text)
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace):
+        """The arguments from a parsed command line (the attributes ``add_cli_args`` defined)."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+
+EngineArgs = dataclasses.make_dataclass("EngineArgs", _fields(), bases=(_EngineArgsMethods,), kw_only=True)
+EngineArgs.__module__ = __name__
+EngineArgs.__doc__ = (
+    "vLLM's ``EngineArgs``: every ``EngineConfig`` field (same names and defaults) plus the vLLM fields in the "
+    "table of ``minengine.engine.arg_utils``. ``create_engine_config()`` validates and maps them; "
+    "``add_cli_args`` / ``from_cli_args`` build them from a command line; "
+    "``LLMEngine.from_engine_args(args)`` builds an engine.")
+
+
+@dataclasses.dataclass(kw_only=True)
+class AsyncEngineArgs(EngineArgs):
+    """vLLM's ``AsyncEngineArgs``: ``EngineArgs`` for ``AsyncLLMEngine.from_engine_args`` (plus vLLM's
+    request-logging switch, accepted with no effect)."""
+
+    disable_log_requests: bool = True

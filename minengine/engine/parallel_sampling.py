@@ -1,0 +1,95 @@
+"""Parallel sampling (``SamplingParams.n > 1``) as vLLM v1 does it: fan one request out into n child requests
+and gather their completions back into the parent's ``RequestOutput``.
+
+The scheduler never sees ``n``: each child is an ordinary request (``"{index}_{parent id}"``), and the
+children share the prompt's full KV blocks through the prefix cache, so the prompt is prefilled about once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics
+from minengine.request import Request
+from minengine.sampling_params import RequestOutputKind, SamplingParams
+
+
+def child_request_id(parent_id: str, index: int) -> str:
+    """vLLM's child id: ``f"{index}_{parent_id}"``."""
+    return f"{index}_{parent_id}"
+
+
+def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The params of child ``index``: ``n=1`` and, when seeded, ``seed + index`` (vLLM's rule), so the
+    children differ and each is reproducible."""
+    child = params.clone()
+    child.n = 1
+    if params.seed is not None:
+        child.seed = params.seed + index
+    return child
+
+
+@dataclass
+class RequestGroup:
+    """A validated request ready to queue: one ``Request`` (``n == 1``) or the ``n`` children of a parent.
+
+    Attributes:
+        request_id: the id the caller gave (the parent's for n > 1).
+        params: the caller's ``SamplingParams`` (with ``n``).
+        requests: the engine requests to queue (children in index order).
+    """
+
+    request_id: str
+    params: SamplingParams
+    requests: list[Request]
+
+    @property
+    def is_parent(self) -> bool:
+        return self.params.n > 1
+
+
+@dataclass
+class ParentRequest:
+    """Gathers the completions of a parent's children (vLLM's ``ParentRequest``).
+
+    Attributes:
+        request_id: the parent id; n: children; output_kind: the parent's ``RequestOutputKind``.
+        first_child: child 0 (its prompt, cached tokens); metrics: child 0's ``RequestMetrics``.
+        latest: index -> the child's latest ``CompletionOutput`` (cumulative or final).
+        unfinished: indices of the children still running.
+        prompt_logprobs: child 0's prompt logprobs (the prompt is the same for all).
+    """
+
+    request_id: str
+    n: int
+    output_kind: RequestOutputKind
+    first_child: Request
+    metrics: RequestMetrics
+    latest: dict[int, CompletionOutput] = field(default_factory=dict)
+    unfinished: set[int] = field(default_factory=set)
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+
+    def __post_init__(self) -> None:
+        self.unfinished = set(range(self.n))
+
+    @property
+    def finished(self) -> bool:
+        return not self.unfinished
+
+    def update(self, completion: CompletionOutput, child_finished: bool) -> None:
+        """Record a child's new completion (already in the parent's output kind)."""
+        self.latest[completion.index] = completion
+        if child_finished:
+            self.unfinished.discard(completion.index)
+
+    def outputs(self, updated: list[CompletionOutput]) -> list[CompletionOutput] | None:
+        """The completions of the parent's output this step, or None when there is nothing to send.
+
+        DELTA: only the children updated this step; CUMULATIVE: every child that has produced output so far;
+        FINAL_ONLY: all n, once every child has finished.
+        """
+        if self.output_kind == RequestOutputKind.FINAL_ONLY:
+            return [self.latest[i] for i in sorted(self.latest)] if self.finished else None
+        if self.output_kind == RequestOutputKind.DELTA:
+            return sorted(updated, key=lambda c: c.index)
+        return [self.latest[i] for i in sorted(self.latest)]

@@ -1,0 +1,68 @@
+"""Chat messages -> one prompt through the model's chat template (Hugging Face ``apply_chat_template``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def _text_content(content, where: str) -> str:
+    """A message's content as text: a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ValueError(f"{where}.content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
+                                 "are supported")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise ValueError(f"{where}.content must be a string or a list of text parts, got {type(content).__name__}")
+
+
+def normalize_messages(messages) -> list[dict]:
+    """Check a conversation and flatten its contents to strings.
+
+    Raises:
+        ValueError: naming the bad message (``messages[i].role`` / ``.content``).
+    """
+    if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+        role = m.get("role")
+        if not isinstance(role, str) or not role:
+            raise ValueError(f"messages[{i}].role must be a non-empty string, got {role!r}")
+        msg = {"role": role, "content": _text_content(m.get("content", ""), f"messages[{i}]")}
+        if isinstance(m.get("name"), str):
+            msg["name"] = m["name"]
+        out.append(msg)
+    return out
+
+
+def render_chat(tokenizer, messages, chat_template: str | None = None, add_generation_prompt: bool = True,
+                continue_final_message: bool = False,
+                chat_template_kwargs: dict | None = None) -> tuple[str, list[int]]:
+    """The prompt text and token ids of a conversation (special tokens come from the template only).
+
+    Raises:
+        ValueError: no tokenizer, no chat template (neither the model's nor ``chat_template``), bad messages,
+            or a template error.
+    """
+    if tokenizer is None:
+        raise ValueError("chat needs a tokenizer with a chat template; this model has no tokenizer")
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the model's tokenizer has no chat template: pass chat_template")
+    if add_generation_prompt and continue_final_message:
+        raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+    conversation = normalize_messages(messages)
+    try:
+        text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
+                                             continue_final_message=continue_final_message,
+                                             **(chat_template_kwargs or {}))
+    except Exception as exc:  # jinja errors, raise_exception() in templates: the caller's input
+        raise ValueError(f"chat template failed: {exc}") from exc
+    return text, tokenizer(text, add_special_tokens=False)["input_ids"]

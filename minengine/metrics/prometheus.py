@@ -1,0 +1,189 @@
+"""Prometheus metrics with vLLM's series names, types, labels and buckets, so a vLLM Grafana dashboard works.
+
+vLLM's names come from its v1 ``PrometheusStatLogger`` (``vllm/v1/metrics/loggers.py``); every series has the
+labels ``model_name`` and ``engine`` (always "0" here: one engine). minengine's own series (swap, timeouts,
+free blocks, step time) are under ``minengine:``. Each engine has its own ``CollectorRegistry`` (no global
+state, many engines per process); ``prometheus_client.generate_latest(logger.registry)`` renders it.
+
+Differences from vLLM, on purpose: ``vllm:iteration_tokens_total`` observes the tokens a step computed
+(prefill chunks + decodes), where vLLM adds the prompt lengths of requests that got their first token;
+``vllm:request_time_per_output_token_seconds`` is observed only for requests with at least two tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from minengine.metrics.trace import StepTrace
+from minengine.outputs import RequestMetrics
+from minengine.request import Request
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                           240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+N_BUCKETS = [1, 2, 5, 10, 20]
+STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+FINISH_REASONS = ("stop", "length", "abort", "timeout")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to ``max_value`` (vLLM's buckets for token counts)."""
+    buckets, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return buckets
+            buckets.append(m * scale)
+        scale *= 10
+
+
+class PrometheusStatLogger:
+    """The engine's Prometheus series, updated once per step (and on aborts).
+
+    Args:
+        model_name: the ``model_name`` label (the served model name).
+        max_model_len: top of the token-count buckets (tokens).
+        cache_info: labels of ``vllm:cache_config_info`` (block_size, num_gpu_blocks, ...).
+
+    Attributes:
+        registry: the ``CollectorRegistry`` holding every series.
+    """
+
+    def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str] | None = None):
+        self.registry = CollectorRegistry()
+        names, values = ["model_name", "engine"], [model_name, "0"]
+        reg = self.registry
+
+        def gauge(name, doc):
+            return Gauge(name, doc, names, registry=reg).labels(*values)
+
+        def counter(name, doc):
+            return Counter(name, doc, names, registry=reg).labels(*values)
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, names, buckets=buckets, registry=reg).labels(*values)
+
+        token_buckets = build_1_2_5_buckets(max_model_len)
+        self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = counter("vllm:prefix_cache_queries",
+                                      "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          names + ["finished_reason"], registry=reg)
+        self.success = {r: success.labels(*values, r) for r in FINISH_REASONS}
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+                                               token_buckets)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.", token_buckets)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
+                                          "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
+        self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
+        self.params_max_tokens = histogram("vllm:request_params_max_tokens",
+                                           "Histogram of the max_tokens request parameter.", token_buckets)
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             ITL_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             REQUEST_LATENCY_BUCKETS)
+        self.queue = histogram("vllm:request_queue_time_seconds",
+                               "Histogram of time spent in WAITING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.inference = histogram("vllm:request_inference_time_seconds",
+                                   "Histogram of time spent in RUNNING phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill = histogram("vllm:request_prefill_time_seconds",
+                                 "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.decode = histogram("vllm:request_decode_time_seconds",
+                                "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        if cache_info:
+            info = {"engine": "0", **cache_info}
+            Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
+                  registry=reg).labels(**info).set(1)
+        # minengine's own
+        self.swapped = gauge("minengine:num_requests_swapped", "Requests whose KV blocks are in the CPU swap space.")
+        self.free_blocks = gauge("minengine:num_free_blocks", "KV blocks no request holds (cached ones included).")
+        self.cached_free_blocks = gauge("minengine:num_cached_free_blocks",
+                                        "Free KV blocks that still hold a cached prefix.")
+        self.swapped_out = counter("minengine:swapped_out_blocks", "KV blocks copied to the CPU swap space.")
+        self.swapped_in = counter("minengine:swapped_in_blocks", "KV blocks copied back from the CPU swap space.")
+        self.swap_time = counter("minengine:swap_time_seconds", "Seconds spent copying KV blocks to and from swap.")
+        self.timeouts = counter("minengine:num_timeouts", "Requests finished because their deadline passed.")
+        self.steps = counter("minengine:num_steps", "Engine steps that computed tokens.")
+        self.prefill_tokens = counter("minengine:prefill_tokens", "Prompt (and recompute) tokens computed.")
+        self.decode_tokens = counter("minengine:decode_tokens", "Decode tokens computed.")
+        self.step_time = histogram("minengine:step_duration_seconds", "Engine step duration in seconds (engine clock).",
+                                   STEP_BUCKETS)
+
+    def record_new_request(self, n: int) -> None:
+        """A request was accepted, with ``n`` sequences."""
+        self.params_n.observe(n)
+
+    def record_state(self, num_running: int, num_waiting: int, num_swapped: int, num_free_blocks: int,
+                     num_cached_free_blocks: int, num_kv_blocks: int) -> None:
+        """The scheduler's queues and the KV pool now."""
+        self.running.set(num_running)
+        self.waiting.set(num_waiting)
+        self.swapped.set(num_swapped)
+        self.kv_usage.set(1.0 - num_free_blocks / num_kv_blocks)
+        self.free_blocks.set(num_free_blocks)
+        self.cached_free_blocks.set(num_cached_free_blocks)
+
+    def record_step(self, trace: StepTrace | None, got_token: Iterable[Request],
+                    metrics: dict[str, RequestMetrics]) -> None:
+        """One step: its trace (None when nothing was scheduled) and the requests that got a token."""
+        for request in got_token:
+            m = metrics[request.request_id]
+            if request.num_output_tokens == 1:  # its first token: the prompt is done
+                self.prompt_tokens.inc(request.num_prompt_tokens)
+                self.ttft.observe(m.ttft)
+            elif m.itls:
+                self.itl.observe(m.itls[-1])
+            self.generation_tokens.inc()
+        if trace is None:
+            return
+        self.steps.inc()
+        self.iteration_tokens.observe(trace.num_scheduled_tokens)
+        self.prefill_tokens.inc(trace.num_prefill_tokens)
+        self.decode_tokens.inc(trace.num_decode_tokens)
+        self.step_time.observe(trace.duration)
+        self.prefix_queries.inc(trace.prefix_queried_tokens)
+        self.prefix_hits.inc(trace.prefix_hit_tokens)
+        self.preemptions.inc(len(trace.preempted_ids))
+        self.swapped_out.inc(trace.num_swapped_out_blocks)
+        self.swapped_in.inc(trace.num_swapped_in_blocks)
+        self.swap_time.inc(trace.swap_time_s)
+
+    def record_finished(self, finished: Iterable[tuple[RequestMetrics, int | None]]) -> None:
+        """Requests that finished (any reason): (their metrics, their ``max_tokens``)."""
+        for m, max_tokens in finished:
+            reason = m.finish_reason or "abort"
+            self.success.setdefault(reason, self.success["abort"]).inc()
+            if reason == "timeout":
+                self.timeouts.inc()
+            if m.e2e_latency is not None:
+                self.e2e.observe(m.e2e_latency)
+            self.request_prompt_tokens.observe(m.num_prompt_tokens)
+            self.request_generation_tokens.observe(m.num_output_tokens)
+            if max_tokens is not None:
+                self.params_max_tokens.observe(max_tokens)
+            if m.first_scheduled_time is None:
+                continue  # never ran: no queue/prefill/decode phases
+            self.queue.observe(m.first_scheduled_time - m.arrival_time)
+            self.inference.observe(m.finished_time - m.first_scheduled_time)
+            if m.first_token_time is not None:
+                self.prefill.observe(m.first_token_time - m.first_scheduled_time)
+                self.decode.observe(m.finished_time - m.first_token_time)
+            if m.tpot is not None:
+                self.tpot.observe(m.tpot)
