@@ -1,5 +1,6 @@
 """Command line: ``python -m minengine run`` serves a batch of real prompts; ``generate`` prints one completion;
-``bench-serve`` replays a request trace online and prints vLLM-style serving metrics and goodput."""
+``serve`` starts the OpenAI-compatible server; ``bench-serve`` replays a request trace online (in process, or
+against any OpenAI-compatible server with ``--base-url``) and prints vLLM-style serving metrics and goodput."""
 
 from __future__ import annotations
 
@@ -201,6 +202,39 @@ def _warm_up(engine: LLMEngine) -> None:
     engine.reset_stats()
 
 
+def cmd_serve(a: argparse.Namespace) -> None:
+    from minengine.entrypoints.async_engine import AsyncLLMEngine
+    from minengine.entrypoints.openai_server import run_server
+
+    if a.model_tag is not None:  # ``serve MODEL`` as ``vllm serve MODEL``
+        a.model = a.model_tag
+    if not 0 < a.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {a.port}")
+    config = _config(a)
+    if a.served_model_name is not None:
+        config = dataclasses.replace(config, served_model_name=a.served_model_name)
+    engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
+    print(f"minengine serving {config.served_model_name!r} ({engine.engine.model_path}) on http://{a.host}:{a.port} "
+          f"(OpenAI API under /v1, Prometheus at /metrics, step feed at /v1/engine/steps)", flush=True)
+    run_server(engine, a.host, a.port, a.uvicorn_log_level)
+
+
+def _serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="start the OpenAI-compatible server (FastAPI + uvicorn)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    s.add_argument("model_tag", nargs="?", default=None, help="the model, as in `vllm serve MODEL` (or --model)")
+    _engine_args(s)
+    h = s.add_argument_group("server")
+    h.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: all)")
+    h.add_argument("--port", type=int, default=8000)
+    h.add_argument("--served-model-name", default=None,
+                   help="the model name in the API and the metrics (default: --model, or tiny-shakespeare-llama)")
+    h.add_argument("--max-history-steps", type=int, default=10_000,
+                   help="step traces and finished requests' metrics kept in memory")
+    h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.set_defaults(func=cmd_serve)
+
+
 def cmd_bench_serve(a: argparse.Namespace) -> None:
     from minengine.workloads import SLO, ServingBenchmark, find_capacity, replay
 
@@ -216,6 +250,8 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
     if not isinstance(a.clock_tp, int) or a.clock_tp < 1:
         raise ValueError(f"--clock-tp must be >= 1, got {a.clock_tp!r}")
     config = _config(a)
+    if a.base_url is not None:
+        return _bench_remote(a, config, slo)
     spec = _clock_spec(a, config)
     engine = LLMEngine(config, clock=spec.make())
     if spec.kind in ("cpu", "perf", "wall"):
@@ -306,8 +342,53 @@ def _bench_serve_parser(sub) -> None:
     c.add_argument("--capacity", action="store_true", help="also search the highest Poisson rate meeting the SLO")
     c.add_argument("--capacity-requests", type=int, default=32, help="requests per capacity probe")
     c.add_argument("--capacity-probes", type=int, default=8, help="most probes (short virtual-clock replays)")
+    r = b.add_argument_group("remote server (instead of an engine in this process)")
+    r.add_argument("--base-url", default=None,
+                   help="drive this OpenAI-compatible server (e.g. http://127.0.0.1:8000) in real time; "
+                        "--model then only gives the vocabulary for synthetic prompts")
+    r.add_argument("--served-model-name", default=None, help="model name to send (default: the server's first)")
+    r.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no limit)")
     b.add_argument("--result-json", default=None, help="also write the numbers to this JSON file")
     b.set_defaults(func=cmd_bench_serve)
+
+
+def _bench_remote(a: argparse.Namespace, config: EngineConfig, slo) -> None:
+    """``bench-serve --base-url``: the same trace and table, measured by an HTTP client against a server."""
+    import asyncio
+
+    import httpx
+    from transformers import AutoConfig
+
+    from minengine.entrypoints.bench_client import replay_http
+    from minengine.workloads import ServingBenchmark
+
+    if a.capacity or a.clock not in ("auto", "wall"):
+        raise ValueError("--capacity and --clock are for the in-process engine; --base-url always measures real "
+                         "time on the client")
+    if a.max_concurrency is not None and a.max_concurrency < 1:
+        raise ValueError(f"--max-concurrency must be >= 1, got {a.max_concurrency}")
+    vocab_size = AutoConfig.from_pretrained(config.model).vocab_size
+    trace = _bench_trace(a, vocab_size, config.block_size)
+    print(f"server: {a.base_url}; trace: {len(trace)} requests from {trace.source}; length_scale "
+          f"{trace.length_scale:g}; arrivals over {trace.duration_s:.1f} s (real time)")
+    try:
+        result = asyncio.run(replay_http(a.base_url, trace, model=a.served_model_name, vocab_size=vocab_size,
+                                         seed=a.seed, max_concurrency=a.max_concurrency))
+    except httpx.HTTPError as exc:
+        raise ValueError(f"--base-url {a.base_url}: {exc}") from exc
+    print(f"model: {result.model} (max_model_len {result.max_model_len}); clock: wall, measured by the client")
+    if result.num_clipped:
+        print(f"note: {result.num_clipped} requests clipped to fit the server's max_model_len")
+    bench = ServingBenchmark.from_metrics(result.request_metrics, slo)
+    print(bench.as_table())
+    print(f"failed requests {len(result.errors)}, wall time {result.wall_time_s:.1f} s")
+    for rid, err in list(result.errors.items())[:5]:
+        print(f"  {rid}: {err}")
+    if a.result_json:
+        with open(a.result_json, "w") as f:
+            json.dump({"base_url": a.base_url, "trace": trace.source, "length_scale": trace.length_scale,
+                       "slo": str(slo), "benchmark": dataclasses.asdict(bench), "errors": result.errors}, f,
+                      indent=2, default=str)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -334,6 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
     g.set_defaults(func=cmd_generate)
     _bench_serve_parser(sub)
+    _serve_parser(sub)
     a = p.parse_args(argv)
     try:
         a.func(a)

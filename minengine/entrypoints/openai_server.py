@@ -1,0 +1,508 @@
+"""The OpenAI-compatible HTTP server (FastAPI): vLLM's routes around one ``AsyncLLMEngine``.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or server-sent events with
+``"stream": true``, ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /version``,
+``GET /metrics`` (Prometheus text, vLLM's series names), ``POST /tokenize``, ``POST /detokenize``,
+``POST /reset_prefix_cache``, and minengine's ``GET /v1/engine/steps``: every ``StepTrace`` as it happens
+(server-sent events), the feed the dashboard's live mode draws.
+
+Handlers never touch the engine: they enqueue work for the engine loop and await it. A client that
+disconnects (mid-stream or while waiting for a non-streamed answer) aborts its requests; the abort is
+applied before the engine's next step, so their KV blocks are free by then. Bad input is answered with
+OpenAI's error JSON: 400 naming the field, 404 for an unknown model; never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+import minengine
+from minengine.engine.llm import default_sampling_overrides
+from minengine.entrypoints.async_engine import AsyncLLMEngine, RequestStream
+from minengine.entrypoints.chat_utils import render_chat
+from minengine.entrypoints.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    OpenAIError,
+    TokenizeRequest,
+    error_body,
+    now,
+    random_id,
+    usage,
+)
+from minengine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from minengine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+KEEPALIVE_S = 15.0  # an idle SSE feed sends a comment this often, so a gone client is noticed
+
+
+def sse(data: dict | str, event: str | None = None) -> str:
+    """One server-sent event: ``event: <name>`` (optional) and ``data: <json>``, then a blank line."""
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return (f"event: {event}\n" if event else "") + f"data: {payload}\n\n"
+
+
+def _token_str(lp, token_id: int) -> str:
+    return lp.decoded_token if lp.decoded_token is not None else f"token_id:{token_id}"
+
+
+def _top(position: PositionLogprobs, k: int) -> list[tuple[int, object]]:
+    """The k most likely entries of a position (by rank)."""
+    return sorted(position.items(), key=lambda kv: kv[1].rank or 0)[:k]
+
+
+def completion_logprobs(positions: list[PositionLogprobs], token_ids: list[int], k: int, offset: int) -> dict:
+    """The legacy completions ``logprobs`` object; ``offset`` is the text length already sent."""
+    out = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for tid, pos in zip(token_ids, positions):
+        lp = pos[tid]
+        token = _token_str(lp, tid)
+        out["text_offset"].append(offset)
+        out["token_logprobs"].append(lp.logprob)
+        out["tokens"].append(token)
+        out["top_logprobs"].append({_token_str(v, t): v.logprob for t, v in _top(pos, k)})
+        offset += len(token)
+    return out
+
+
+def chat_logprobs(positions: list[PositionLogprobs], token_ids: list[int], k: int) -> dict:
+    """The chat ``logprobs`` object: ``{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}``."""
+    def entry(t: int, lp) -> dict:
+        s = _token_str(lp, t)
+        return {"token": s, "logprob": lp.logprob, "bytes": list(s.encode("utf-8"))}
+
+    return {"content": [{**entry(tid, pos[tid]), "top_logprobs": [entry(t, v) for t, v in _top(pos, k)]}
+                        for tid, pos in zip(token_ids, positions)]}
+
+
+def prompt_logprobs_json(out: RequestOutput) -> list | None:
+    if out.prompt_logprobs is None:
+        return None
+    return [None if p is None else {str(t): {"logprob": v.logprob, "rank": v.rank, "decoded_token": v.decoded_token}
+                                    for t, v in p.items()} for p in out.prompt_logprobs]
+
+
+async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several request streams as they come, until all finish."""
+    if len(streams) == 1:
+        while True:
+            out = await streams[0].get()
+            yield 0, out
+            if out.finished:
+                return
+    pending = {asyncio.ensure_future(s.get()): i for i, s in enumerate(streams)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                i = pending.pop(task)
+                out = task.result()
+                yield i, out
+                if not out.finished:
+                    pending[asyncio.ensure_future(streams[i].get())] = i
+    finally:
+        for task in pending:
+            task.cancel()
+
+
+async def until_disconnected(raw: Request, work: Awaitable):
+    """Await ``work``; if the client disconnects first, cancel it (its requests are aborted) and return None."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await raw.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except BaseException:
+            pass
+        return None
+    return task.result()
+
+
+class OpenAIServing:
+    """The handlers' logic over one ``AsyncLLMEngine``.
+
+    Args:
+        engine: the async engine (its loop owns the ``LLMEngine``).
+    """
+
+    def __init__(self, engine: AsyncLLMEngine):
+        self.engine = engine
+        e = engine.engine
+        self.model_name = e.config.served_model_name
+        self.max_model_len = e.config.max_model_len
+        self.defaults = default_sampling_overrides(e.model_path)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
+
+    async def add_requests(self, base_id: str, prompts: list, params: SamplingParams,
+                           priority: int) -> list[RequestStream]:
+        """Queue one request per prompt (ids ``base_id-i``); on a bad one, abort those already queued.
+
+        Raises:
+            OpenAIError: 400 naming the field, for what the engine rejects.
+        """
+        streams = []
+        try:
+            for i, prompt in enumerate(prompts):
+                streams.append(await self.engine.add_request(f"{base_id}-{i}", prompt, params, priority=priority))
+        except (ValueError, TypeError) as exc:
+            for s in streams:
+                self.engine.abort_nowait(s.request_id)
+            message = str(exc)
+            param = message.split(" ", 1)[0].strip(":,")
+            raise OpenAIError(message, param="prompt" if param.startswith("prompt") else param) from exc
+        except BaseException:
+            for s in streams:
+                self.engine.abort_nowait(s.request_id)
+            raise
+        return streams
+
+    @staticmethod
+    def abort_unfinished(engine: AsyncLLMEngine, streams: list[RequestStream]) -> None:
+        for s in streams:
+            if not s.finished:
+                engine.abort_nowait(s.request_id)
+
+    # ---- /v1/completions -----------------------------------------------------------------------------
+    async def completions(self, body: CompletionRequest, raw: Request):
+        self.check_model(body.model)
+        params = body.sampling_params(body.max_tokens, body.logprobs, self.defaults)
+        if body.suffix:
+            raise OpenAIError("suffix is not supported", param="suffix")
+        if body.echo and body.logprobs is not None:
+            raise OpenAIError("echo together with logprobs is not supported", param="echo")
+        prompts = body.prompts()
+        if not body.add_special_tokens:
+            prompts = [await self.engine.call(lambda e, p=p: {"prompt_token_ids": e.tokenizer(
+                p, add_special_tokens=False)["input_ids"], "prompt": p}) if isinstance(p, str) else p for p in prompts]
+        request_id, created = random_id("cmpl"), now()
+        streams = await self.add_requests(request_id, prompts, params, body.priority)
+        head = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
+        k = body.logprobs
+        if body.stream:
+            return StreamingResponse(self._completion_stream(head, streams, body, k), media_type="text/event-stream")
+        outs = await until_disconnected(raw, self._collect(streams))
+        if outs is None:
+            return Response(status_code=499)
+        choices, completion_tokens = [], 0
+        for i, out in enumerate(outs):
+            for c in out.outputs:
+                completion_tokens += len(c.token_ids)
+                text = (out.prompt or "") + c.text if body.echo else c.text
+                choices.append({"index": i * params.n + c.index, "text": text,
+                                "logprobs": completion_logprobs(c.logprobs, c.token_ids, k, 0) if k is not None
+                                else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+                                "prompt_logprobs": prompt_logprobs_json(out)})
+        prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
+        return {**head, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+    async def _collect(self, streams: list[RequestStream]) -> list[RequestOutput]:
+        final: dict[int, RequestOutput] = {}
+        try:
+            async for i, out in merge_streams(streams):
+                if out.finished:
+                    final[i] = out
+        finally:
+            self.abort_unfinished(self.engine, streams)
+        return [final[i] for i in range(len(streams))]
+
+    async def _completion_stream(self, head: dict, streams: list[RequestStream], body: CompletionRequest,
+                                 k: int | None) -> AsyncIterator[str]:
+        n, opts = body.n, body.stream_options
+        prompt_tokens, completion_tokens, sent_text = {}, 0, {}
+        try:
+            async for i, out in merge_streams(streams):
+                prompt_tokens[i] = len(out.prompt_token_ids)
+                for c in out.outputs:
+                    index = i * n + c.index
+                    completion_tokens += len(c.token_ids)
+                    text = c.text
+                    if body.echo and index not in sent_text:
+                        text = (out.prompt or "") + text
+                    offset = sent_text.get(index, 0)
+                    sent_text[index] = offset + len(text)
+                    if not text and not c.token_ids and c.finish_reason is None:
+                        continue
+                    chunk = {**head, "choices": [{
+                        "index": index, "text": text,
+                        "logprobs": completion_logprobs(c.logprobs, c.token_ids, k, offset) if k is not None else None,
+                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
+                    if opts is not None and opts.include_usage and opts.continuous_usage_stats:
+                        chunk["usage"] = usage(sum(prompt_tokens.values()), completion_tokens)
+                    yield sse(chunk)
+            if opts is not None and opts.include_usage:
+                yield sse({**head, "choices": [], "usage": usage(sum(prompt_tokens.values()), completion_tokens)})
+        except Exception as exc:  # engine failure mid-stream: tell the client in-band
+            logger.exception("completion stream failed")
+            yield sse(error_body(str(exc), 500, type_="InternalServerError"))
+        finally:
+            self.abort_unfinished(self.engine, streams)
+        yield "data: [DONE]\n\n"
+
+    # ---- /v1/chat/completions ------------------------------------------------------------------------
+    async def chat_completions(self, body: ChatCompletionRequest, raw: Request):
+        self.check_model(body.model)
+        body.check_supported()
+        k = body.num_logprobs
+        params = body.sampling_params(body.max_new_tokens, k, self.defaults)
+        try:
+            text, ids = await self.engine.call(lambda e: render_chat(
+                e.tokenizer, body.messages, body.chat_template, body.add_generation_prompt,
+                body.continue_final_message, body.chat_template_kwargs))
+        except ValueError as exc:
+            message = str(exc)
+            raise OpenAIError(message, param="messages" if message.startswith("messages") else "chat_template") \
+                from exc
+        request_id, created = random_id("chatcmpl"), now()
+        streams = await self.add_requests(request_id, [{"prompt_token_ids": ids, "prompt": text}], params,
+                                          body.priority)
+        head = {"id": request_id, "created": created, "model": self.model_name}
+        if body.stream:
+            return StreamingResponse(self._chat_stream(head, streams[0], body, k), media_type="text/event-stream")
+        outs = await until_disconnected(raw, self._collect(streams))
+        if outs is None:
+            return Response(status_code=499)
+        out = outs[0]
+        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                    "logprobs": chat_logprobs(c.logprobs, c.token_ids, k) if k is not None else None,
+                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
+        return {**head, "object": "chat.completion", "choices": choices,
+                "usage": usage(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)),
+                "prompt_logprobs": prompt_logprobs_json(out)}
+
+    async def _chat_stream(self, head: dict, stream: RequestStream, body: ChatCompletionRequest,
+                           k: int | None) -> AsyncIterator[str]:
+        head = {**head, "object": "chat.completion.chunk"}
+        opts = body.stream_options
+        prompt_tokens, completion_tokens = 0, 0
+
+        def chunk(index: int, delta: dict, c: CompletionOutput | None = None) -> str:
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+            if c is not None:
+                choice.update(finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                if k is not None:
+                    choice["logprobs"] = chat_logprobs(c.logprobs, c.token_ids, k)
+            data = {**head, "choices": [choice]}
+            if opts is not None and opts.include_usage and opts.continuous_usage_stats:
+                data["usage"] = usage(prompt_tokens, completion_tokens)
+            return sse(data)
+
+        try:
+            for index in range(body.n):
+                yield chunk(index, {"role": "assistant", "content": ""})
+            async for _, out in merge_streams([stream]):
+                prompt_tokens = len(out.prompt_token_ids)
+                for c in out.outputs:
+                    completion_tokens += len(c.token_ids)
+                    if not c.text and not c.token_ids and c.finish_reason is None:
+                        continue
+                    yield chunk(c.index, {"content": c.text} if c.text else {}, c)
+            if opts is not None and opts.include_usage:
+                yield sse({**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+        except Exception as exc:
+            logger.exception("chat stream failed")
+            yield sse(error_body(str(exc), 500, type_="InternalServerError"))
+        finally:
+            self.abort_unfinished(self.engine, [stream])
+        yield "data: [DONE]\n\n"
+
+    # ---- tokenizer routes ----------------------------------------------------------------------------
+    async def tokenize(self, body: TokenizeRequest) -> dict:
+        self.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError("give exactly one of prompt and messages", param="prompt")
+
+        def run(e) -> dict:
+            if e.tokenizer is None:
+                raise OpenAIError("this model has no tokenizer", param="prompt")
+            if body.messages is not None:
+                _, ids = render_chat(e.tokenizer, body.messages, body.chat_template, body.add_generation_prompt,
+                                     body.continue_final_message)
+            else:
+                special = True if body.add_special_tokens is None else body.add_special_tokens
+                ids = e.tokenizer(body.prompt, add_special_tokens=special)["input_ids"]
+            strs = e.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+            return {"count": len(ids), "max_model_len": e.config.max_model_len, "tokens": ids, "token_strs": strs}
+
+        try:
+            return await self.engine.call(run)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param="messages" if body.messages is not None else "prompt") from exc
+
+    async def detokenize(self, body: DetokenizeRequest) -> dict:
+        self.check_model(body.model)
+
+        def run(e) -> dict:
+            if e.tokenizer is None:
+                raise OpenAIError("this model has no tokenizer", param="tokens")
+            vocab = e.hf_config.vocab_size
+            if any(not 0 <= t < vocab for t in body.tokens):
+                raise OpenAIError(f"tokens must be integers in [0, {vocab}) (the vocabulary size)", param="tokens")
+            return {"prompt": e.tokenizer.decode(body.tokens)}
+
+        return await self.engine.call(run)
+
+    # ---- the step feed -------------------------------------------------------------------------------
+    async def engine_info(self) -> dict:
+        def run(e) -> dict:
+            c = e.config
+            return {"model": c.served_model_name, "model_path": str(e.model_path), "block_size": c.block_size,
+                    "num_kv_blocks": e.num_kv_blocks, "num_swap_blocks": e.num_swap_blocks,
+                    "max_num_batched_tokens": c.max_num_batched_tokens, "max_num_seqs": c.max_num_seqs,
+                    "max_model_len": c.max_model_len, "enable_chunked_prefill": c.enable_chunked_prefill,
+                    "enable_prefix_caching": c.enable_prefix_caching, "scheduling_policy": c.scheduling_policy,
+                    "preemption_mode": c.preemption_mode, "trace_block_tables": c.trace_block_tables,
+                    "num_steps": e.num_steps, "clock_now": e.clock(), "unix_time": time.time()}
+
+        return await self.engine.call(run)
+
+    async def step_feed(self, raw: Request, history: int, block_tables: bool) -> AsyncIterator[str]:
+        sub = self.engine.subscribe_steps()
+        try:
+            info = await self.engine_info()
+            past = await self.engine.call(lambda e: list(e.traces[-history:]) if history > 0 else [])
+            yield sse(info, event="engine")
+            last = None
+            for trace in past:
+                last = trace.step
+                yield sse(self._trace_json(trace, block_tables, sub.num_dropped), event="step")
+            while True:
+                trace = await sub.get(timeout=KEEPALIVE_S)
+                if trace is None:
+                    yield ": keep-alive\n\n"
+                    continue
+                if last is not None and trace.step <= last:
+                    continue  # already sent as history
+                yield sse(self._trace_json(trace, block_tables, sub.num_dropped), event="step")
+        finally:
+            self.engine.unsubscribe_steps(sub)
+
+    @staticmethod
+    def _trace_json(trace, block_tables: bool, num_dropped: int) -> dict:
+        d = trace.to_dict()
+        if not block_tables:
+            d["block_tables"] = d["block_ref_counts"] = d["cached_block_ids"] = None
+        d["duration"] = trace.duration
+        d["num_dropped"] = num_dropped
+        return d
+
+
+def build_app(engine: AsyncLLMEngine) -> FastAPI:
+    """The FastAPI app serving ``engine`` (its loop starts with the app and stops with it)."""
+    serving = OpenAIServing(engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine.start()
+        yield
+        await engine.shutdown_async()
+
+    app = FastAPI(title="minengine", version=minengine.__version__, lifespan=lifespan)
+    app.state.serving = serving
+
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError):
+        return JSONResponse(exc.body(), status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse(error_body("the request body is not valid JSON", 400), status_code=400)
+
+        def where(e: dict) -> str:
+            return ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
+
+        message = "; ".join(f"{where(e)}: {e.get('msg')}" for e in errors) or "invalid request"
+        param = where(errors[0]).split(".")[0] if errors else None
+        return JSONResponse(error_body(message, 400, None if param == "body" else param), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(_: Request, exc: Exception):
+        logger.exception("unhandled error")
+        return JSONResponse(error_body(f"internal error: {exc}", 500, type_="InternalServerError"), status_code=500)
+
+    @app.get("/health")
+    async def health():
+        try:
+            await engine.check_health()
+        except Exception as exc:
+            return JSONResponse(error_body(str(exc), 503, type_="ServiceUnavailable"), status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():
+        return {"version": minengine.__version__}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{
+            "id": serving.model_name, "object": "model", "created": int(engine.started_unix_time),
+            "owned_by": "minengine", "root": str(engine.engine.model_path), "parent": None,
+            "max_model_len": serving.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(engine.engine.stat_logger.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request):
+        return await serving.completions(body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request):
+        return await serving.chat_completions(body, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        return await serving.tokenize(body)
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        return await serving.detokenize(body)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        return {"reset": await engine.reset_prefix_cache()}
+
+    @app.get("/v1/engine/steps")
+    async def engine_steps(raw: Request, history: int = 0, block_tables: bool = True):
+        if history < 0:
+            raise OpenAIError("history must be >= 0 (steps to replay first)", param="history")
+        return StreamingResponse(serving.step_feed(raw, history, block_tables), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return app
+
+
+def run_server(engine: AsyncLLMEngine, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
+    """Serve ``engine`` with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(build_app(engine), host=host, port=port, log_level=log_level)

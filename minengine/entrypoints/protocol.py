@@ -1,0 +1,210 @@
+"""The OpenAI API's request bodies (pydantic models) and the JSON shapes of its responses and errors.
+
+Fields follow OpenAI's API plus vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
+``min_tokens``, ``stop_token_ids``, ``include_stop_str_in_output``, ``priority``, ...). Unknown fields are
+ignored (as vLLM). Type errors are pydantic's; value ranges are checked by ``SamplingParams``, so both kinds
+of bad input become a 400 that names the field.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from minengine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
+
+
+class OpenAIError(Exception):
+    """An error to answer with OpenAI's error body. ``param`` names the offending field."""
+
+    def __init__(self, message: str, status_code: int = 400, param: str | None = None,
+                 type_: str | None = None):
+        super().__init__(message)
+        self.message, self.status_code, self.param = message, status_code, param
+        self.type = type_ or {400: "BadRequestError", 404: "NotFoundError"}.get(status_code, "InternalServerError")
+
+    def body(self) -> dict:
+        return error_body(self.message, self.status_code, self.param, self.type)
+
+
+def error_body(message: str, code: int, param: str | None = None, type_: str = "BadRequestError") -> dict:
+    """OpenAI's error JSON: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    best_of: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logit_bias: dict[str, float] | None = None
+    use_beam_search: bool = False
+    priority: int = 0
+    user: str | None = None
+
+    def _check_unsupported(self) -> None:
+        if self.best_of is not None and self.best_of != self.n:
+            raise OpenAIError("best_of is not supported (vLLM v1 dropped it); use n", param="best_of")
+        if self.use_beam_search:
+            raise OpenAIError("use_beam_search is not supported", param="use_beam_search")
+        if self.logit_bias:
+            raise OpenAIError("logit_bias is not supported", param="logit_bias")
+        if self.stream_options is not None and not self.stream:
+            raise OpenAIError("stream_options is only allowed with stream=true", param="stream_options")
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        defaults: dict[str, Any]) -> SamplingParams:
+        """The ``SamplingParams`` of this request: unset fields take the model's defaults (its
+        generation_config), then vLLM's. Streaming requests get DELTA outputs, others FINAL_ONLY.
+
+        Raises:
+            OpenAIError: 400 naming the field, for values ``SamplingParams`` rejects.
+        """
+        self._check_unsupported()
+        fields = dict(defaults)
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        if max_tokens is not None or "max_tokens" not in fields:
+            fields["max_tokens"] = max_tokens
+        kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
+        try:
+            return SamplingParams(
+                n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
+                min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
+                skip_special_tokens=self.skip_special_tokens,
+                spaces_between_special_tokens=self.spaces_between_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output, output_kind=kind, **fields)
+        except ValueError as exc:
+            raise OpenAIError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of token ids or a list of
+    lists of token ids (a batch); ``logprobs`` is the number of top alternatives (0..20)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+    add_special_tokens: bool = True
+
+    def prompts(self) -> list[str | dict]:
+        """The batch of prompts, each a string or ``{"prompt_token_ids": [...]}``."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            raise OpenAIError("prompt must not be empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [{"prompt_token_ids": list(p)}]
+        if all(isinstance(x, str) for x in p):
+            return list(p)
+        if all(isinstance(x, list) for x in p):
+            return [{"prompt_token_ids": list(x)} for x in p]
+        raise OpenAIError("prompt must be a string, a list of strings or (lists of) token ids", param="prompt")
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``: ``messages`` through the model's chat template; ``logprobs`` is a bool
+    and ``top_logprobs`` the number of alternatives; ``max_completion_tokens`` (or the older ``max_tokens``)
+    defaults to what fits in ``max_model_len``."""
+
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+
+    def check_supported(self) -> None:
+        if self.tools:
+            raise OpenAIError("tools are not supported", param="tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise OpenAIError("only response_format {'type': 'text'} is supported", param="response_format")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize``: a ``prompt``, or chat ``messages`` (through the chat template)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template: str | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize``: token ids back to text."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def now() -> int:
+    return int(time.time())
+

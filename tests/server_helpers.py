@@ -1,0 +1,75 @@
+"""Start minengine's OpenAI server in this process, on a free loopback port, for a test."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import httpx
+
+from minengine import LLMEngine
+from minengine.entrypoints.async_engine import AsyncLLMEngine
+from minengine.entrypoints.openai_server import build_app
+
+SERVER_CONFIG = dict(max_model_len=512, num_kv_blocks=256, max_num_batched_tokens=256, max_num_seqs=64)
+
+
+def free_socket() -> socket.socket:
+    """A socket bound to 127.0.0.1 on a port the OS picked (no fixed ports: tests may run side by side)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class RunningServer:
+    """A uvicorn server in a background thread. ``url`` is its base URL; ``engine`` the ``LLMEngine`` behind
+    it (read it only while the server is idle: the engine loop owns it)."""
+
+    def __init__(self, engine: LLMEngine, **async_kwargs):
+        import uvicorn
+
+        self.async_engine = AsyncLLMEngine(engine, **async_kwargs)
+        self.engine = engine
+        self._sock = free_socket()
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        config = uvicorn.Config(build_app(self.async_engine), log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+
+    def start(self, timeout: float = 30.0) -> RunningServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not start")
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
+        self._sock.close()
+
+    def wait_idle(self, timeout: float = 20.0) -> None:
+        """Until the engine has no unfinished request (raises on timeout)."""
+        deadline = time.monotonic() + timeout
+        while self.engine.has_unfinished_requests() or self.async_engine.num_unfinished_streams:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine still busy: {list(self.engine.scheduler.requests)}")
+            time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def running_server(model: str, **config):
+    """``with running_server(model, max_model_len=...) as server:`` a fresh engine served on a free port."""
+    server = RunningServer(LLMEngine.from_config(model=model, **{**SERVER_CONFIG, **config})).start()
+    try:
+        yield server
+    finally:
+        server.stop()

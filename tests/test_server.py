@@ -1,0 +1,359 @@
+"""The OpenAI-compatible server, through the official ``openai`` client and raw HTTP, on loopback: the same
+text as ``LLM.generate``, 64 concurrent streams, disconnects that free their KV blocks within a step, 400s
+naming the field while others stream, Prometheus metrics consistent with the engine's summary, the step feed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from minengine import LLM, SamplingParams
+from minengine.metrics.prometheus import ITL_BUCKETS, TTFT_BUCKETS
+from minengine.workloads import SHAKESPEARE_OPENINGS
+from tests.server_helpers import SERVER_CONFIG, running_server
+
+TIMEOUT = 60.0  # seconds: every client call is bounded
+GREEDY = dict(temperature=0.0, max_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def server(bundled_model):
+    with running_server(bundled_model) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def ref(bundled_model):
+    return LLM(bundled_model, **SERVER_CONFIG)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=TIMEOUT, max_retries=0)
+
+
+def ref_texts(ref, prompts, max_tokens=24, **kw):
+    outs = ref.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, **kw), use_tqdm=False)
+    return [o.outputs[0].text for o in outs]
+
+
+def test_models_health_version(server, client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["tiny-shakespeare-llama"]
+    assert httpx.get(server.url + "/health", timeout=TIMEOUT).status_code == 200
+    assert httpx.get(server.url + "/version", timeout=TIMEOUT).json()["version"]
+
+
+def test_completions_equal_llm_generate(client, ref):
+    prompts = SHAKESPEARE_OPENINGS[:4]
+    want = ref_texts(ref, prompts)
+    for p, w in zip(prompts, want):
+        r = client.completions.create(model="tiny-shakespeare-llama", prompt=p, **GREEDY)
+        assert r.choices[0].text == w and r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == 24
+        stream = client.completions.create(model="tiny-shakespeare-llama", prompt=p, stream=True,
+                                           stream_options={"include_usage": True}, **GREEDY)
+        chunks = list(stream)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == w
+        assert chunks[-1].usage.completion_tokens == 24 and not chunks[-1].choices
+    batch = client.completions.create(model="tiny-shakespeare-llama", prompt=prompts, **GREEDY)
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == want
+    ids = ref.get_tokenizer()(prompts[0])["input_ids"]
+    by_ids = client.completions.create(model="tiny-shakespeare-llama", prompt=ids, **GREEDY)
+    assert by_ids.choices[0].text == want[0]
+
+
+def test_chat_equals_llm_chat(client, ref):
+    messages = [{"role": "system", "content": "A street in Verona."},
+                {"role": "user", "content": "Good morrow, fair maid."}]
+    (want,) = ref.chat(messages, SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    r = client.chat.completions.create(model="tiny-shakespeare-llama", messages=messages, **GREEDY)
+    assert r.choices[0].message.content == want.outputs[0].text and r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == len(want.prompt_token_ids)
+    stream = client.chat.completions.create(model="tiny-shakespeare-llama", messages=messages, stream=True,
+                                            **GREEDY)
+    deltas = list(stream)
+    assert deltas[0].choices[0].delta.role == "assistant"
+    assert "".join(d.choices[0].delta.content or "" for d in deltas) == want.outputs[0].text
+    assert deltas[-1].choices[0].finish_reason == "length"
+
+
+def test_64_concurrent_streaming_clients(server, ref):
+    prompts = [SHAKESPEARE_OPENINGS[i % len(SHAKESPEARE_OPENINGS)] + " " * (i % 3) for i in range(64)]
+    lengths = [8 + i % 17 for i in range(64)]
+    want = [ref_texts(ref, [p], max_tokens=n)[0] for p, n in zip(prompts, lengths)]
+
+    async def one(aclient, prompt, n):
+        stream = await aclient.completions.create(model="tiny-shakespeare-llama", prompt=prompt, stream=True,
+                                                  temperature=0, max_tokens=n)
+        return "".join([c.choices[0].text async for c in stream if c.choices])
+
+    async def main():
+        aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=TIMEOUT, max_retries=0)
+        async with aclient:
+            return await asyncio.gather(*(one(aclient, p, n) for p, n in zip(prompts, lengths)))
+
+    steps_before = server.engine.num_steps
+    got = asyncio.run(main())
+    assert got == want
+    server.wait_idle()
+    batched = [t for t in server.engine.traces if t.step >= steps_before]
+    assert max(t.num_running for t in batched) > 16  # they really ran concurrently
+    assert server.engine.kv_cache_manager.num_free_blocks == server.engine.num_kv_blocks
+
+
+def _read_chunks(response, count: int) -> str:
+    """Read ``count`` SSE data chunks of a streaming completion; returns its id."""
+    seen, rid = 0, None
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            rid = json.loads(line[6:])["id"]
+            seen += 1
+            if seen == count:
+                return rid
+    raise AssertionError("stream ended early")
+
+
+def test_client_closed_mid_stream_frees_request_and_blocks_within_a_step(server):
+    engine = server.engine
+    body = {"prompt": SHAKESPEARE_OPENINGS[0], "max_tokens": 400, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=TIMEOUT) as r:
+        rid = _read_chunks(r, 3) + "-0"
+        steps_at_close = engine.num_steps
+    server.wait_idle()
+    assert rid not in engine.scheduler.requests
+    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+    m = engine.request_metrics[rid]
+    assert m.finish_reason == "abort" and m.num_output_tokens < 400
+    later = [t.step for t in engine.traces if t.step >= steps_at_close and any(c.request_id == rid for c in t.chunks)]
+    # the step running when the client left, and at most the one the loop had started before it read the
+    # disconnect; never more
+    assert len(later) <= 2, later
+
+
+def test_client_gone_before_non_streamed_answer_aborts(server):
+    engine = server.engine
+    body = {"prompt": SHAKESPEARE_OPENINGS[1], "max_tokens": 450, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(TIMEOUT, read=0.5))
+    server.wait_idle()
+    aborted = [m for m in engine.request_metrics.values() if m.finish_reason == "abort" and m.num_prompt_tokens
+               and m.num_output_tokens < 450]
+    assert aborted and engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+
+
+BAD_REQUESTS = [
+    ("/v1/completions", {"prompt": "ROMEO:", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "ROMEO:", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "ROMEO:", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "ROMEO:", "max_tokens": "many"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "ROMEO:", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "ROMEO:", "logprobs": 50}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "ROMEO:", "stop": 123}, 400, "stop"),
+    ("/v1/completions", {"prompt": "ROMEO:", "presence_penalty": 3}, 400, "presence_penalty"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": []}, 400, "prompt"),
+    ("/v1/completions", {"prompt": [5, 10**6]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x " * 600}, 400, "prompt"),
+    ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "ROMEO:", "model": "gpt-4"}, 404, "model"),
+    ("/v1/completions", {"prompt": "ROMEO:", "suffix": "x"}, 400, "suffix"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, 400,
+     "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1}, 400,
+     "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+     400, "tools"),
+    ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
+    ("/tokenize", {}, 400, "prompt"),
+]
+
+
+def test_bad_requests_get_400_naming_the_field_while_others_stream(server, ref):
+    prompt = SHAKESPEARE_OPENINGS[2]
+    (want,) = ref_texts(ref, [prompt], max_tokens=120, ignore_eos=True)
+    got, progress = [], []
+
+    def stream():
+        with httpx.stream("POST", server.url + "/v1/completions", timeout=TIMEOUT, json={
+                "prompt": prompt, "max_tokens": 120, "temperature": 0, "ignore_eos": True, "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    got.append(json.loads(line[6:])["choices"][0]["text"])
+                    progress.append(time.monotonic())
+
+    t = threading.Thread(target=stream)
+    t.start()
+    while not progress:
+        time.sleep(0.01)
+    answered = []
+    for path, body, status, field in BAD_REQUESTS:
+        r = httpx.post(server.url + path, json=body, timeout=TIMEOUT)
+        assert r.status_code == status, (body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == status and err["param"] == field and field.split("_")[0] in err["message"], err
+        answered.append(time.monotonic())
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=TIMEOUT,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    t.join(TIMEOUT)
+    assert "".join(got) == want
+    assert any(p > answered[0] for p in progress)  # it kept streaming while the bad ones were answered
+    server.wait_idle()
+    assert server.engine.kv_cache_manager.num_free_blocks == server.engine.num_kv_blocks
+
+
+def test_n_logprobs_and_penalties_over_http(client, ref):
+    r = client.completions.create(model="tiny-shakespeare-llama", prompt="ROMEO:", n=3, temperature=0.9,
+                                  seed=7, max_tokens=12)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2] and len({c.text for c in r.choices}) > 1
+    (want,) = ref.generate("ROMEO:", SamplingParams(n=3, temperature=0.9, seed=7, max_tokens=12), use_tqdm=False)
+    assert [c.text for c in sorted(r.choices, key=lambda c: c.index)] == [o.text for o in want.outputs]
+    r = client.completions.create(model="tiny-shakespeare-llama", prompt="ROMEO:", logprobs=3, **GREEDY)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 24 and len(lp.top_logprobs[0]) == 3 and "".join(lp.tokens) == r.choices[0].text
+    assert all(t <= 0 for t in lp.token_logprobs) and lp.text_offset[0] == 0
+    (w,) = ref.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=24, logprobs=3), use_tqdm=False)
+    assert lp.token_logprobs == pytest.approx([p[t].logprob for p, t in zip(w.outputs[0].logprobs,
+                                                                            w.outputs[0].token_ids)])
+    chat = client.chat.completions.create(model="tiny-shakespeare-llama", logprobs=True, top_logprobs=2,
+                                          messages=[{"role": "user", "content": "Speak."}], **GREEDY)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 24 and len(content[0].top_logprobs) == 2
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    pen = client.completions.create(model="tiny-shakespeare-llama", prompt="ROMEO:", temperature=0, max_tokens=24,
+                                    extra_body={"repetition_penalty": 1.5, "top_k": 0})
+    assert pen.choices[0].text == ref_texts(ref, ["ROMEO:"], repetition_penalty=1.5)[0]
+
+
+def test_tokenize_detokenize_reset_prefix_cache(server, ref):
+    tok = ref.get_tokenizer()
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "ROMEO:\nO Romeo"}, timeout=TIMEOUT).json()
+    assert r["tokens"] == tok("ROMEO:\nO Romeo")["input_ids"] and r["count"] == len(r["tokens"])
+    assert r["max_model_len"] == 512
+    d = httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}, timeout=TIMEOUT).json()
+    assert d["prompt"] == "ROMEO:\nO Romeo"
+    chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]},
+                      timeout=TIMEOUT).json()
+    assert tok.decode(chat["tokens"]) == "ROMEO:\nHi\n\nJULIET:\n"
+    server.wait_idle()
+    assert httpx.post(server.url + "/reset_prefix_cache", timeout=TIMEOUT).json() == {"reset": True}
+    assert server.engine.kv_cache_manager.pool.num_cached_free_blocks == 0
+
+
+def _metrics(url: str) -> dict:
+    text = httpx.get(url + "/metrics", timeout=TIMEOUT).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def _value(families: dict, name: str, sample: str | None = None, **labels) -> float:
+    fam = families[name]
+    want = sample or name
+    return sum(s.value for s in fam.samples if s.name == want and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_metrics_move_and_match_the_engine_summary(bundled_model):
+    # a small KV pool, so concurrent requests preempt each other; a shared prefix, so the prefix cache hits
+    with running_server(bundled_model, num_kv_blocks=24, max_num_batched_tokens=64) as server:
+        before = _metrics(server.url)
+        assert before["vllm:num_requests_running"].type == "gauge"
+        assert before["vllm:prompt_tokens"].type == "counter"
+        assert before["vllm:time_to_first_token_seconds"].type == "histogram"
+        assert _value(before, "vllm:generation_tokens", "vllm:generation_tokens_total") == 0
+        shared = "ROMEO:\n" + "O Romeo, Romeo, wherefore art thou Romeo? " * 3
+
+        async def main():
+            aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=TIMEOUT,
+                                         max_retries=0)
+            async with aclient:
+                return await asyncio.gather(*(aclient.completions.create(
+                    model="tiny-shakespeare-llama", prompt=shared + str(i), temperature=0, max_tokens=60,
+                    extra_body={"ignore_eos": True}) for i in range(6)))
+
+        responses = asyncio.run(main())
+        server.wait_idle()
+        after = _metrics(server.url)
+        s = server.engine.summary()
+        done = list(server.engine.request_metrics.values())
+        gen = _value(after, "vllm:generation_tokens", "vllm:generation_tokens_total")
+        assert gen == sum(r.usage.completion_tokens for r in responses) == s.output_tokens == 360
+        assert _value(after, "vllm:prompt_tokens", "vllm:prompt_tokens_total") == s.prompt_tokens
+        assert _value(after, "vllm:request_success", "vllm:request_success_total") == s.num_requests == 6
+        assert _value(after, "vllm:request_success", "vllm:request_success_total", finished_reason="length") == 6
+        assert _value(after, "vllm:num_preemptions", "vllm:num_preemptions_total") == s.num_preemptions > 0
+        assert _value(after, "vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total") == s.prefix_hit_tokens > 0
+        assert _value(after, "vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total") == \
+            s.prefix_queried_tokens
+        assert _value(after, "vllm:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds_count") == 6
+        ttft_sum = _value(after, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_sum")
+        assert ttft_sum == pytest.approx(sum(m.ttft for m in done))
+        assert _value(after, "vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_count") == \
+            sum(len(m.itls) for m in done)
+        assert _value(after, "vllm:iteration_tokens_total", "vllm:iteration_tokens_total_count") == s.num_steps
+        assert _value(after, "minengine:num_steps", "minengine:num_steps_total") == s.num_steps
+        assert _value(after, "vllm:num_requests_running") == 0 and _value(after, "vllm:kv_cache_usage_perc") == 0
+        assert _value(after, "minengine:num_free_blocks") == 24
+        buckets = [float(x.labels["le"]) for x in after["vllm:time_to_first_token_seconds"].samples
+                   if x.name.endswith("_bucket")]
+        assert buckets == TTFT_BUCKETS + [float("inf")]
+        itl_buckets = [float(x.labels["le"]) for x in after["vllm:inter_token_latency_seconds"].samples
+                       if x.name.endswith("_bucket")]
+        assert itl_buckets == ITL_BUCKETS + [float("inf")]
+        labels = after["vllm:num_requests_running"].samples[0].labels
+        assert labels == {"model_name": "tiny-shakespeare-llama", "engine": "0"}
+        assert _value(after, "vllm:cache_config_info", block_size="16", num_gpu_blocks="24") == 1
+
+
+def _sse_events(response, until):
+    """(event, data) pairs of a server-sent-event stream until ``until(event, data)`` is true."""
+    event = None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+            yield event, data
+            if until(event, data):
+                return
+
+
+def test_step_feed_streams_every_step_as_json(server):
+    events, ready = [], threading.Event()
+
+    def watch():
+        with httpx.stream("GET", server.url + "/v1/engine/steps", timeout=TIMEOUT) as r:
+            for ev in _sse_events(r, lambda e, d: e == "step" and any(rid.startswith("cmpl-") and rid.endswith("-0")
+                                                                      for rid in d["finished_ids"])):
+                events.append(ev)
+                ready.set()
+
+    t = threading.Thread(target=watch)
+    t.start()
+    assert ready.wait(TIMEOUT)  # the engine event arrived: subscribed
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 5, "temperature": 0},
+                   timeout=TIMEOUT).json()
+    t.join(TIMEOUT)
+    assert events[0][0] == "engine"
+    info = events[0][1]
+    assert info["num_kv_blocks"] == 256 and info["block_size"] == 16 and info["max_num_batched_tokens"] == 256
+    steps = [d for e, d in events if e == "step"]
+    rid = r["id"] + "-0"
+    mine = [d for d in steps if any(c["request_id"] == rid for c in d["chunks"])]
+    assert len(mine) == 5 and mine[0]["admitted_ids"] == [rid] and rid in mine[-1]["finished_ids"]
+    assert [d["step"] for d in steps] == sorted(d["step"] for d in steps)
+    assert mine[0]["block_tables"][rid] and mine[0]["num_total_blocks"] == 256 and mine[0]["num_dropped"] == 0
+    assert all(d["end_time"] >= d["start_time"] for d in steps)
+    with httpx.stream("GET", server.url + "/v1/engine/steps?history=3&block_tables=false", timeout=TIMEOUT) as r:
+        replay = [d for _, d in _sse_events(r, lambda e, d: e == "step" and d["step"] == steps[-1]["step"])]
+    assert replay[-1]["step"] == steps[-1]["step"] and replay[-1]["block_tables"] is None
