@@ -41,6 +41,7 @@ class SamplingParams:
 
     Attributes:
         n: completions to generate for the prompt (each is a child request; outputs carry ``.index``).
+        best_of: accepted when None or equal to ``n`` (vLLM v1 dropped generating more than ``n``).
         presence_penalty: subtracted from the logit of every token already generated (OpenAI's; in [-2, 2]).
         frequency_penalty: subtracted once per earlier occurrence in the output (OpenAI's; in [-2, 2]).
         repetition_penalty: divides positive / multiplies negative logits of every token seen in the prompt or
@@ -72,6 +73,7 @@ class SamplingParams:
     """
 
     n: int = 1
+    best_of: int | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -111,6 +113,9 @@ class SamplingParams:
         """Check every field; raises ``ValueError`` naming the first bad one."""
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError(f"best_of ({self.best_of!r}) must be None or equal to n ({self.n}): generating more "
+                             "sequences than are returned is not supported (as in vLLM v1)")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not _is_number(v) or not -2.0 <= v <= 2.0:

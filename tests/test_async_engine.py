@@ -160,3 +160,22 @@ def test_history_is_trimmed(bundled_model):
         assert len(e.request_metrics) == 4
     finally:
         engine.shutdown()
+
+
+def test_a_broken_loop_fails_waiting_callers_instead_of_hanging(aengine, monkeypatch):
+    from minengine.entrypoints.async_engine import EngineDeadError
+
+    engine = aengine.engine
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("corrupt")
+
+    async def main():
+        monkeypatch.setattr(engine, "step", broken)
+        monkeypatch.setattr(engine, "abort_request", broken)  # cleaning up fails too: the loop cannot go on
+        with pytest.raises(EngineDeadError, match="corrupt"):
+            await _collect(aengine, "ROMEO:", "victim")
+        with pytest.raises(EngineDeadError):
+            await aengine.check_health()
+
+    run(main())

@@ -202,3 +202,19 @@ def test_priority_ints_and_prompt_types(bundled_model):
                         SamplingParams(temperature=0, max_tokens=6), priority=[3, 1], use_tqdm=False)
     assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids
     assert outs[1].metrics.first_token_time < outs[0].metrics.first_token_time
+    (one,) = llm.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=6), priority=2, use_tqdm=False)
+    assert one.outputs[0].token_ids == outs[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="priority"):
+        llm.generate("ROMEO:", SamplingParams(max_tokens=2), priority=["high"], use_tqdm=False)
+
+
+def test_include_stop_str_in_output(llm):
+    base = dict(temperature=0, max_tokens=30, ignore_eos=True)
+    (full,) = llm.generate("KING RICHARD III:\n", SamplingParams(**base), use_tqdm=False)
+    text = full.outputs[0].text
+    stop = text[8:12]
+    assert text.find(stop) == 8
+    cut, kept = llm.generate(["KING RICHARD III:\n"] * 2, [SamplingParams(stop=[stop], **base), SamplingParams(
+        stop=[stop], include_stop_str_in_output=True, **base)], use_tqdm=False)
+    assert cut.outputs[0].text == text[:8] and kept.outputs[0].text == text[:12]
+    assert kept.outputs[0].stop_reason == stop and kept.outputs[0].finish_reason == "stop"

@@ -44,6 +44,8 @@ _VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
     "quantization": (str, None, (None,), "must be None: no quantized kernels"),
     "kv_cache_dtype": (str, "auto", ("auto",), "must be 'auto': the KV cache has the model's dtype"),
     "cpu_offload_gb": (float, 0, (0,), "must be 0"),
+    "generation_config": (str, "auto", ("auto", "vllm"), "'auto': sampling defaults from the checkpoint's "
+                          "generation_config.json; 'vllm': SamplingParams() defaults"),
 }
 _SCHEDULING_ALIASES = {"fcfs": "decode-first"}
 _CONFIG_FIELDS = [f for f in dataclasses.fields(EngineConfig) if f.name != "extra"]
@@ -105,8 +107,9 @@ class _EngineArgsMethods:
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add one flag per field (``--max-num-batched-tokens``...; booleans also as ``--no-...``), with
-        vLLM's flag names, to ``parser``; returns it."""
-        group = parser.add_argument_group(f"{cls.__name__} (vLLM's names)")
+        vLLM's flag names, to ``parser`` (a parser or an argument group); returns it."""
+        is_group = isinstance(parser, argparse._ArgumentGroup)
+        group = parser if is_group else parser.add_argument_group(f"{cls.__name__} (vLLM's names)")
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             kind = str(f.type)

@@ -55,18 +55,22 @@ class LLM:
         except TypeError as exc:
             raise TypeError(f"LLM(): {exc} (the keywords are EngineArgs fields)") from None
         self.llm_engine = LLMEngine.from_engine_args(args)
+        self.generation_config = args.generation_config
         self._ids = itertools.count()
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """vLLM's defaults for this model: ``SamplingParams()`` updated by the checkpoint's generation_config."""
+        """vLLM's defaults for this model: ``SamplingParams()`` updated by the checkpoint's generation_config
+        (unless ``LLM(..., generation_config="vllm")``)."""
+        if self.generation_config == "vllm":
+            return SamplingParams()
         return SamplingParams(**default_sampling_overrides(self.llm_engine.model_path))
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | int | None = None) -> list[RequestOutput]:
         """Generate for every prompt; returns the finished ``RequestOutput``s in input order.
 
         Args:
@@ -76,7 +80,7 @@ class LLM:
                 ``n > 1`` gives ``n`` completions per output (``outputs[i].index == i``).
             use_tqdm: show a progress bar over finished requests.
             priority: one int per prompt for ``scheduling_policy="priority"`` (as vLLM: smaller = more
-                urgent); None = all 0.
+                urgent), or one int for all; None = all 0.
 
         Raises:
             ValueError: any invalid prompt or parameter; nothing is queued then.
@@ -94,7 +98,9 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
-        priority = [0] * len(prompts) if priority is None else list(priority)
+        if priority is None or (isinstance(priority, int) and not isinstance(priority, bool)):
+            priority = [priority or 0] * len(prompts)
+        priority = list(priority)
         if len(priority) != len(prompts):
             raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         final = []

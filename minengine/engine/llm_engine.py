@@ -308,7 +308,7 @@ class LLMEngine:
                                        self.request_metrics[child.request_id])
             self.output_processor.add_request(child, index, parent)
         self.stat_logger.record_new_request(group.params.n)
-        self._record_state()
+        self._record_state(self.stat_logger.last_cached_free_blocks)  # queueing frees no block
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Finish requests with reason "abort" in whatever state they are, freeing their blocks (an ``n > 1``
@@ -425,14 +425,18 @@ class LLMEngine:
         self.stat_logger.record_step(trace, got_token, self.request_metrics)
         self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
                                          for r in finished)
-        self._record_state()
+        # Without finished requests no block was freed after scheduling: the trace's count is still exact.
+        self._record_state(trace.num_cached_free_blocks if trace is not None and not finished else None)
 
-    def _record_state(self) -> None:
-        s = self.scheduler
+    def _record_state(self, num_cached_free_blocks: int | None = None) -> None:
+        """Queue and pool gauges. ``num_cached_free_blocks`` saves a scan of the free queue when the caller
+        knows it (None: count now)."""
+        s, kv = self.scheduler, self.kv_cache_manager
+        if num_cached_free_blocks is None:
+            num_cached_free_blocks = kv.pool.num_cached_free_blocks
         self.stat_logger.record_state(s.num_running, s.num_waiting,
                                       sum(r.status is RequestStatus.SWAPPED for r in s.waiting),
-                                      self.kv_cache_manager.num_free_blocks,
-                                      self.kv_cache_manager.pool.num_cached_free_blocks, self.num_kv_blocks)
+                                      kv.num_free_blocks, num_cached_free_blocks, self.num_kv_blocks)
 
     def _block_snapshot(self) -> dict:
         pool = self.kv_cache_manager.pool

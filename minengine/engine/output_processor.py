@@ -121,6 +121,8 @@ class OutputProcessor:
     def _completion(self, state: _RequestState, request: Request, text: str) -> CompletionOutput | None:
         """This step's completion of one engine request in its output kind (None: nothing to send)."""
         finished = request.is_finished
+        if finished and isinstance(request.stop_reason, str) and request.sampling_params.include_stop_str_in_output:
+            text += request.stop_reason  # the detokenizer cut the text right before the stop string it found
         kind = state.output_kind
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None

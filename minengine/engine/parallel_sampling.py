@@ -23,7 +23,7 @@ def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     """The params of child ``index``: ``n=1`` and, when seeded, ``seed + index`` (vLLM's rule), so the
     children differ and each is reproducible."""
     child = params.clone()
-    child.n = 1
+    child.n, child.best_of = 1, None
     if params.seed is not None:
         child.seed = params.seed + index
     return child

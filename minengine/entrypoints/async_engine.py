@@ -119,6 +119,17 @@ class AsyncLLMEngine:
             raise EngineDeadError("the engine has been shut down")
         self._loop, self._wakeup = loop, asyncio.Event()
         self._task = loop.create_task(self._run(), name="minengine-engine-loop")
+        self._task.add_done_callback(self._on_loop_done)
+
+    def _on_loop_done(self, task: asyncio.Task) -> None:
+        """The loop ended: cancelled (shutdown, or its event loop closing) or broken. Either way no output will
+        come, so every waiting caller gets an ``EngineDeadError`` instead of waiting forever."""
+        if not task.cancelled() and task.exception() is not None:
+            self.errored = task.exception()
+            logger.error("engine loop died: %r", self.errored)
+        for stream in self._streams.values():
+            stream.put(EngineDeadError(f"the engine loop stopped: {self.errored or 'shut down'}"))
+        self._streams.clear()
 
     @property
     def is_running(self) -> bool:
@@ -144,7 +155,7 @@ class AsyncLLMEngine:
                 outputs = await loop.run_in_executor(self._executor, engine.step)
             except Exception as exc:  # a bug in a step: fail its requests, free everything, keep serving
                 logger.exception("engine step failed")
-                self._fail_all(exc)
+                self._fail_all(exc)  # if even that fails, the loop ends and _on_loop_done tells everyone
                 continue
             for out in outputs:
                 stream = self._streams.get(out.request_id)
@@ -278,7 +289,9 @@ class AsyncLLMEngine:
         return await self.call(lambda engine: engine.reset_prefix_cache())
 
     async def check_health(self) -> None:
-        """Raises ``EngineDeadError`` when the loop has stopped."""
+        """Raises ``EngineDeadError`` when the loop has stopped (shut down, or broken: ``errored``)."""
+        if self.errored is not None:
+            raise EngineDeadError(f"the engine loop failed: {self.errored}")
         if self._executor is None or (self._task is not None and self._task.done()):
             raise EngineDeadError("the engine loop is not running")
 

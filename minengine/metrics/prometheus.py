@@ -139,6 +139,7 @@ class PrometheusStatLogger:
         self.kv_usage.set(1.0 - num_free_blocks / num_kv_blocks)
         self.free_blocks.set(num_free_blocks)
         self.cached_free_blocks.set(num_cached_free_blocks)
+        self.last_cached_free_blocks = num_cached_free_blocks
 
     def record_step(self, trace: StepTrace | None, got_token: Iterable[Request],
                     metrics: dict[str, RequestMetrics]) -> None:

@@ -37,7 +37,8 @@ def resolve_model_path(model: str, revision: str | None = None) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id=model, allow_patterns=_WEIGHT_PATTERNS, revision=revision))
+        extra = {"revision": revision} if revision is not None else {}
+        return Path(snapshot_download(repo_id=model, allow_patterns=_WEIGHT_PATTERNS, **extra))
     except Exception as exc:  # network, auth, unknown repo: one clear message
         raise ValueError(f"model {model!r}: not a local directory, and downloading it from the hub failed: {exc}") \
             from exc

@@ -66,7 +66,7 @@ class ModelRunner:
         hidden = self.model(batch, self.kv_caches)
         if any(s.sampling_params.prompt_logprobs is not None for s in scheduler_output.scheduled):
             self.last_prompt_logprobs = compute_prompt_logprobs(
-                self.model.compute_logits, hidden, batch.query_start_loc_list, scheduler_output.scheduled)
+                self.model.compute_logits, hidden, batch.query_start_loc_list[:-1], scheduler_output.scheduled)
         sampling = [s for s in scheduler_output.scheduled if s.sample]
         if not sampling:
             return {}

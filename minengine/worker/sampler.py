@@ -185,7 +185,7 @@ class Sampler:
 
 
 def compute_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
-                            query_start_loc: list[int],
+                            row_starts: Sequence[int],
                             scheduled: list[ScheduledRequest]) -> dict[str, tuple[int, list[TokenLogprobs]]]:
     """Log-probabilities of the prompt tokens a step's prefill chunks predict, for requests that asked.
 
@@ -194,9 +194,10 @@ def compute_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tenso
 
     Args:
         compute_logits: the model's LM head, [N, hidden] -> [N, V] float32.
-        hidden: [T, hidden], the step's final hidden states, request after request.
-        query_start_loc: [B + 1] prefix sums of the new tokens per scheduled request.
-        scheduled: the step's requests, in the order of ``hidden``.
+        hidden: [T, hidden], the step's final hidden states.
+        row_starts: per scheduled request (scheduler order), the row of ``hidden`` holding its first new token
+            (its new tokens are the rows after it).
+        scheduled: the step's requests, in the scheduler's order.
     Returns:
         {request_id: (index of the first prompt token scored, one ``TokenLogprobs`` per scored token)}.
     """
@@ -207,7 +208,7 @@ def compute_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tenso
         last = min(s.seq_len, num_prompt - 1)  # exclusive end of the predicting positions
         if k is None or s.start_pos >= last:
             continue
-        rows = hidden[query_start_loc[i]:query_start_loc[i] + last - s.start_pos]
+        rows = hidden[row_starts[i]:row_starts[i] + last - s.start_pos]
         logprobs = torch.log_softmax(compute_logits(rows).float().cpu(), dim=-1)
         targets = torch.tensor(s.prompt_token_ids[s.start_pos + 1:last + 1], dtype=torch.long)
         out[s.request_id] = (s.start_pos + 1, position_logprobs(logprobs, targets, k))

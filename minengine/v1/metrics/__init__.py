@@ -1,0 +1,1 @@
+"""Alias package (see ``minengine.v1``)."""

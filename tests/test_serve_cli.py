@@ -1,0 +1,82 @@
+"""``python -m minengine serve`` as a user starts it, and ``bench-serve --base-url`` against a live server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+from minengine.__main__ import main
+from tests.server_helpers import free_socket, running_server
+
+
+def test_serve_command_answers_the_openai_client(bundled_model):
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()  # the server binds it next
+    proc = subprocess.Popen([sys.executable, "-m", "minengine", "serve", bundled_model, "--port", str(port),
+                             "--max-model-len", "256", "--served-model-name", "bard", "--uvicorn-log-level",
+                             "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", timeout=60, max_retries=0)
+        r = client.completions.create(model="bard", prompt="ROMEO:", max_tokens=8, temperature=0)
+        assert r.model == "bard" and r.usage.completion_tokens == 8
+        assert 'model_name="bard"' in httpx.get(url + "/metrics", timeout=10).text
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=60)
+    assert "minengine serving 'bard'" in out
+
+
+def _table(text: str) -> dict[str, str]:
+    rows = {}
+    for line in text.splitlines():
+        if ":" in line and not line.startswith(("=", "-")):
+            key, _, value = line.rpartition(":")
+            rows[key.strip()] = value.strip()
+    return rows
+
+
+def test_bench_serve_base_url_prints_the_same_table(bundled_model, capsys):
+    workload = ["--trace", "poisson", "--num-requests", "8", "--request-rate", "20", "--input-len", "32",
+                "--output-len", "8", "--max-model-len", "512", "--slo-ttft-ms", "2000"]
+    with running_server(bundled_model) as server:
+        main(["bench-serve", "--base-url", server.url, *workload])
+        remote = capsys.readouterr().out
+        server.wait_idle()
+        served = server.engine.summary()
+    main(["bench-serve", *workload])
+    local = capsys.readouterr().out
+    r, loc = _table(remote), _table(local)
+    assert "Serving Benchmark Result" in remote and "Serving Benchmark Result" in local
+    for key in ("Successful requests", "Total input tokens", "Total generated tokens"):
+        assert r[key] == loc[key], key
+    assert r["Successful requests"] == "8" and r["Total generated tokens"] == "64" and "failed requests 0" in remote
+    assert served.num_requests == 8 and served.output_tokens == 64 and served.prompt_tokens == 8 * 32
+    for key in ("Mean TTFT (ms)", "P99 ITL (ms)", "Request goodput (req/s)"):
+        assert float(r[key]) > 0, key
+
+
+def test_bench_serve_base_url_unreachable_is_a_message(bundled_model):
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    p = subprocess.run([sys.executable, "-m", "minengine", "bench-serve", "--base-url", f"http://127.0.0.1:{port}",
+                        "--trace", "poisson", "--num-requests", "2"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "base-url" in p.stderr and "Traceback" not in p.stderr

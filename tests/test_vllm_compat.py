@@ -1,0 +1,92 @@
+"""The vLLM compatibility suite: scripts using minengine as vLLM's offline examples use vLLM (tests/vllm_compat/)
+run, and would run on vLLM with only their import lines changed (the map of tests/vllm_compat/README.md)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+from minengine.metrics.prometheus import PrometheusStatLogger
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted((ROOT / "tests" / "vllm_compat").glob("*.py"))
+# the vLLM modules these scripts may import from (minengine has each under the same path, ``vllm`` -> ``minengine``)
+VLLM_MODULES = {"vllm", "vllm.sampling_params", "vllm.inputs", "vllm.engine.arg_utils", "vllm.utils",
+                "vllm.distributed", "vllm.v1.metrics.reader", "vllm.v1.engine.async_llm"}
+
+
+def to_vllm(source: str) -> str:
+    """The script with ``minengine`` replaced by ``vllm`` in its import lines; raises if anything else names
+    minengine as code (a module attribute, a plain ``import minengine``) or a module vLLM does not have."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "minengine" for a in node.names):
+            raise AssertionError(f"line {node.lineno}: use `from ... import`, as vLLM's examples do")
+        if isinstance(node, ast.Name) and node.id == "minengine":
+            raise AssertionError(f"line {node.lineno}: minengine used as a name")
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "minengine":
+            target = "vllm" + node.module[len("minengine"):]
+            if target not in VLLM_MODULES:
+                raise AssertionError(f"line {node.lineno}: no vLLM module {target}")
+            i = node.lineno - 1
+            lines[i] = lines[i].replace(f"from {node.module} import", f"from {target} import", 1)
+    return "\n".join(lines) + "\n"
+
+
+def test_there_are_scripts_for_every_example_kind():
+    names = {p.stem for p in SCRIPTS}
+    assert {"basic", "chat", "prefix_caching", "reproducibility", "llm_engine_example", "logprobs", "n_sampling",
+            "metrics"} <= names
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
+def test_script_runs_and_ports_to_vllm_by_its_imports(script, monkeypatch, capsys):
+    source = script.read_text()
+    vllm_source = to_vllm(source)
+    compile(vllm_source, str(script), "exec")
+    changed = [(a, b) for a, b in zip(source.splitlines(), vllm_source.splitlines()) if a != b]
+    assert changed and all(a.startswith("from minengine") and b.startswith("from vllm") for a, b in changed)
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    monkeypatch.delenv("MODEL", raising=False)
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.strip()
+
+
+def test_metric_names_are_vllms():
+    """Every vllm: series minengine exports is one vLLM's PrometheusStatLogger defines (v0.10 names)."""
+    vllm_names = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                  "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens",
+                  "vllm:generation_tokens", "vllm:request_success", "vllm:request_prompt_tokens",
+                  "vllm:request_generation_tokens", "vllm:iteration_tokens_total", "vllm:request_params_n",
+                  "vllm:request_params_max_tokens", "vllm:time_to_first_token_seconds",
+                  "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds",
+                  "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
+                  "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
+                  "vllm:request_decode_time_seconds", "vllm:cache_config_info"}
+    logger = PrometheusStatLogger("m", 512, {"block_size": "16"})
+    exported = {f.name for f in logger.registry.collect()}
+    ours = {n for n in exported if n.startswith("vllm:")}
+    assert ours == vllm_names
+    assert all(n.startswith(("vllm:", "minengine:")) for n in exported)
+
+
+def test_readme_quick_start_runs(monkeypatch, capsys):
+    """The README's quick start (written to run on vLLM too) runs as it is."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("## Quick start")
+    blocks = readme[start:readme.index("\n## ", start + 10)].split("```python\n")[1:]
+    assert len(blocks) >= 2
+    monkeypatch.chdir(ROOT)
+    for block in blocks:
+        code = block.split("```")[0]
+        exec(compile(code, "README quick start", "exec"), {"__name__": "__readme__"})
+    assert capsys.readouterr().out.strip()
+    assert os.getcwd() == str(ROOT)
