@@ -219,6 +219,13 @@ def cmd_serve(a: argparse.Namespace) -> None:
     run_server(engine, a.host, a.port, a.uvicorn_log_level)
 
 
+def _add_option(parser: argparse.ArgumentParser, group, flag: str, **kwargs) -> None:
+    """Add ``flag`` to ``group`` unless the engine flags already define it (they are generated from
+    ``EngineConfig``, which has ``served_model_name`` too)."""
+    if flag not in parser._option_string_actions:
+        group.add_argument(flag, **kwargs)
+
+
 def _serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="start the OpenAI-compatible server (FastAPI + uvicorn)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -227,8 +234,8 @@ def _serve_parser(sub) -> None:
     h = s.add_argument_group("server")
     h.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: all)")
     h.add_argument("--port", type=int, default=8000)
-    h.add_argument("--served-model-name", default=None,
-                   help="the model name in the API and the metrics (default: --model, or tiny-shakespeare-llama)")
+    _add_option(s, h, "--served-model-name", default=None,
+                help="the model name in the API and the metrics (default: --model, or tiny-shakespeare-llama)")
     h.add_argument("--max-history-steps", type=int, default=10_000,
                    help="step traces and finished requests' metrics kept in memory")
     h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -346,7 +353,7 @@ def _bench_serve_parser(sub) -> None:
     r.add_argument("--base-url", default=None,
                    help="drive this OpenAI-compatible server (e.g. http://127.0.0.1:8000) in real time; "
                         "--model then only gives the vocabulary for synthetic prompts")
-    r.add_argument("--served-model-name", default=None, help="model name to send (default: the server's first)")
+    _add_option(b, r, "--served-model-name", default=None, help="model name to send (default: the server's first)")
     r.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no limit)")
     b.add_argument("--result-json", default=None, help="also write the numbers to this JSON file")
     b.set_defaults(func=cmd_bench_serve)

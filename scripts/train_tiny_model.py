@@ -32,6 +32,20 @@ DEFAULT_OUT = ROOT / "minengine" / "assets" / "tiny-shakespeare-llama"
 EOS = "<|endoftext|>"
 
 
+# The chat template: speaker lines as in the training text ("NAME:\n<speech>\n\n"), so /v1/chat/completions and
+# LLM.chat work on this model. A message's "name" is its speaker; otherwise the user speaks as ROMEO and the
+# assistant as JULIET; a system message is plain text before the dialogue.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}{%- if message['role'] == 'system' -%}{{ message['content'] }}"
+    "{{ '\\n\\n' }}{%- else -%}{%- if message.name -%}{%- set speaker = message.name | upper -%}"
+    "{%- elif message['role'] == 'user' -%}{%- set speaker = 'ROMEO' -%}"
+    "{%- elif message['role'] == 'assistant' -%}{%- set speaker = 'JULIET' -%}{%- else -%}"
+    "{%- set speaker = message['role'] | upper -%}{%- endif -%}{{ speaker }}:{{ '\\n' }}"
+    "{{ message['content'] }}{{ '\\n\\n' }}{%- endif -%}{%- endfor -%}{%- if add_generation_prompt -%}"
+    "JULIET:{{ '\\n' }}{%- endif -%}"
+)
+
+
 def train_tokenizer(text: str, vocab_size: int) -> PreTrainedTokenizerFast:
     """Byte-level BPE (GPT-2 style) trained on ``text``; returns an HF fast tokenizer."""
     tok = Tokenizer(models.BPE())
@@ -44,8 +58,8 @@ def train_tokenizer(text: str, vocab_size: int) -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator([text], trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS,
-                                   unk_token=None, pad_token=EOS, clean_up_tokenization_spaces=False)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=None,
+                                   pad_token=EOS, clean_up_tokenization_spaces=False, chat_template=CHAT_TEMPLATE)
 
 
 def write_model_card(out: Path, sample: str | None = None) -> None:
@@ -101,6 +115,9 @@ on a laptop CPU with no download.
 from minengine import LLM, SamplingParams
 llm = LLM()  # this model
 print(llm.generate("ROMEO:", SamplingParams(temperature=0, max_tokens=64))[0].outputs[0].text)
+# chat: the tokenizer's chat template writes speaker lines (user = ROMEO, assistant = JULIET, or a message's name)
+(reply,) = llm.chat([{"role": "user", "content": "Good morrow."}], SamplingParams(temperature=0, stop=["\\n\\n"]))
+print(reply.outputs[0].text)
 
 from transformers import AutoModelForCausalLM, AutoTokenizer  # plain transformers works too
 model = AutoModelForCausalLM.from_pretrained("minengine/assets/tiny-shakespeare-llama")
