@@ -233,12 +233,13 @@ def _serve_parser(sub) -> None:
     _engine_args(s)
     h = s.add_argument_group("server")
     h.add_argument("--host", default="127.0.0.1", help="interface to listen on (0.0.0.0: all)")
-    h.add_argument("--port", type=int, default=8000)
+    h.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     _add_option(s, h, "--served-model-name", default=None,
-                help="the model name in the API and the metrics (default: --model, or tiny-shakespeare-llama)")
+                help="the model name in the API and the metrics (None: --model, or tiny-shakespeare-llama)")
     h.add_argument("--max-history-steps", type=int, default=10_000,
                    help="step traces and finished requests' metrics kept in memory")
-    h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (warning: no access log)")
     s.set_defaults(func=cmd_serve)
 
 
@@ -353,8 +354,8 @@ def _bench_serve_parser(sub) -> None:
     r.add_argument("--base-url", default=None,
                    help="drive this OpenAI-compatible server (e.g. http://127.0.0.1:8000) in real time; "
                         "--model then only gives the vocabulary for synthetic prompts")
-    _add_option(b, r, "--served-model-name", default=None, help="model name to send (default: the server's first)")
-    r.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no limit)")
+    _add_option(b, r, "--served-model-name", default=None, help="model name to send (None: the server's first)")
+    r.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (None: no limit)")
     b.add_argument("--result-json", default=None, help="also write the numbers to this JSON file")
     b.set_defaults(func=cmd_bench_serve)
 

@@ -69,7 +69,8 @@ class EngineConfig:
             None; the pool is never larger than the default size. None = the default size.
         swap_space_bytes: ``"swap"``: the CPU swap space in bytes (vLLM's ``swap_space`` is GiB), when
             ``swap_space_blocks`` is None.
-        revision, trust_remote_code: passed to the Hugging Face loaders (hub revision, custom code).
+        revision: the hub revision (branch, tag or commit) of ``model`` and ``tokenizer``, for the loaders.
+        trust_remote_code: let transformers run a checkpoint's own code (its config and tokenizer classes).
         served_model_name: the name clients and metrics use (``model`` of the OpenAI API, the ``model_name``
             label); None = ``model`` as given, or "tiny-shakespeare-llama" for the bundled model (``model`` None
             or ``BUNDLED_MODEL``).

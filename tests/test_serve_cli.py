@@ -44,6 +44,19 @@ def test_serve_command_answers_the_openai_client(bundled_model):
     assert "minengine serving 'bard'" in out
 
 
+def test_serve_help_shows_every_default_once():
+    import re
+
+    text = subprocess.run([sys.executable, "-m", "minengine", "serve", "--help"], capture_output=True, text=True,
+                          timeout=120).stdout
+    entries = re.split(r"\n  (?=-)", text.split("options:", 1)[1])
+    for entry in entries:
+        if entry.strip() and entry.split()[0] not in ("-h,", "model_tag"):
+            assert entry.count("(default") == 1, entry
+    for flag in ("--host", "--port", "--served-model-name", "--max-history-steps", "--max-num-batched-tokens"):
+        assert flag in text
+
+
 def _table(text: str) -> dict[str, str]:
     rows = {}
     for line in text.splitlines():
