@@ -1,10 +1,12 @@
-"""minengine dashboard: run the real engine on a workload and watch what the scheduler did, step by step.
+"""minengine dashboard: run the real engine on a workload and watch the scheduler while it runs, step by step.
 
     streamlit run app.py
 
-No engine logic here: the page reads controls, builds a ``Workload`` (``minengine.viz.presets``), runs it
-(``minengine.viz.runner.run_workload``, cached on config + workload) and draws the engine's own records with
-``minengine.viz`` figure builders. ``MINENGINE_MODEL`` may name another model directory (default: the
+No engine logic here: the page reads controls, builds a ``Workload`` (``minengine.viz.presets``), plays it live
+(``minengine.viz.runner.WorkloadRun``, a stream of ``StepTrace``s, paced by ``minengine.viz.live.LivePlayer`` in
+a Streamlit fragment), then keeps the finished run to explore; the A/B tab's second run is
+``minengine.viz.runner.run_workload``, cached on config + workload. Every figure is a ``minengine.viz`` builder
+drawing the engine's own records. ``MINENGINE_MODEL`` may name another model directory (default: the
 bundled tiny Shakespeare model).
 """
 
@@ -18,6 +20,7 @@ import streamlit as st
 
 from minengine.config import BUNDLED_MODEL
 from minengine.viz import (
+    STALL_MARKS,
     ab_sentence,
     batch_composition_figure,
     block_pool_animation,
@@ -26,13 +29,18 @@ from minengine.viz import (
     find_stalls,
     itl_figure,
     kv_usage_figure,
+    labelled_stalls,
     latency_cdf_figure,
     presets,
     queue_figure,
+    run_request_ids,
+    step_token_timeline_figure,
     token_timeline_figure,
 )
 from minengine.viz.i18n import t
-from minengine.viz.runner import DashboardConfig, RunResult, run_workload
+from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
+from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
+from minengine.viz.timeline_figures import MAX_STALL_LABELS
 from minengine.viz.workload import Workload
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
 
@@ -45,6 +53,13 @@ LONG_PROMPT_SCALES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 def cached_run(config: DashboardConfig, workload: Workload) -> RunResult:
     """One engine run; the cache key is the (frozen, hashable) config and workload."""
     return run_workload(config, workload)
+
+
+def get_result(config: DashboardConfig, workload: Workload) -> RunResult:
+    """This session's finished live run of (config, workload) if there is one, else a cached full run (the
+    A/B tab's other configuration)."""
+    res = st.session_state.get("results", {}).get((config, workload))
+    return res if res is not None else cached_run(config, workload)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
@@ -129,9 +144,90 @@ def engine_controls(preset: str, lang: str) -> DashboardConfig:
                            temperature=float(temperature), model=os.environ.get("MINENGINE_MODEL") or None)
 
 
+def live_speed_control(lang: str) -> float:
+    """Steps per second of the live view (0 = as fast as the engine runs); one slider per language (as the
+    preset selectbox: a browser keeps a keyed widget's old option labels), one shared value."""
+    st.sidebar.subheader(t("live_run", lang))
+    speed = st.sidebar.select_slider(
+        t("live_speed", lang), SPEEDS, value=st.session_state.get("live_speed", DEFAULT_SPEED),
+        key=f"live_speed_{lang}", format_func=lambda v: t("full_speed", lang) if v == 0 else str(v))
+    st.session_state["live_speed"] = speed
+    return speed
+
+
 def show(messages: list[tuple[str, str]]) -> None:
     for kind, text in messages:
         getattr(st, kind)(text)
+
+
+# ---- the live run ---------------------------------------------------------------------------------------------
+def start_run(config: DashboardConfig, workload: Workload, speed: float, lang: str) -> None:
+    """Build a fresh engine for the submitted settings and hand it to a ``LivePlayer`` (Run pressed)."""
+    st.session_state["submitted"] = (config, workload)
+    st.session_state.pop("live", None)
+    try:
+        with st.spinner(t("loading_engine", lang)):
+            run = WorkloadRun(config, workload)
+    except ValueError as exc:
+        st.session_state["run_error"] = ("bad_input", str(exc))
+        return
+    st.session_state.pop("run_error", None)
+    st.session_state["live"] = LivePlayer(run, speed=speed)
+
+
+def finished_result(player: LivePlayer) -> RunResult:
+    """The live run's result, kept per session under its (config, workload) so the views can find it."""
+    run = player.stream
+    res = run.result()
+    st.session_state.setdefault("results", {})[(run.config, run.workload)] = res
+    return res
+
+
+def live_view(player: LivePlayer, lang: str, speed: float) -> None:
+    """The run in progress: pause / resume / finish now (``speed`` from the sidebar), then the block pool, the
+    batch bars and the token timeline, redrawn every ``TICK_S`` seconds by a fragment (only this part of the page reruns) with
+    the steps the engine took meanwhile."""
+    cols = st.columns([1, 1, 4])
+    if player.paused:
+        cols[0].button(t("live_resume", lang), key="live_resume", on_click=player.resume, type="primary")
+    else:
+        cols[0].button(t("live_pause", lang), key="live_pause", on_click=player.pause)
+    cols[1].button(t("finish_now", lang), key="live_finish",
+                   on_click=lambda: st.session_state.update(finish_requested=True))
+    player.speed = speed
+
+    @st.fragment(run_every=None if player.paused or player.done else TICK_S)
+    def frame() -> None:
+        try:
+            player.tick()
+        except RuntimeError as exc:  # the engine's own guards (e.g. a run that does not finish)
+            st.session_state["run_error"] = ("run_failed", str(exc))
+            st.session_state.pop("live", None)
+            st.rerun()
+        if player.done:
+            st.rerun()  # the whole page: the finished run's tabs replace the live view
+        draw_live(player, lang)
+
+    frame()
+
+
+def draw_live(player: LivePlayer, lang: str) -> None:
+    traces = player.traces
+    run = player.stream
+    if not traces:
+        st.caption(t("live_waiting", lang))
+        return
+    last = traces[-1]
+    state = t("live_paused", lang) if player.paused else t("live_running", lang)
+    st.markdown(t("live_status", lang).format(state=state, step=last.step, finished=run.num_finished,
+                                              total=run.num_requests, time_s=last.end_time - traces[0].start_time))
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(block_pool_figure(last, lang, request_ids=run_request_ids(traces)), key="live_pool")
+    with right:
+        st.plotly_chart(batch_composition_figure(traces, lang), key="live_batch")
+    st.plotly_chart(step_token_timeline_figure(traces, lang), key="live_timeline")
+    st.caption(t("cap_live", lang))
 
 
 # ---- views ----------------------------------------------------------------------------------------------------
@@ -163,29 +259,33 @@ def tbt_view(res: RunResult, lang: str, threshold_s: float) -> None:
     st.plotly_chart(token_timeline_figure(res.request_metrics, lang), key="timeline")
     st.caption(t("cap_timeline", lang))
     st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang), key="itl")
-    st.caption(t("cap_itl", lang))
+    st.caption(t("cap_itl", lang).format(n=MAX_STALL_LABELS))
     stalls = find_stalls(res.request_metrics, res.traces, threshold_s, lang)
     st.markdown(f"**{t('stall_table', lang)}**")
     if not stalls:
         st.info(t("no_stalls", lang).format(threshold_ms=threshold_s * 1000))
-    else:
-        st.dataframe([{t("request", lang): s["request_id"], t("col_token", lang): s["token_index"],
-                       t("col_time", lang): round(s["time_s"], 3), t("col_itl", lang): round(s["itl_s"] * 1000, 1),
-                       t("col_cause", lang): s["cause"]} for s in stalls], key="stalls")
+        return
+    marks = {id(s): STALL_MARKS[i] for i, s in enumerate(labelled_stalls(stalls))}
+    st.dataframe([{t("col_label", lang): marks.get(id(s), ""), t("request", lang): s["request_id"],
+                   t("col_token", lang): s["token_index"], t("col_time", lang): round(s["time_s"], 3),
+                   t("col_itl", lang): round(s["itl_s"] * 1000, 1), t("col_cause", lang): s["cause"]}
+                  for s in stalls], key="stalls")
 
 
 def metrics_view(res: RunResult, lang: str) -> None:
     s = res.summary
     ms = 1000
+    # One number per card: three numbers in one card did not fit its width and were cut ("12.3 / 45.6 / 7…").
+    for name, values in (("ttft", (s.ttft_p50, s.ttft_p95, s.ttft_p99)), ("tpot", (s.tpot_p50, s.tpot_p95, s.tpot_p99)),
+                         ("itl", (s.itl_p50, s.itl_p95, s.itl_p99))):
+        cols = st.columns(3)
+        for col, q, v in zip(cols, (50, 95, 99), values):
+            col.metric(t(f"metric_{name}", lang).format(q=q), f"{v * ms:,.1f}")
     cols = st.columns(4)
-    cols[0].metric(t("metric_ttft", lang), f"{s.ttft_p50 * ms:.1f} / {s.ttft_p95 * ms:.1f} / {s.ttft_p99 * ms:.1f}")
-    cols[1].metric(t("metric_tpot", lang), f"{s.tpot_p50 * ms:.1f} / {s.tpot_p95 * ms:.1f} / {s.tpot_p99 * ms:.1f}")
-    cols[2].metric(t("metric_itl", lang), f"{s.itl_p50 * ms:.1f} / {s.itl_p95 * ms:.1f} / {s.itl_p99 * ms:.1f}")
-    cols[3].metric(t("metric_throughput", lang), f"{s.output_tok_s:.1f}")
-    cols = st.columns(3)
-    cols[0].metric(t("metric_preemptions", lang), f"{s.num_preemptions}")
-    cols[1].metric(t("metric_prefix", lang), f"{s.prefix_hit_tokens} ({s.prefix_hit_rate:.1%})")
-    cols[2].metric(t("metric_requests", lang), f"{s.num_requests} / {s.num_steps}")
+    cols[0].metric(t("metric_throughput", lang), f"{s.output_tok_s:,.1f}")
+    cols[1].metric(t("metric_preemptions", lang), f"{s.num_preemptions}")
+    cols[2].metric(t("metric_prefix", lang), f"{s.prefix_hit_tokens:,} ({s.prefix_hit_rate:.0%})")
+    cols[3].metric(t("metric_requests", lang), f"{s.num_requests} / {s.num_steps}")
     left, right = st.columns(2)
     with left:
         st.plotly_chart(queue_figure(res.traces, lang), key="queue")
@@ -199,13 +299,17 @@ def metrics_view(res: RunResult, lang: str) -> None:
 
 def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s: float) -> None:
     knobs = {"enable_chunked_prefill": "chunked_prefill", "enable_prefix_caching": "prefix_caching"}
-    field = st.radio(t("ab_knob", lang), list(knobs), horizontal=True, key="ab_knob",
-                     format_func=lambda f: t(knobs[f], lang))
+    # one radio per language (a browser showed the Chinese radio with nothing selected), one shared value
+    chosen = st.session_state.get("ab_choice", "enable_chunked_prefill")
+    field = st.radio(t("ab_knob", lang), list(knobs), horizontal=True, key=f"ab_knob_{lang}",
+                     index=list(knobs).index(chosen), format_func=lambda f: t(knobs[f], lang))
+    st.session_state["ab_choice"] = field
     knob = t(knobs[field], lang)
     label_a, label_b = t("ab_config_a", lang).format(knob=knob), t("ab_config_b", lang).format(knob=knob)
     try:
-        res_a = cached_run(replace(config, **{field: True}), workload)
-        res_b = cached_run(replace(config, **{field: False}), workload)
+        with st.spinner(t("running_engine", lang)):
+            res_a = get_result(replace(config, **{field: True}), workload)
+            res_b = get_result(replace(config, **{field: False}), workload)
     except (ValueError, RuntimeError) as exc:
         st.error(t("run_failed", lang).format(error=exc))
         return
@@ -213,7 +317,7 @@ def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s:
     st.caption(t("cap_ab", lang))
     for name, res in ((label_a, res_a), (label_b, res_b)):
         if res.budget_raised:
-            st.info(f"{name}: " + t("budget_raised", lang).format(cp=t("chunked_prefill", lang),
+            st.info(name + ("：" if lang == "zh" else ": ") + t("budget_raised", lang).format(cp=t("chunked_prefill", lang),
                                                                   tokens=res.token_budget))
     cols = st.columns(2)
     for i, (name, res) in enumerate(((label_a, res_a), (label_b, res_b))):
@@ -242,6 +346,7 @@ def main() -> None:
     threshold_ms = st.sidebar.number_input(t("stall_threshold", lang), min_value=1.0, max_value=10_000.0,
                                            value=50.0, step=10.0, key="threshold")
     threshold_s = threshold_ms / 1000
+    speed = live_speed_control(lang)
 
     st.info(t(f"preset_{preset}_help", lang).format(cp=t("chunked_prefill", lang),
                                                     hol=t("head_of_line_blocking", lang),
@@ -255,22 +360,34 @@ def main() -> None:
         return
 
     if st.button(t("run", lang), type="primary", disabled=workload is None, key="run"):
-        st.session_state["submitted"] = (config, workload)
+        start_run(config, workload, speed, lang)
     if "submitted" not in st.session_state:
         st.write(t("press_run", lang))
         return
     if st.session_state["submitted"] != (config, workload):
         st.warning(t("stale_run", lang))
     config, workload = st.session_state["submitted"]
-    try:
-        config.validate()
-        with st.spinner(t("running_engine", lang)):
-            res = cached_run(config, workload)
-    except ValueError as exc:
-        st.error(t("bad_input", lang).format(error=exc))
+    if "run_error" in st.session_state:
+        key, error = st.session_state["run_error"]
+        st.error(t(key, lang).format(error=error))
         return
-    except RuntimeError as exc:  # the engine's own guards (e.g. a run that does not finish)
-        st.error(t("run_failed", lang).format(error=exc))
+    player = st.session_state.get("live")
+    if player is not None:
+        try:
+            if st.session_state.pop("finish_requested", False):
+                with st.spinner(t("running_engine", lang)):
+                    player.finish()
+        except RuntimeError as exc:  # the engine's own guards (e.g. a run that does not finish)
+            st.session_state.pop("live")
+            st.error(t("run_failed", lang).format(error=exc))
+            return
+        if not player.done:
+            live_view(player, lang, speed)
+            return
+        finished_result(player)
+        st.session_state.pop("live")  # the engine (and its KV cache) can go
+    res = st.session_state.get("results", {}).get((config, workload))
+    if res is None:
         return
     st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces)))
     if res.budget_raised:

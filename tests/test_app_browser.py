@@ -1,7 +1,14 @@
-"""The dashboard in a real browser: ``streamlit run app.py`` on a free localhost port, loaded in headless
-Debian Chromium driven by Playwright, Run pressed, the block-table figure awaited, no page errors, a
-screenshot saved (and copied to /tmp/minengine_screenshot.png for a human to look at); then the
-language switch redraws the page in Chinese (/tmp/minengine_screenshot_zh.png).
+"""The dashboard in a real browser: ``streamlit run app.py`` on a free localhost port (with the repository's
+``.streamlit/config.toml``), loaded in headless Debian Chromium driven by Playwright.
+
+Checked, as a new user would see it: pressing Run shows the run live (the step counter grows by itself, pause
+holds it, resume moves it on), Finish now brings the finished run's tabs; then every tab, in English and in
+中文, is screenshotted and checked: no two text labels of a figure overlap (stall labels, percentile labels,
+subplot titles, titles), no metric value is cut off, no exception or error box. The Streamlit server holds no
+inotify watch (a ``.venv`` inside the checkout once made it print thousands of "Inotify queue overflowed").
+
+Screenshots go to ``$MINENGINE_SCREENSHOTS`` (default /tmp/minengine_screens): ``live_en.png``,
+``tab<i>_<name>_<lang>.png`` for a human to look at.
 
 Skips when Playwright or /usr/bin/chromium is missing (``playwright install`` needs the network; Debian's
 ``chromium`` package is used through ``executable_path`` instead).
@@ -10,7 +17,7 @@ Skips when Playwright or /usr/bin/chromium is missing (``playwright install`` ne
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import signal
 import socket
 import subprocess
@@ -24,15 +31,39 @@ import pytest
 from tests.dashboard_model import dashboard_model
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
+                 "--no-first-run", "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[1]
-SCREENSHOT_COPY = Path("/tmp/minengine_screenshot.png")
+SCREENS = Path(os.environ.get("MINENGINE_SCREENSHOTS", "/tmp/minengine_screens"))
+TAB_NAMES = ("blocks", "batch", "tbt", "metrics", "ab")
 
 sync_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("streamlit")
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium", allow_module_level=True)
+
+# Every text box of every plotly figure on the page, grouped by figure: annotations (stall labels, percentile
+# labels, subplot titles, the threshold label), the title and its subtitle. Hidden figures (other tabs) are
+# left out: they have no layout box.
+_TEXT_BOXES_JS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null).map(p => {
+  const boxes = [];
+  for (const el of p.querySelectorAll('g.annotation .annotation-text-g, .gtitle, .gtitle-subtitle')) {
+    const r = el.getBoundingClientRect();
+    if (r.width > 0 && r.height > 0) boxes.push({text: el.textContent, x0: r.left, y0: r.top, x1: r.right,
+                                                 y1: r.bottom});
+  }
+  const title = p.querySelector('.gtitle');
+  return {title: title ? title.textContent : '', boxes: boxes};
+})
+"""
+
+# Metric values whose text does not fit their box (Streamlit cuts them with an ellipsis).
+_CUT_METRICS_JS = """
+() => Array.from(document.querySelectorAll('[data-testid="stMetricValue"]')).filter(m => m.offsetParent !== null)
+  .filter(m => [m, ...m.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1))
+  .map(m => m.textContent)
+"""
 
 
 def free_port() -> int:
@@ -56,22 +87,36 @@ def wait_until_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) 
     raise TimeoutError(f"streamlit did not answer at {url} within {timeout_s} s")
 
 
-@pytest.fixture
-def server(tmp_path):
+def inotify_watches(pid: int) -> int:
+    """Inotify watches held by process ``pid`` (one ``inotify wd:`` line per watch in its fdinfo)."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            if "inotify" in os.readlink(fd):
+                count += (Path(f"/proc/{pid}/fdinfo") / fd.name).read_text().count("inotify wd:")
+        except OSError:
+            continue
+    return count
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
     model = dashboard_model()
-    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(REPO))
     if model is not None:
         env["MINENGINE_MODEL"] = model
     port = free_port()
-    log = open(tmp_path / "streamlit.log", "w")
+    log_path = tmp_path_factory.mktemp("streamlit") / "streamlit.log"
+    log = open(log_path, "w")
+    # No flags: the repository's .streamlit/config.toml (headless, no usage stats, file watcher) is under test.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.headless", "true",
-         "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false"],
+        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.port", str(port),
+         "--server.address", "127.0.0.1"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, proc)
-        yield url
+        yield url, proc, log_path
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # our own process group only (start_new_session above)
         try:
@@ -81,42 +126,129 @@ def server(tmp_path):
         log.close()
 
 
-def test_dashboard_runs_in_chromium(server, tmp_path):
+def overlaps(figures: list[dict]) -> list[str]:
+    """Pairs of text boxes that intersect (by more than 1 px each way), named by figure and text."""
+    found = []
+    for fig in figures:
+        boxes = fig["boxes"]
+        for i, a in enumerate(boxes):
+            for b in boxes[i + 1:]:
+                if min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > 1 and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > 1:
+                    found.append(f"{fig['title']!r}: {a['text']!r} overlaps {b['text']!r}")
+    return found
+
+
+def live_status(page):
+    return page.locator("[data-testid='stMarkdownContainer']", has_text=re.compile(r"^Live, (running|paused):"))
+
+
+def live_step(page) -> int:
+    text = live_status(page).first.text_content(timeout=60_000)
+    return int(re.search(r"step (\d+)", text).group(1))
+
+
+def wait_past(page, step: int) -> None:
+    """Until the live status shows a step after ``step`` (the page updates by itself)."""
+    page.wait_for_function("""(s) => { const m = document.body.innerText.match(/Live, running: step (\\d+)/);
+                                       return m && +m[1] > s; }""", arg=step, timeout=60_000)
+
+
+def check_page(page, where: str) -> None:
+    assert page.locator("[data-testid='stException']").count() == 0, where
+    assert page.locator("[data-testid='stAlertContentError']").count() == 0, where
+
+
+def wait_for_figures(page) -> None:
+    """Until every visible plotly figure has drawn its title, then a moment for plotly's last layout pass."""
+    page.wait_for_function("""() => {
+        const plots = Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null);
+        return plots.length > 0 && plots.every(p => p.querySelector('.gtitle'));
+    }""", timeout=120_000)
+    page.wait_for_timeout(800)
+
+
+def check_tabs(page, lang: str, tab_labels: list[str]) -> dict:
+    """Open each tab, screenshot it, check labels and metric values; returns what was seen per tab."""
+    seen = {}
+    page.set_viewport_size({"width": 1600, "height": 4200})  # tall: Streamlit scrolls inside, so no full_page
+    for i, (name, label) in enumerate(zip(TAB_NAMES, tab_labels)):
+        page.get_by_role("tab", name=label).click()
+        if name == "ab":  # the A/B tab runs the other configuration first
+            page.locator("[data-testid='stMarkdownContainer']", has_text="P99 TBT").first.wait_for(timeout=240_000)
+        wait_for_figures(page)
+        check_page(page, f"{lang} tab {name}")
+        shot = SCREENS / f"tab{i}_{name}_{lang}.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        figures = page.evaluate(_TEXT_BOXES_JS)
+        assert figures, f"{lang} tab {name}: no figure drawn"
+        assert not overlaps(figures), overlaps(figures)
+        assert not page.evaluate(_CUT_METRICS_JS), f"{lang} tab {name}: metric values cut off"
+        seen[name] = figures
+    return seen
+
+
+def test_dashboard_live_run_and_every_tab_in_both_languages(server):
+    url, proc, log_path = server
+    SCREENS.mkdir(parents=True, exist_ok=True)
     page_errors: list[str] = []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
-            page = browser.new_page(viewport={"width": 1600, "height": 1400})
+            page = browser.new_page(viewport={"width": 1600, "height": 1200})
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-            page.goto(server, wait_until="domcontentloaded", timeout=60_000)
+            page.goto(url, wait_until="domcontentloaded", timeout=60_000)
             run = page.get_by_role("button", name="Run", exact=True)
             run.wait_for(state="visible", timeout=90_000)
+            # 1 step/s, so that pausing surely happens mid-run however fast this machine is
+            speed = page.locator("[data-testid='stSlider']", has_text="Speed while it runs").get_by_role("slider")
+            speed.focus()
+            speed.press("Home")
+            sync_api.expect(speed).to_have_attribute("aria-valuetext", "1", timeout=30_000)
+            page.wait_for_timeout(1000)  # the value reaches the server
             run.click()
-            # the block-table figure is drawn by plotly.js once the engine run is done
-            title = page.locator(".js-plotly-plot .gtitle", has_text="Block tables at step")
-            title.first.wait_for(state="visible", timeout=240_000)
-            pool = page.locator(".js-plotly-plot .gtitle", has_text="KV block pool at step")
-            pool.first.wait_for(state="visible", timeout=30_000)
-            assert page.locator("[data-testid='stException']").count() == 0
-            assert page.locator("[data-testid='stAlertContentError']").count() == 0
-            page.wait_for_timeout(1000)  # let plotly finish its layout before the picture
-            shot = tmp_path / "dashboard.png"
-            page.screenshot(path=str(shot), full_page=False)
-            # one switch changes every label: the same (cached) run redrawn in Chinese
+
+            # live: the counter moves with no input from us, pause holds it, resume moves it on
+            first = live_step(page)
+            wait_past(page, first)
+            page.locator(".js-plotly-plot .gtitle", has_text="KV block pool at step").first.wait_for(timeout=30_000)
+            page.get_by_role("button", name=re.compile("Pause")).click()
+            page.locator("[data-testid='stMarkdownContainer']", has_text="Live, paused:").first.wait_for(
+                timeout=60_000)
+            held = live_step(page)
+            wait_for_figures(page)
+            page.screenshot(path=str(SCREENS / "live_en.png"), full_page=True)
+            check_page(page, "live")
+            page.wait_for_timeout(1500)
+            assert live_step(page) == held, "the run moved while paused"
+            page.get_by_role("button", name=re.compile("Resume")).click()
+            wait_past(page, held)
+            page.get_by_role("button", name="Finish now").click()
+
+            page.get_by_role("tab", name="Block tables").wait_for(timeout=240_000)
+            en = check_tabs(page, "en", ["Block tables", "Batch composition", "TBT timeline", "Metrics",
+                                         "A/B comparison"])
+            # the metric cards: one number each, every one readable
+            page.get_by_role("tab", name="Metrics").click()
+            values = page.locator("[data-testid='stMetricValue']").all_text_contents()
+            assert len(values) == 13 and all(re.search(r"\d", v) for v in values), values
+
             page.get_by_text("中文", exact=True).click()
-            page.locator(".js-plotly-plot .gtitle", has_text="块表").first.wait_for(state="visible", timeout=60_000)
-            assert page.get_by_role("button", name="运行", exact=True).is_visible()
-            # every figure redrawn: no English title left (the animation is the last one to update)
+            page.get_by_role("tab", name="块表").wait_for(timeout=60_000)
             sync_api.expect(page.locator(".js-plotly-plot .gtitle", has_text="KV block pool")).to_have_count(
                 0, timeout=60_000)
-            assert page.locator(".js-plotly-plot .gtitle", has_text="KV 块池").count() >= 2
-            assert page.locator("[data-testid='stException']").count() == 0
-            page.wait_for_timeout(1000)
-            shot_zh = tmp_path / "dashboard_zh.png"
-            page.screenshot(path=str(shot_zh), full_page=False)
+            zh = check_tabs(page, "zh", ["块表", "批次组成", "TBT 时间线", "指标", "A/B 对比"])
+            assert page.get_by_role("button", name="运行", exact=True).is_visible()
         finally:
             browser.close()
-    assert shot.stat().st_size > 10_000 and shot_zh.stat().st_size > 10_000
-    shutil.copyfile(shot, SCREENSHOT_COPY)
-    shutil.copyfile(shot_zh, SCREENSHOT_COPY.with_name("minengine_screenshot_zh.png"))
+    # the same figures in both languages, and every Chinese figure title in Chinese
+    for name in TAB_NAMES:
+        assert len(en[name]) == len(zh[name]), name
+        assert all(re.search(r"[\u4e00-\u9fff]", f["title"]) for f in zh[name] if f["title"]), name
+    # the A/B tab's run without chunked prefill stalls: its ITL figure labels those stalls, and only a few
+    ab_labels = [b["text"] for f in en["ab"] for b in f["boxes"] if re.match(r"^[①-⑩]", b["text"])]
+    assert 1 <= len(ab_labels) <= 2 * 3, ab_labels
     assert not page_errors, page_errors
+    assert inotify_watches(proc.pid) == 0
+    log = log_path.read_text()
+    assert "Inotify queue overflowed" not in log and "Traceback" not in log, log[-2000:]

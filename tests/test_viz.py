@@ -39,7 +39,7 @@ def textbook_runs(model):
 def prefix_run(model):
     """Preset (b), scaled small: 4 chats sharing a 64-token system prompt (4 full blocks)."""
     wl = presets.shared_system_prompt(num_requests=4, system_prompt_len=64, user_len_range=(8, 16), output_len=32,
-                                      interval_s=0.01)
+                                      arrival_every_steps=2)
     return run_workload(DashboardConfig(max_num_batched_tokens=128, num_kv_blocks=64, model=model), wl)
 
 

@@ -9,7 +9,7 @@ import math
 import plotly.graph_objects as go
 
 from minengine.metrics.trace import StepTrace
-from minengine.viz.colors import CACHED_FREE_COLOR, FREE_COLOR, discrete_colorscale, request_color
+from minengine.viz.colors import CACHED_FREE_COLOR, FREE_COLOR, SHARED_COLOR, discrete_colorscale, request_color
 from minengine.viz.i18n import t
 
 
@@ -33,73 +33,80 @@ def pool_grid_columns(num_blocks: int) -> int:
     return max(8, min(64, math.ceil(math.sqrt(num_blocks))))
 
 
-def _pool_heatmap(trace: StepTrace, lang: str) -> tuple[go.Heatmap, list[tuple[str, str]], str, int]:
-    """The pool grid of one step: (heatmap, legend entries (name, colour), title, columns)."""
+def run_request_ids(traces: list[StepTrace]) -> list[str]:
+    """Every request that holds blocks at some step of ``traces``, in order of first appearance (the legend of
+    a whole run, and a colour category per request that stays the same in every frame)."""
+    seen: dict[str, None] = {}
+    for tr in traces:
+        _require_blocks(tr)
+        seen.update(dict.fromkeys(tr.block_tables))
+    return list(seen)
+
+
+# Pool grid categories: 0 free, 1 cached-free, 2 shared, then one per request.
+_FREE, _CACHED, _SHARED, _FIRST_REQUEST = 0, 1, 2, 3
+
+
+def _pool_heatmap(trace: StepTrace, lang: str, request_ids: list[str] | None = None
+                  ) -> tuple[go.Heatmap, list[tuple[str, str]], str, int]:
+    """The pool grid of one step: (heatmap, legend entries (name, colour), title, columns). ``request_ids``
+    fixes the colour categories (default: the trace's running requests)."""
     owners = block_owners(trace)
     ref_counts = trace.block_ref_counts
     cached = set(trace.cached_block_ids or [])
     num_blocks = len(ref_counts)
     cols = pool_grid_columns(num_blocks)
     rows = math.ceil(num_blocks / cols)
-    # Category 0 = free, 1 = cached-free, 2.. = one per request (in the trace's order).
-    request_ids = list(trace.block_tables)
-    colors = [FREE_COLOR, CACHED_FREE_COLOR] + [request_color(r) for r in request_ids]
-    category_of = {rid: i + 2 for i, rid in enumerate(request_ids)}
+    request_ids = list(trace.block_tables) if request_ids is None else list(request_ids)
+    category_of = {rid: i + _FIRST_REQUEST for i, rid in enumerate(request_ids)}
+    for rid in trace.block_tables:  # a request missing from request_ids still gets its own colour
+        category_of.setdefault(rid, len(category_of) + _FIRST_REQUEST)
+    colors = [FREE_COLOR, CACHED_FREE_COLOR, SHARED_COLOR] + [request_color(r) for r in category_of]
     z = [[None] * cols for _ in range(rows)]
     text = [[""] * cols for _ in range(rows)]
     hover = [[""] * cols for _ in range(rows)]
     for b in range(num_blocks):
         r, c = divmod(b, cols)
         holders = owners.get(b, [])
-        if holders:
-            z[r][c] = category_of[holders[0]]
+        if len(holders) > 1 or ref_counts[b] > 1:
+            z[r][c] = _SHARED
+            text[r][c] = str(ref_counts[b])
             state = t("owned_by", lang).format(owners=", ".join(holders))
+        elif holders:
+            z[r][c] = category_of[holders[0]]
+            state = t("owned_by", lang).format(owners=holders[0])
         elif ref_counts[b] > 0:  # held by a request not in the snapshot: should not happen, draw it anyway
-            z[r][c] = 1
+            z[r][c] = _CACHED
             state = "?"
         elif b in cached:
-            z[r][c] = 1
+            z[r][c] = _CACHED
             state = t("cached_free_block", lang)
         else:
-            z[r][c] = 0
+            z[r][c] = _FREE
             state = t("free_block", lang)
-        if ref_counts[b] > 1:
-            text[r][c] = str(ref_counts[b])
         hover[r][c] = t("hover_pool_block", lang).format(block=b, state=state, ref=ref_counts[b])
     heatmap = go.Heatmap(
-        z=z, text=text, texttemplate="%{text}", textfont={"size": 10, "color": "white"}, customdata=hover,
+        z=z, text=text, texttemplate="%{text}", textfont={"size": 10}, customdata=hover,
         hovertemplate="%{customdata}<extra></extra>", colorscale=discrete_colorscale(colors),
         zmin=-0.5, zmax=len(colors) - 0.5, showscale=False, xgap=1, ygap=1,
     )
     legend = [(t("free_block", lang), FREE_COLOR), (t("cached_free_block", lang), CACHED_FREE_COLOR)]
-    legend += [(f"{t('request', lang)} {rid}", request_color(rid)) for rid in request_ids]
     if any(n > 1 for n in ref_counts):
-        legend.append((t("shared_block", lang), "#555555"))
+        legend.append((t("shared_block", lang), SHARED_COLOR))
+    legend += [(f"{t('request', lang)} {rid}", request_color(rid)) for rid in trace.block_tables]
     used = sum(1 for n in ref_counts if n > 0)
     title = t("block_pool_title", lang).format(step=trace.step, used=used, total=num_blocks)
     return heatmap, legend, title, cols
 
 
-def block_pool_figure(trace: StepTrace, lang: str = "en") -> go.Figure:
-    """The physical KV block pool of one step as a grid (block id = row x columns + column).
-
-    Each block is coloured by the request holding it (a shared block by its first holder); blocks with
-    ref count > 1 (shared prefix-cache hits) show the count; free blocks that still hold a cached prefix are
-    pale blue, other free blocks grey. Hover names the block, its owners and its ref count.
-
-    Args:
-        trace: one ``StepTrace`` recorded with ``trace_block_tables=True``.
-        lang: "en" or "zh".
-
-    Raises:
-        ValueError: the trace has no block tables.
-    """
-    heatmap, legend, title, cols = _pool_heatmap(trace, lang)
-    fig = go.Figure(heatmap)
-    # Legend entries (a heatmap has none of its own): free, cached-free, the requests, shared.
+def _add_legend(fig: go.Figure, legend: list[tuple[str, str]]) -> None:
+    """Legend entries for a heatmap (it has none of its own): one square swatch per (name, colour)."""
     for name, color in legend:
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name,
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
                                  marker={"symbol": "square", "size": 12, "color": color}))
+
+
+def _pool_layout(fig: go.Figure, title: str, cols: int, lang: str) -> None:
     fig.update_layout(
         title=title,
         xaxis={"title": t("block_column", lang).format(cols=cols), "showgrid": False, "zeroline": False},
@@ -107,48 +114,91 @@ def block_pool_figure(trace: StepTrace, lang: str = "en") -> go.Figure:
                "zeroline": False},
         plot_bgcolor="white", legend={"itemsizing": "constant"}, margin={"t": 60},
     )
-    return fig
 
 
-def block_tables_figure(trace: StepTrace, lang: str = "en") -> go.Figure:
-    """Each running request's block table at one step: row = request, column = logical block index,
-    cell = physical block id (written in the cell), coloured by request; shared cells (ref count > 1)
-    are marked with "*".
+def block_pool_figure(trace: StepTrace, lang: str = "en", request_ids: list[str] | None = None) -> go.Figure:
+    """The physical KV block pool of one step as a grid (block id = row x columns + column).
+
+    Each block is coloured by the request holding it; a block held by more than one request (ref count > 1:
+    a shared prefix-cache hit) is dark grey with its ref count written in it, as its legend swatch; free
+    blocks that still hold a cached prefix are pale blue, other free blocks light grey. Hover names the
+    block, its owners and its ref count.
 
     Args:
         trace: one ``StepTrace`` recorded with ``trace_block_tables=True``.
         lang: "en" or "zh".
+        request_ids: fixes the colour categories (e.g. ``run_request_ids(traces)`` for a live view whose
+            frames must keep their colours); default: the trace's running requests.
 
     Raises:
         ValueError: the trace has no block tables.
     """
+    heatmap, legend, title, cols = _pool_heatmap(trace, lang, request_ids)
+    fig = go.Figure(heatmap)
+    _add_legend(fig, legend)
+    _pool_layout(fig, title, cols, lang)
+    return fig
+
+
+def table_columns(num_blocks: int) -> int:
+    """Logical blocks per row of the block-table figure: enough room in each cell for the physical ids of a
+    pool of ``num_blocks`` blocks (32 columns for 2-digit ids, 24 for 3, 16 for 4 or more)."""
+    digits = len(str(max(num_blocks - 1, 0)))
+    return 32 if digits <= 2 else 24 if digits == 3 else 16
+
+
+def block_tables_figure(trace: StepTrace, lang: str = "en", max_columns: int | None = None) -> go.Figure:
+    """Each running request's block table at one step: row = request, column = logical block index,
+    cell = physical block id (written in the cell), coloured by request; shared cells (ref count > 1) are
+    dark grey, as in the pool, and marked with "*".
+
+    A table longer than ``max_columns`` blocks wraps onto continuation rows labelled "+24", "+48", ...
+    (logical index = that offset + column), so a long prompt's table stays one readable cell per block
+    instead of a stripe of hairline cells.
+
+    Args:
+        trace: one ``StepTrace`` recorded with ``trace_block_tables=True``.
+        lang: "en" or "zh".
+        max_columns: logical blocks per row (>= 1); default ``table_columns`` of the pool size.
+
+    Raises:
+        ValueError: the trace has no block tables, or ``max_columns`` < 1.
+    """
     _require_blocks(trace)
+    if max_columns is None:
+        max_columns = table_columns(len(trace.block_ref_counts))
+    if max_columns < 1:
+        raise ValueError(f"max_columns must be >= 1, got {max_columns}")
     request_ids = list(trace.block_tables)
     ref_counts = trace.block_ref_counts
-    width = max((len(v) for v in trace.block_tables.values()), default=0)
-    colors = [request_color(r) for r in request_ids] or [FREE_COLOR]
-    z, text, hover = [], [], []
+    longest = max((len(v) for v in trace.block_tables.values()), default=0)
+    width = min(longest, max_columns)
+    colors = [SHARED_COLOR] + [request_color(r) for r in request_ids]
+    z, text, hover, labels = [], [], [], []
     for i, rid in enumerate(request_ids):
         table = trace.block_tables[rid]
-        z.append([i if j < len(table) else None for j in range(width)])
-        text.append([(f"{table[j]}*" if ref_counts[table[j]] > 1 else str(table[j])) if j < len(table) else ""
-                     for j in range(width)])
-        hover.append([t("hover_table_cell", lang).format(rid=rid, logical=j, physical=table[j],
-                                                         ref=ref_counts[table[j]]) if j < len(table) else ""
-                      for j in range(width)])
-    labels = [f"{t('request', lang)} {rid}" for rid in request_ids]
-    # Past ~48 columns the ids no longer fit in the cells; the hover still names every block.
+        for offset in range(0, max(len(table), 1), max(width, 1)):
+            line = table[offset:offset + width]
+            labels.append(f"{t('request', lang)} {rid}" if offset == 0 else f"{rid} +{offset}")
+            shared = [ref_counts[b] > 1 for b in line]
+            pad = [None] * (width - len(line))
+            z.append([0 if sh else i + 1 for sh in shared] + pad)
+            text.append([f"{b}*" if sh else str(b) for b, sh in zip(line, shared)] + [""] * len(pad))
+            hover.append([t("hover_table_cell", lang).format(rid=rid, logical=offset + j, physical=b,
+                                                             ref=ref_counts[b]) for j, b in enumerate(line)]
+                         + [""] * len(pad))
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(width)), y=labels, text=text, texttemplate="%{text}" if width <= 48 else "",
-        textfont={"size": 9, "color": "white"}, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-        colorscale=discrete_colorscale(colors), zmin=-0.5, zmax=len(colors) - 0.5, showscale=False,
-        xgap=1, ygap=1,
+        z=z, x=list(range(width)), y=labels, text=text, texttemplate="%{text}", textfont={"size": 9},
+        customdata=hover, hovertemplate="%{customdata}<extra></extra>", colorscale=discrete_colorscale(colors),
+        zmin=-0.5, zmax=len(colors) - 0.5, showscale=False, xgap=1, ygap=1,
     ))
+    wrapped = longest > width
     fig.update_layout(
         title=t("block_tables_title", lang).format(step=trace.step),
-        xaxis={"title": t("logical_block", lang), "showgrid": False, "zeroline": False},
+        xaxis={"title": t("logical_block_wrapped" if wrapped else "logical_block", lang).format(cols=width),
+               "showgrid": False, "zeroline": False},
         yaxis={"title": t("request", lang), "autorange": "reversed", "showgrid": False, "type": "category"},
-        plot_bgcolor="white", height=max(260, 60 + 28 * len(request_ids)), margin={"t": 60},
+        plot_bgcolor="white", height=max(260, 90 + 24 * len(labels)), margin={"t": 60},
     )
     if not request_ids:
         fig.add_annotation(text=t("no_running", lang), showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
@@ -175,11 +225,21 @@ def block_pool_animation(traces: list[StepTrace], lang: str = "en", frame_ms: in
     shown = traces[::stride]
     if shown[-1] is not traces[-1]:
         shown.append(traces[-1])
-    fig = block_pool_figure(shown[0], lang)
+    # One colour category per request of the whole run, so every frame paints a request alike and the legend
+    # can list every request of the run (not only those running at the first frame).
+    request_ids = run_request_ids(traces)
+    heatmap, _, title, cols = _pool_heatmap(shown[0], lang, request_ids)
+    fig = go.Figure(heatmap)
+    legend = [(t("free_block", lang), FREE_COLOR), (t("cached_free_block", lang), CACHED_FREE_COLOR)]
+    if any(n > 1 for tr in shown for n in tr.block_ref_counts):
+        legend.append((t("shared_block", lang), SHARED_COLOR))
+    legend += [(f"{t('request', lang)} {rid}", request_color(rid)) for rid in request_ids]
+    _add_legend(fig, legend)
+    _pool_layout(fig, title, cols, lang)
     # Frames carry only the heatmap and the title: a whole figure per step would be ~100x slower to build.
     frames = []
     for tr in shown:
-        heatmap, _, title, _ = _pool_heatmap(tr, lang)
+        heatmap, _, title, _ = _pool_heatmap(tr, lang, request_ids)
         frames.append(go.Frame(data=[heatmap], traces=[0], name=str(tr.step), layout={"title": {"text": title}}))
     fig.frames = frames
     play = {"args": [None, {"frame": {"duration": frame_ms, "redraw": True}, "fromcurrent": True,
@@ -195,5 +255,4 @@ def block_pool_animation(traces: list[StepTrace], lang: str = "en", frame_ms: in
             "prefix": t("step_slider", lang) + " "}}],
         margin={"b": 120, "t": 60},
     )
-    # The legend lists only the first step's requests; later requests still get their colour in each frame.
     return fig

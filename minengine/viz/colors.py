@@ -1,5 +1,5 @@
 """Stable colours: one per request id (the same request keeps its colour in every figure and step), and
-fixed colours for free and cached-but-free KV blocks."""
+fixed colours for free, cached-but-free and shared KV blocks."""
 
 from __future__ import annotations
 
@@ -8,18 +8,43 @@ import zlib
 
 import plotly.colors
 
-# Dark24 then Light24: 48 distinct colours, none of them the pale greys and blues used for free blocks.
-REQUEST_PALETTE = plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24
 FREE_COLOR = "#eeeeee"
 CACHED_FREE_COLOR = "#a6cee3"
+SHARED_COLOR = "#3a3a3a"  # a block held by more than one request (prefix cache hit): dark grey, the count in white
 STALL_COLOR = "#d62728"
 BUDGET_COLOR = "#444444"
 
 
+def _rgb(hex_color: str) -> tuple[int, int, int]:
+    return tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+
+
+def _distinct_palette(candidates: list[str], reserved: list[str], min_saturation: float = 0.3,
+                      min_distance: float = 60.0) -> list[str]:
+    """``candidates`` in order, without greys (saturation below ``min_saturation``) and without any colour
+    closer than ``min_distance`` (Euclidean, 0-255 RGB) to one already kept or to a ``reserved`` one."""
+    kept: list[str] = []
+    for c in candidates:
+        rgb = _rgb(c)
+        if max(rgb) / 255 - min(rgb) / 255 < min_saturation:
+            continue
+        if any(sum((a - b) ** 2 for a, b in zip(rgb, _rgb(o))) ** 0.5 < min_distance for o in kept + reserved):
+            continue
+        kept.append(c)
+    return kept
+
+
+# D3's category10, then Dark24 and Light24, keeping only colours that are neither grey nor close to another
+# (28 colours): no request looks like a free, cached or shared block, and neighbours r4 / r10 stay apart.
+REQUEST_PALETTE = _distinct_palette(
+    plotly.colors.qualitative.D3 + plotly.colors.qualitative.Dark24 + plotly.colors.qualitative.Light24,
+    reserved=[FREE_COLOR, CACHED_FREE_COLOR, SHARED_COLOR])
+
+
 def request_color(request_id: str) -> str:
     """The colour of one request: ids ending in a number (``r7``, ``req-12``) use that number, so the first
-    48 requests of a run never collide; other ids use a CRC32 of the id (deterministic across processes,
-    unlike ``hash``)."""
+    ``len(REQUEST_PALETTE)`` (28) requests of a run never collide; other ids use a CRC32 of the id
+    (deterministic across processes, unlike ``hash``)."""
     m = re.search(r"(\d+)$", request_id)
     index = int(m.group(1)) if m else zlib.crc32(request_id.encode())
     return REQUEST_PALETTE[index % len(REQUEST_PALETTE)]

@@ -34,9 +34,11 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "block_column": ("block id mod {cols}", "块号 mod {cols}"),
     "block_row": ("block id ÷ {cols}", "块号 ÷ {cols}"),
     "logical_block": ("logical block index", "逻辑块序号"),
+    "logical_block_wrapped": ("logical block index (a long table wraps: row “+{cols}” goes on from block {cols})",
+                              "逻辑块序号（长块表换行：“+{cols}”行从第 {cols} 块接着排）"),
     "free_block": ("free", "空闲"),
     "cached_free_block": ("cached, free (evictable prefix)", "已缓存但空闲（可驱逐的前缀）"),
-    "shared_block": ("shared (number = ref count)", "共享（数字 = 引用计数）"),
+    "shared_block": ("shared by several requests (number = ref count)", "多个请求共享（数字 = 引用计数）"),
     "hover_pool_block": ("block {block}<br>{state}<br>ref count {ref}", "块 {block}<br>{state}<br>引用计数 {ref}"),
     "hover_table_cell": ("request {rid}<br>logical block {logical} → physical block {physical}<br>ref count {ref}",
                          "请求 {rid}<br>逻辑块 {logical} → 物理块 {physical}<br>引用计数 {ref}"),
@@ -54,6 +56,7 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "time_since_arrival": ("time since first arrival (s)", "距首个请求到达的时间（秒）"),
     "time_since_first_step": ("time since first step (s)", "距第一步开始的时间（秒）"),
     "arrival": ("arrival", "到达"),
+    "first_scheduled": ("first scheduled", "首次调度"),
     "first_token": ("first token", "首个令牌"),
     "output_token": ("output token", "输出令牌"),
     "itl_title": ("Inter-token latency (ITL/TBT); stalls above {threshold_ms:.0f} ms marked",
@@ -83,6 +86,10 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "cause_batch": ("step {step}: {tokens:,}-token batch of {num} requests",
                     "第 {step} 步：{num} 个请求共 {tokens:,} 令牌的批次"),
     "cause_not_scheduled": ("request {rid} not scheduled for {num} steps", "请求 {rid} 有 {num} 步未被调度"),
+    # the short forms label the largest stalls in the ITL figure
+    "short_prefill": ("step {step}: {tokens:,}-token prefill of {rid}", "第 {step} 步：{rid} 的 {tokens:,} 令牌预填充"),
+    "short_preempted": ("step {step}: {rid} preempted", "第 {step} 步：{rid} 被抢占"),
+    "short_batch": ("step {step}: {tokens:,}-token batch", "第 {step} 步：{tokens:,} 令牌的批次"),
     # ---- dashboard -----------------------------------------------------------------------------------------
     "app_title": ("minengine: watch the scheduler", "minengine：观察调度器"),
     "app_intro": ("Runs the real engine (the bundled tiny model, on this CPU) step by step and draws what the "
@@ -149,6 +156,24 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "stale_run": ("The controls changed since this run: press Run to run the new settings.",
                   "本次运行之后控件已更改：点击“运行”以运行新的设置。"),
     "running_engine": ("Running the engine…", "正在运行引擎…"),
+    "loading_engine": ("Loading the model and building the engine…", "正在加载模型并构建引擎…"),
+    "live_pause": ("❚❚ Pause", "❚❚ 暂停"),
+    "live_resume": ("▶ Resume", "▶ 继续"),
+    "finish_now": ("Finish now", "立即完成"),
+    "live_run": ("Live run", "实时运行"),
+    "live_speed": ("Speed while it runs (steps/s)", "运行时速度（步/秒）"),
+    "full_speed": ("full", "全速"),
+    "live_running": ("running", "运行中"),
+    "live_paused": ("paused", "已暂停"),
+    "live_waiting": ("Waiting for the first step…", "等待第一步…"),
+    "live_status": ("**Live, {state}:** step {step}, {finished} of {total} requests finished, {time_s:.3f} s on "
+                    "the engine clock.", "**实时，{state}：** 第 {step} 步，已完成 {finished} / {total} 个请求，"
+                    "引擎时钟 {time_s:.3f} 秒。"),
+    "cap_live": ("The engine is running: each redraw adds the steps it took meanwhile. The pool shows the latest "
+                 "step; the bars and the token timeline grow to the right. When the run ends, its tabs below let "
+                 "you go back to any step.",
+                 "引擎正在运行：每次重绘都加入这段时间里完成的步骤。块池显示最新一步；"
+                 "批次柱和令牌时间线向右增长。运行结束后，下面的标签页可以回到任意一步。"),
     "bad_input": ("Bad input: {error}", "输入有误：{error}"),
     "run_failed": ("The engine refused this run: {error}", "引擎拒绝了这次运行：{error}"),
     "budget_raised": ("Without {cp} a whole prompt must fit in one step, so the token budget is raised to "
@@ -167,16 +192,16 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "pause": ("❚❚ pause", "❚❚ 暂停"),
     "speed": ("Speed (steps/s)", "速度（步/秒）"),
     "cap_block_pool": ("Each square is one physical KV block, coloured by the request that holds it. Look for "
-                       "numbered squares: blocks shared through a {hit} (the number is the ref count), and for "
-                       "pale blue ones: freed blocks that still hold a cached prefix.",
+                       "dark grey numbered squares: blocks shared by several requests through a {hit} (the number "
+                       "is the ref count), and for pale blue ones: freed blocks that still hold a cached prefix.",
                        "每个方块是一个物理 KV 块，颜色表示持有它的请求。"
-                       "注意带数字的方块：通过{hit}共享的块（数字为引用计数）；"
+                       "注意深灰色带数字的方块：多个请求通过{hit}共享的块（数字为引用计数）；"
                        "浅蓝色方块：已释放但仍保存缓存前缀的块。"),
     "cap_block_tables": ("Each row is one running request's {bt}: logical block i of the sequence lives in the "
-                         "physical block written in cell i. Consecutive logical blocks need not be adjacent "
-                         "physically; the {sm} follows this table.",
-                         "每行是一个运行中请求的{bt}：序列的第 i 个逻辑块存放在第 i 格所写的物理块中。"
-                         "相邻逻辑块在物理上不必相邻；"
+                         "physical block written in cell i; dark grey cells (id*) are shared with another request. "
+                         "Consecutive logical blocks need not be adjacent physically; the {sm} follows this table.",
+                         "每行是一个运行中请求的{bt}：序列的第 i 个逻辑块存放在第 i 格所写的物理块中；"
+                         "深灰色格子（编号*）与其他请求共享。相邻逻辑块在物理上不必相邻；"
                          "{sm}依此表计算。"),
     "cap_animation": ("Plotly's own player: ▶ plays the steps at the chosen speed, ❚❚ pauses, the slider jumps.",
                       "Plotly 自带播放器：▶ 按所选速度播放，❚❚ 暂停，滑块跳转。"),
@@ -188,10 +213,13 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "cap_timeline": ("One row per request; each dot is an output token. Gaps in a row are stalls: the request "
                      "waited while another step ran.",
                      "每行一个请求，每个点是一个输出令牌。行中的空隙就是停顿：请求在等待其他步骤运行。"),
-    "cap_itl": ("Every inter-token gap of every request. Red points are stalls above the threshold, each named by "
-                "the step that caused it.",
-                "每个请求的每个令牌间隔。红点是超过阈值的停顿，并标出造成它的那一步。"),
+    "cap_itl": ("Every inter-token gap of every request. Red points are stalls above the threshold; the {n} largest "
+                "are labelled with the step that caused them (①, ②, …), and the table below names the cause of "
+                "every one.",
+                "每个请求的每个令牌间隔。红点是超过阈值的停顿；最大的 {n} 个标出了造成它的那一步（①、②…），"
+                "下表列出每个停顿的原因。"),
     "stall_table": ("Stalls and their causes", "停顿及其原因"),
+    "col_label": ("label", "标注"),
     "col_token": ("output token #", "输出令牌序号"),
     "col_time": ("time (s)", "时间（秒）"),
     "col_itl": ("ITL (ms)", "令牌间延迟（毫秒）"),
@@ -206,9 +234,9 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "cap_latency": ("The further right a curve, the slower. TTFT includes queueing and every prefill chunk; "
                     "TPOT is the mean gap after the first token.",
                     "曲线越靠右越慢。TTFT 包括排队和所有预填充块；TPOT 是首令牌之后的平均间隔。"),
-    "metric_ttft": ("TTFT P50 / P95 / P99 (ms)", "TTFT P50 / P95 / P99（毫秒）"),
-    "metric_tpot": ("TPOT P50 / P95 / P99 (ms)", "TPOT P50 / P95 / P99（毫秒）"),
-    "metric_itl": ("ITL P50 / P95 / P99 (ms)", "ITL P50 / P95 / P99（毫秒）"),
+    "metric_ttft": ("TTFT P{q} (ms)", "TTFT P{q}（毫秒）"),
+    "metric_tpot": ("TPOT P{q} (ms)", "TPOT P{q}（毫秒）"),
+    "metric_itl": ("ITL (TBT) P{q} (ms)", "ITL（TBT）P{q}（毫秒）"),
     "metric_throughput": ("Output throughput (tok/s)", "输出吞吐（令牌/秒）"),
     "metric_preemptions": ("Preemptions", "抢占次数"),
     "metric_prefix": ("Prefix cache hit tokens (hit rate)", "前缀缓存命中令牌（命中率）"),

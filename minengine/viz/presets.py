@@ -70,27 +70,34 @@ def textbook_long_prompt(long_prompt_scale: float = 0.25, num_decoding: int = 10
 
 
 def shared_system_prompt(num_requests: int = 8, system_prompt_len: int = 256, user_len_range=(16, 48),
-                         output_len: int = 16, interval_s: float = 0.3, vocab_size: int = BUNDLED_VOCAB_SIZE,
+                         output_len: int = 16, arrival_every_steps: int = 2, vocab_size: int = BUNDLED_VOCAB_SIZE,
                          seed: int = 0) -> Workload:
     """Preset (b): chat requests that all start with the same ``system_prompt_len``-token system prompt,
-    then a different user turn, arriving every ``interval_s`` seconds. After the first request, the system
-    prompt's full blocks are prefix cache hits shared by every running request (ref count > 1).
+    then a different user turn; request i arrives right before engine step ``i * arrival_every_steps``.
+
+    Arrivals are counted in steps, not seconds, so the sharing is a property of the workload, not of the
+    machine or the clock: each request runs for at least ``output_len`` steps (one token per step), so while
+    ``arrival_every_steps < output_len`` every new request arrives while the previous one still holds the
+    system prompt's full blocks, hits them in the prefix cache, and they are shared (ref count > 1). With
+    arrivals in seconds a fast machine (or a modelled GPU) finished each request before the next came.
 
     Raises:
-        ValueError: non-positive sizes, a bad range or a negative interval.
+        ValueError: non-positive sizes, a bad range, or ``arrival_every_steps >= output_len`` (the requests
+            would not overlap).
     """
     for name, v in (("num_requests", num_requests), ("system_prompt_len", system_prompt_len),
-                    ("output_len", output_len)):
+                    ("output_len", output_len), ("arrival_every_steps", arrival_every_steps)):
         _positive(name, v)
     lo, hi = user_len_range
     if not 1 <= lo <= hi:
         raise ValueError(f"user_len_range must be (lo, hi) with 1 <= lo <= hi, got {user_len_range!r}")
-    if interval_s < 0:
-        raise ValueError(f"interval_s must be >= 0 seconds, got {interval_s!r}")
+    if arrival_every_steps >= output_len:
+        raise ValueError(f"arrival_every_steps ({arrival_every_steps}) must be < output_len ({output_len} tokens, "
+                         "one step each) so that each request arrives while the previous one runs")
     rng = random.Random(seed)
     system = _ids(rng, system_prompt_len, vocab_size)
     reqs = tuple(WorkloadRequest(f"r{i}", system + _ids(rng, rng.randint(lo, hi), vocab_size), output_len,
-                                 arrival_time=i * interval_s) for i in range(num_requests))
+                                 arrival_step=i * arrival_every_steps) for i in range(num_requests))
     return Workload("b", reqs)
 
 

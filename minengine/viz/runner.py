@@ -97,7 +97,8 @@ class RunResult:
         token_budget: the budget the engine ran with (raised when chunked prefill was off).
         budget_raised: True when the budget was raised to ``max_model_len``.
         max_model_len: tokens of the longest request.
-        wall_time_s: real seconds the run took, model loading included.
+        wall_time_s: real seconds spent building the engine (model loading included) and stepping it; a
+            live view's pauses and drawing are not counted.
     """
 
     traces: list[StepTrace]
@@ -109,59 +110,142 @@ class RunResult:
     wall_time_s: float
 
 
-def run_workload(config: DashboardConfig, workload: Workload, max_steps: int = 20_000) -> RunResult:
-    """Build a fresh engine for ``config`` and replay ``workload`` on it to the end.
+class WorkloadRun:
+    """A dashboard run in progress: one fresh engine replaying ``workload``, advanced step by step, so a page can
+    draw it while it runs. A ``TraceStream`` (``minengine.viz.live``): ``poll`` returns the new ``StepTrace``s.
 
-    Requests arrive at ``arrival_time`` seconds on a ``VirtualClock`` (time runs only inside
+    Requests arrive at ``arrival_time`` seconds on the run's clock (a ``VirtualClock``: time runs only inside
     ``engine.step()``; an idle engine jumps to the next arrival) or, with ``arrival_step``, right before that
     step. Sampling uses ``config.temperature`` with ``ignore_eos=True`` so each request produces exactly its
     ``max_tokens``.
+
+    Raises (from the constructor, before any step):
+        ValueError: bad settings, or a request the engine refuses (e.g. longer than the whole KV pool).
+    """
+
+    def __init__(self, config: DashboardConfig, workload: Workload, max_steps: int = 20_000):
+        wall_start = time.perf_counter()
+        self.config = config
+        self.workload = workload
+        self.max_steps = max_steps
+        self.max_model_len = workload.max_request_len
+        self.engine_config = config.engine_config(self.max_model_len)
+        self.clock = VirtualClock()
+        self.engine = LLMEngine(self.engine_config, clock=self.clock)
+        self._params = {r.request_id: SamplingParams(temperature=config.temperature, max_tokens=r.max_tokens,
+                                                     ignore_eos=True) for r in workload.requests}
+        # Validate every request before stepping, so a bad one fails the run at once with the engine's message.
+        for r in workload.requests:
+            self.engine.make_request(r.request_id, self._prompt(r), self._params[r.request_id], 0.0)
+        self._by_time = sorted((r for r in workload.requests if r.arrival_step is None),
+                               key=lambda r: r.arrival_time)
+        self._by_step = sorted((r for r in workload.requests if r.arrival_step is not None),
+                               key=lambda r: r.arrival_step)
+        self._i_time = self._i_step = 0
+        self._start = self.clock()
+        self.done = False
+        self._wall_s = time.perf_counter() - wall_start  # building the engine (model loading) counts
+
+    @staticmethod
+    def _prompt(r) -> dict:
+        return {"prompt_token_ids": list(r.prompt_token_ids)}
+
+    @property
+    def traces(self) -> list[StepTrace]:
+        """Every step so far (``engine.traces``)."""
+        return self.engine.traces
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.workload.requests)
+
+    @property
+    def num_finished(self) -> int:
+        """Requests finished so far."""
+        return sum(1 for m in self.engine.request_metrics.values() if m.finished_time is not None)
+
+    def _add(self, r, arrival: float) -> None:
+        self.engine.add_request(r.request_id, self._prompt(r), self._params[r.request_id], arrival_time=arrival)
+
+    def step(self) -> StepTrace | None:
+        """Add the requests that have arrived, run one engine step and return its trace; None (and ``done``)
+        when every request has finished.
+
+        Raises:
+            RuntimeError: more than ``max_steps`` steps (a guard; the workloads here need a few hundred).
+        """
+        wall = time.perf_counter()
+        try:
+            return self._step()
+        finally:
+            self._wall_s += time.perf_counter() - wall
+
+    def _step(self) -> StepTrace | None:
+        engine, clock, start = self.engine, self.clock, self._start
+        by_time, by_step = self._by_time, self._by_step
+        while not self.done:
+            step = len(engine.traces)
+            while self._i_time < len(by_time) and start + by_time[self._i_time].arrival_time <= clock():
+                self._add(by_time[self._i_time], start + by_time[self._i_time].arrival_time)
+                self._i_time += 1
+            while self._i_step < len(by_step) and by_step[self._i_step].arrival_step <= step:
+                self._add(by_step[self._i_step], clock())
+                self._i_step += 1
+            if not engine.has_unfinished_requests():
+                if self._i_time < len(by_time):  # idle until the next timed arrival: jump over the gap
+                    clock.advance_to(start + by_time[self._i_time].arrival_time)
+                    continue
+                if self._i_step < len(by_step):  # nothing left to step before a step-timed arrival: it is now
+                    self._add(by_step[self._i_step], clock())
+                    self._i_step += 1
+                    continue
+                self.done = True
+                return None
+            if step >= self.max_steps:
+                raise RuntimeError(f"run did not finish within max_steps={self.max_steps} steps")
+            with clock.running():
+                engine.step()
+            if len(engine.traces) > step:
+                return engine.traces[-1]
+        return None
+
+    def poll(self, max_steps: int, budget_s: float = float("inf")) -> list[StepTrace]:
+        """Run up to ``max_steps`` steps, stopping early once ``budget_s`` real seconds have passed (at least
+        one step runs when ``max_steps`` >= 1); returns their traces, oldest first. Raises as ``step``."""
+        deadline = time.perf_counter() + budget_s
+        new: list[StepTrace] = []
+        while len(new) < max_steps and not self.done:
+            tr = self.step()
+            if tr is not None:
+                new.append(tr)
+            if time.perf_counter() >= deadline:
+                break
+        return new
+
+    def result(self) -> RunResult:
+        """The finished run's records.
+
+        Raises:
+            RuntimeError: the run has not finished.
+        """
+        if not self.done:
+            raise RuntimeError("the run has not finished: keep calling step()")
+        engine = self.engine
+        return RunResult(traces=engine.traces, request_metrics=engine.request_metrics, summary=engine.summary(),
+                         token_budget=self.engine_config.max_num_batched_tokens,
+                         budget_raised=self.engine_config.max_num_batched_tokens != self.config.max_num_batched_tokens,
+                         max_model_len=self.max_model_len, wall_time_s=self._wall_s)
+
+
+def run_workload(config: DashboardConfig, workload: Workload, max_steps: int = 20_000) -> RunResult:
+    """Build a fresh engine for ``config`` and replay ``workload`` on it to the end (``WorkloadRun``, stepped
+    until done).
 
     Raises:
         ValueError: bad settings, or a request the engine refuses (e.g. longer than the whole KV pool).
         RuntimeError: more than ``max_steps`` steps (a guard; the workloads here need a few hundred).
     """
-    wall_start = time.perf_counter()
-    max_model_len = workload.max_request_len
-    engine_config = config.engine_config(max_model_len)
-    clock = VirtualClock()
-    engine = LLMEngine(engine_config, clock=clock)
-    # Validate every request before stepping, so a bad one fails the run at once with the engine's message.
-    by_time = sorted((r for r in workload.requests if r.arrival_step is None), key=lambda r: r.arrival_time)
-    by_step = sorted((r for r in workload.requests if r.arrival_step is not None), key=lambda r: r.arrival_step)
-    params = {r.request_id: SamplingParams(temperature=config.temperature, max_tokens=r.max_tokens,
-                                           ignore_eos=True) for r in workload.requests}
-    for r in workload.requests:
-        engine.make_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, params[r.request_id], 0.0)
-    start = clock()
-    i_time = i_step = 0
-
-    def add(r, arrival: float) -> None:
-        engine.add_request(r.request_id, {"prompt_token_ids": list(r.prompt_token_ids)}, params[r.request_id],
-                           arrival_time=arrival)
-
-    while i_time < len(by_time) or i_step < len(by_step) or engine.has_unfinished_requests():
-        step = len(engine.traces)
-        while i_time < len(by_time) and start + by_time[i_time].arrival_time <= clock():
-            add(by_time[i_time], start + by_time[i_time].arrival_time)
-            i_time += 1
-        while i_step < len(by_step) and by_step[i_step].arrival_step <= step:
-            add(by_step[i_step], clock())
-            i_step += 1
-        if not engine.has_unfinished_requests():
-            if i_time < len(by_time):  # idle until the next timed arrival: jump over the gap
-                clock.advance_to(start + by_time[i_time].arrival_time)
-                continue
-            if i_step < len(by_step):  # nothing left to step before a step-timed arrival: it arrives now
-                add(by_step[i_step], clock())
-                i_step += 1
-                continue
-            break
-        if step >= max_steps:
-            raise RuntimeError(f"run did not finish within max_steps={max_steps} steps")
-        with clock.running():
-            engine.step()
-    return RunResult(traces=engine.traces, request_metrics=engine.request_metrics, summary=engine.summary(),
-                     token_budget=engine_config.max_num_batched_tokens,
-                     budget_raised=engine_config.max_num_batched_tokens != config.max_num_batched_tokens,
-                     max_model_len=max_model_len, wall_time_s=time.perf_counter() - wall_start)
+    run = WorkloadRun(config, workload, max_steps=max_steps)
+    while not run.done:
+        run.step()
+    return run.result()

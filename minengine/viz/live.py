@@ -1,0 +1,135 @@
+"""Watching a run while it runs: a stream of ``StepTrace``s, played at a chosen speed, with pause and resume.
+
+The live view's only input is a ``TraceStream``: something that hands over the steps that happened since it
+was last asked. ``minengine.viz.runner.WorkloadRun`` is one (it steps a local engine when polled); a client of
+a server's step feed (each ``StepTrace`` as JSON, ``trace_from_dict``) is another. ``LivePlayer`` paces it:
+each ``tick`` takes as many new steps as the speed allows for the real time that passed (or as many as fit a
+time budget at full speed), nothing while paused, and keeps every trace so far for the figures, which are the
+same ``minengine.viz`` builders as for a finished run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+from minengine.metrics.trace import ScheduledChunk, StepTrace
+
+SPEEDS = (1, 2, 5, 10, 20, 50, 0)  # steps per second; 0 = as fast as the engine runs
+DEFAULT_SPEED = 10
+TICK_S = 0.4  # seconds between two redraws of a live view (each redraws three figures: gentle on 2 cores)
+
+
+@runtime_checkable
+class TraceStream(Protocol):
+    """A source of steps: ``poll`` returns the steps that happened since the last call, oldest first, at
+    most ``max_steps`` of them and, when the source has to compute them, spending about ``budget_s`` real
+    seconds at most (at least one step if any is left); ``done`` is True once no step will come."""
+
+    done: bool
+
+    def poll(self, max_steps: int, budget_s: float = math.inf) -> list[StepTrace]: ...
+
+
+class LivePlayer:
+    """Plays a ``TraceStream`` at ``speed`` steps per second (0 = as fast as it comes), with pause/resume.
+
+    Args:
+        stream: the source of steps.
+        speed: steps per second, >= 0 (0 = full speed).
+        budget_s: real seconds one ``tick`` may spend waiting for the stream (keeps the page responsive when
+            steps are slow to compute).
+        timer: real time in seconds (a test may pass its own).
+
+    Raises:
+        ValueError: a negative speed or a non-positive budget.
+    """
+
+    def __init__(self, stream: TraceStream, speed: float = DEFAULT_SPEED, budget_s: float = 0.5,
+                 timer: Callable[[], float] = time.perf_counter):
+        if not budget_s > 0:
+            raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}")
+        self.stream = stream
+        self.traces: list[StepTrace] = []
+        self.paused = False
+        self.budget_s = budget_s
+        self._timer = timer
+        self._credit = 1.0  # steps owed: the first tick shows a step at once
+        self._last: float | None = None
+        self.speed = speed
+
+    @property
+    def speed(self) -> float:
+        return self._speed
+
+    @speed.setter
+    def speed(self, value: float) -> None:
+        if not value >= 0:
+            raise ValueError(f"speed must be >= 0 steps/s (0 = full speed), got {value!r}")
+        self._speed = float(value)
+
+    @property
+    def done(self) -> bool:
+        """True once the stream has ended."""
+        return self.stream.done
+
+    def pause(self) -> None:
+        """Stop taking steps (the stream is not polled, so a local engine does not run)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        """Take steps again, from now on (the paused time does not count as owed steps)."""
+        self.paused = False
+        self._last = None
+        self._credit = max(self._credit, 1.0)  # show the next step at once
+
+    def tick(self) -> list[StepTrace]:
+        """Take the steps due since the last tick (none while paused or done) and return them; they are also
+        appended to ``traces``.
+
+        Raises:
+            whatever the stream raises (e.g. ``RuntimeError`` from the engine's guards).
+        """
+        now = self._timer()
+        if self.paused or self.done:
+            self._last = None
+            return []
+        if self._speed == 0:
+            due = math.inf
+        else:
+            if self._last is not None:
+                # owed steps grow with real time, but never by more than one tick's worth after a slow tick
+                self._credit += min(now - self._last, 4 * TICK_S) * self._speed
+            due = math.floor(self._credit)
+        self._last = now
+        if due < 1:
+            return []
+        new = self.stream.poll(due if math.isfinite(due) else 1 << 30, self.budget_s)
+        if math.isfinite(due):
+            self._credit -= due  # steps a budget-limited tick could not take are dropped, not owed
+        self.traces.extend(new)
+        return new
+
+    def finish(self) -> list[StepTrace]:
+        """Take every remaining step now, at full speed; returns them."""
+        new = []
+        while not self.done:
+            new += self.stream.poll(1 << 30)
+        self.traces.extend(new)
+        return new
+
+
+def trace_from_dict(d: dict) -> StepTrace:
+    """A ``StepTrace`` from its ``to_dict()`` form (e.g. one event of a server's step feed decoded from JSON).
+
+    Raises:
+        ValueError: a missing field.
+    """
+    try:
+        fields = dict(d)
+        fields["chunks"] = [ScheduledChunk(**c) for c in d["chunks"]]
+        return StepTrace(**fields)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"not a StepTrace dict: {exc}") from exc
