@@ -185,8 +185,8 @@ def finished_result(player: LivePlayer) -> RunResult:
 
 def live_view(player: LivePlayer, lang: str, speed: float) -> None:
     """The run in progress: pause / resume / finish now (``speed`` from the sidebar), then the block pool, the
-    batch bars and the token timeline, redrawn every ``TICK_S`` seconds by a fragment (only this part of the page reruns) with
-    the steps the engine took meanwhile."""
+    batch bars and the token timeline, redrawn every ``TICK_S`` seconds by a fragment (only this part of the
+    page reruns) with the steps the engine took meanwhile."""
     cols = st.columns([1, 1, 4])
     if player.paused:
         cols[0].button(t("live_resume", lang), key="live_resume", on_click=player.resume, type="primary")
@@ -317,8 +317,8 @@ def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s:
     st.caption(t("cap_ab", lang))
     for name, res in ((label_a, res_a), (label_b, res_b)):
         if res.budget_raised:
-            st.info(name + ("：" if lang == "zh" else ": ") + t("budget_raised", lang).format(cp=t("chunked_prefill", lang),
-                                                                  tokens=res.token_budget))
+            note = t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget)
+            st.info(name + ("：" if lang == "zh" else ": ") + note)
     cols = st.columns(2)
     for i, (name, res) in enumerate(((label_a, res_a), (label_b, res_b))):
         with cols[i]:

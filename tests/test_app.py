@@ -1,5 +1,8 @@
-"""app.py driven headless by ``streamlit.testing.v1.AppTest``: every preset, both languages, the five views,
-metrics with sensible values, and bad input shown as a message (never a traceback).
+"""app.py driven headless by ``streamlit.testing.v1.AppTest``: the live run (it grows step by step, pauses,
+resumes, follows the speed, finishes), every preset, both languages, the five views of a finished run, metrics
+with sensible values, and bad input shown as a message (never a traceback).
+
+In AppTest a fragment's timer does not fire: each ``at.run()`` is one tick of the live view.
 
 Runs the real engine with the bundled model (or ``$MINENGINE_MODEL``), with presets scaled down so the whole
 file takes about a minute on 2 CPU cores.
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -49,11 +53,6 @@ def metrics(at: AppTest) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
-def triple(value: str) -> list[float]:
-    """'12.3 / 45.6 / 78.9' -> [12.3, 45.6, 78.9]"""
-    return [float(x) for x in value.split("/")]
-
-
 def choose(at: AppTest, preset: str) -> None:
     at.selectbox(key="preset_en").set_value(preset).run()
     if preset == "a":  # the long prompt at 1/16 of 8,000 tokens keeps the test quick
@@ -63,10 +62,27 @@ def choose(at: AppTest, preset: str) -> None:
     assert not at.exception
 
 
-def run(at: AppTest) -> None:
+def start(at: AppTest) -> None:
+    """Press Run: the live view starts (its first tick runs at once)."""
     at.button(key="run").click().run()
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
+
+
+def run(at: AppTest) -> None:
+    """Press Run, then Finish now: the finished run's tabs."""
+    start(at)
+    at.button(key="live_finish").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert len(at.tabs) == 5
+
+
+def live_step(at: AppTest) -> tuple[str, int]:
+    """(state, step) from the live status line, e.g. ("running", 12)."""
+    status = next(md.value for md in at.markdown if md.value.startswith("**Live, "))
+    m = re.match(r"\*\*Live, (\w+):\*\* step (\d+)", status)
+    return m.group(1), int(m.group(2))
 
 
 def check_views(at: AppTest, lang: str) -> dict[str, str]:
@@ -79,11 +95,11 @@ def check_views(at: AppTest, lang: str) -> dict[str, str]:
     assert all(bool(CJK.search(tab.label)) == (lang == "zh") for tab in at.tabs)
     assert len(at.caption) >= 9  # every figure view has its "what to look at" caption
     m = metrics(at)
-    assert len(m) == 7
-    ttft, tpot, itl = (triple(v) for k, v in m.items() if "P50 / P95 / P99" in k)
-    for p50, p95, p99 in (ttft, tpot, itl):
+    assert len(m) == 13  # 3 x (P50, P95, P99) of TTFT, TPOT, ITL, then throughput, preemptions, prefix, counts
+    for name in ("TTFT", "TPOT", "ITL"):
+        p50, p95, p99 = (float(v.replace(",", "")) for k, v in m.items() if k.startswith(name))
         assert 0 < p50 <= p95 <= p99 < 60_000  # milliseconds
-    throughput = float(next(v for k, v in m.items() if "tok/s" in k or "令牌/秒" in k))
+    throughput = float(next(v for k, v in m.items() if "tok/s" in k or "令牌/秒" in k).replace(",", ""))
     assert throughput > 0
     ab = [md.value for md in at.markdown if "P99 TBT" in md.value]
     assert len(ab) == 1 and re.search(r"\d+\.\d (ms|毫秒)", ab[0])
@@ -107,7 +123,7 @@ def test_every_preset_in_both_languages(app, preset):
     num_requests, num_steps = (int(x) for x in metric(m, "Requests").split("/"))
     assert num_requests == EXPECTED_REQUESTS[preset] and num_steps >= 2
     if preset == "b":
-        hit_tokens = int(metric(m, "Prefix cache hit").split()[0])
+        hit_tokens = int(metric(m, "Prefix cache hit").split()[0].replace(",", ""))
         assert hit_tokens > 0
     if preset == "c":
         assert int(metric(m, "Preemptions")) > 0
@@ -213,8 +229,81 @@ def test_trace_preset_without_the_file(monkeypatch):
 def test_ab_comparison_of_prefix_caching(app):
     choose(app, "b")
     run(app)
-    app.radio(key="ab_knob").set_value("enable_prefix_caching").run()
+    app.radio(key="ab_knob_en").set_value("enable_prefix_caching").run()
     assert not app.exception and not app.error
     sentence = next(md.value for md in app.markdown if "P99 TBT" in md.value)
     assert sentence.startswith("With A: prefix caching on instead of B: prefix caching off")
     assert len(figure_titles(app)) == NUM_FIGURES
+
+
+def test_live_run_grows_step_by_step_pauses_and_resumes(app):
+    choose(app, "a")
+    app.select_slider(key="live_speed_en").set_value(20).run()
+    start(app)
+    assert not app.tabs  # live: no finished-run tabs yet
+    state, step0 = live_step(app)
+    assert state == "running"
+    titles = figure_titles(app)
+    assert len(titles) == 3  # block pool, batch bars, token timeline
+    assert titles[0].startswith(f"KV block pool at step {step0} ")
+    for _ in range(40):  # ticks until the run moves on (20 steps/s: one step per 50 ms of real time)
+        time.sleep(0.1)
+        app.run()
+        if live_step(app)[1] > step0:
+            break
+    state, step1 = live_step(app)
+    assert step1 > step0
+    assert figure_titles(app)[0].startswith(f"KV block pool at step {step1} ")
+
+    app.button(key="live_pause").click().run()
+    state, held = live_step(app)
+    assert state == "paused"
+    for _ in range(3):
+        time.sleep(0.2)
+        app.run()
+    assert live_step(app) == ("paused", held)  # paused: the engine does not step
+
+    app.button(key="live_resume").click().run()
+    for _ in range(40):
+        time.sleep(0.1)
+        app.run()
+        if live_step(app)[1] > held:
+            break
+    state, step2 = live_step(app)
+    assert state == "running" and step2 > held
+
+    app.button(key="live_finish").click().run()
+    assert not app.exception and not app.error
+    assert len(app.tabs) == 5 and len(figure_titles(app)) == NUM_FIGURES
+    num_steps = int(metric(metrics(app), "Requests").split("/")[1])
+    assert num_steps > step2
+    assert not any(md.value.startswith("**Live, ") for md in app.markdown)
+
+
+def test_live_speed_sets_the_steps_per_redraw(app):
+    choose(app, "c")
+    app.select_slider(key="live_speed_en").set_value(1).run()
+    start(app)
+    _, first = live_step(app)
+    time.sleep(0.5)
+    app.run()
+    assert live_step(app)[1] - first <= 1  # half a second at 1 step/s
+    # as fast as the engine goes: a whole tick's budget of steps (this small run may even finish)
+    app.select_slider(key="live_speed_en").set_value(0).run()
+    if app.tabs:
+        return
+    _, before = live_step(app)
+    app.run()
+    assert app.tabs or live_step(app)[1] - before >= 5
+
+
+def test_language_switch_during_a_live_run_keeps_it(app):
+    choose(app, "a")
+    app.select_slider(key="live_speed_en").set_value(1).run()
+    start(app)
+    _, step = live_step(app)
+    app.radio(key="lang").set_value("zh").run()
+    assert not app.exception and not app.error
+    status = next(md.value for md in app.markdown if md.value.startswith("**实时"))
+    assert f"第 {step}" in status or f"第 {step + 1}" in status  # the same run, not a new one
+    assert app.select_slider(key="live_speed_zh").value == 1

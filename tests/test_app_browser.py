@@ -133,7 +133,9 @@ def overlaps(figures: list[dict]) -> list[str]:
         boxes = fig["boxes"]
         for i, a in enumerate(boxes):
             for b in boxes[i + 1:]:
-                if min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > 1 and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > 1:
+                wide = min(a["x1"], b["x1"]) - max(a["x0"], b["x0"])
+                high = min(a["y1"], b["y1"]) - max(a["y0"], b["y0"])
+                if wide > 1 and high > 1:
                     found.append(f"{fig['title']!r}: {a['text']!r} overlaps {b['text']!r}")
     return found
 

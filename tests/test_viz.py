@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -14,7 +15,9 @@ import minengine.viz as viz  # noqa: E402
 from minengine.metrics.trace import ScheduledChunk, StepTrace  # noqa: E402
 from minengine.outputs import RequestMetrics  # noqa: E402
 from minengine.viz import i18n, presets  # noqa: E402
-from minengine.viz.runner import DashboardConfig, run_workload  # noqa: E402
+from minengine.viz.colors import REQUEST_PALETTE, SHARED_COLOR  # noqa: E402
+from minengine.viz.live import LivePlayer, trace_from_dict  # noqa: E402
+from minengine.viz.runner import DashboardConfig, WorkloadRun, run_workload  # noqa: E402
 from minengine.viz.workload import Workload, WorkloadRequest  # noqa: E402
 from tests.dashboard_model import dashboard_model  # noqa: E402
 
@@ -138,6 +141,12 @@ def test_block_pool_figure_matches_the_trace(prefix_run):
         for r, c in cells:
             ref = tr.block_ref_counts[r * cols + c]
             assert hm.text[r][c] == (str(ref) if ref > 1 else "")
+            assert (hm.z[r][c] == 2) == (ref > 1)  # shared blocks, and only they, in the shared colour
+        # the legend's "shared" swatch is the colour the shared cells are painted in
+        swatch = {d.name: d.marker.color for d in fig.data if d.type == "scatter"}
+        if max(tr.block_ref_counts) > 1:
+            category_2 = hm.colorscale[2 * 2][1]  # discrete_colorscale: two stops per category
+            assert swatch["shared by several requests (number = ref count)"] == SHARED_COLOR == category_2
         assert f"step {tr.step}" in fig.layout.title.text
         assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
 
@@ -162,6 +171,12 @@ def test_block_pool_animation_has_a_frame_per_step(textbook_runs):
     _, on, _ = textbook_runs
     fig = viz.block_pool_animation(on.traces, "en", frame_ms=100)
     assert [f.name for f in fig.frames] == [str(tr.step) for tr in on.traces]
+    # the legend lists every request of the run, also those that arrive after the first frame (r4, step 3)
+    legend = [d.name for d in fig.data if d.type == "scatter"]
+    assert "r4" not in on.traces[0].block_tables
+    assert [n for n in legend if n.startswith("request ")] == [f"request r{i}" for i in range(5)]
+    # ... and every frame paints a request in the same colour (one colour scale for the whole run)
+    assert len({str(f.data[0].colorscale) for f in fig.frames}) == 1
     assert fig.layout.updatemenus[0].buttons[0].args[1]["frame"]["duration"] == 100
     with pytest.raises(ValueError, match="traces"):
         viz.block_pool_animation([], "en")
@@ -213,7 +228,7 @@ def test_unchunked_long_prefill_is_named_as_the_stall_cause(textbook_runs):
     fig = viz.itl_figure(off.request_metrics, off.traces, threshold, "en")
     stall_trace = next(d for d in fig.data if d.name == "stall")
     assert len(stall_trace.x) == len(stalls)
-    assert any("500-token prefill of request r4" in a.text for a in fig.layout.annotations)
+    assert [a.text for a in fig.layout.annotations][0] == f"① step {prefill_step.step}: 500-token prefill of r4"
     assert fig.layout.yaxis.title.text == "inter-token latency (ms)"
 
 
@@ -315,3 +330,224 @@ def test_summary_numbers_are_finite(textbook_runs):
     s = on.summary
     for v in (s.ttft_p50, s.ttft_p99, s.tpot_p50, s.itl_p99, s.output_tok_s):
         assert math.isfinite(v) and v > 0
+
+
+# ---- the defects a new user saw ----------------------------------------------------------------------------------
+def _trace(step, tables, num_blocks, chunks=(), start=None, end=None):
+    refs = [0] * num_blocks
+    for table in tables.values():
+        for b in table:
+            refs[b] += 1
+    used = sum(1 for n in refs if n)
+    return StepTrace(step, step * 1.0 if start is None else start, step + 1.0 if end is None else end, 256,
+                     list(chunks), len(tables), 0, num_blocks - used, 0, num_blocks, [], [], [], 0, 0,
+                     block_tables=tables, block_ref_counts=refs, cached_block_ids=[])
+
+
+def test_long_block_tables_wrap_into_readable_rows():
+    tables = {"r0": list(range(3)), "r1": list(range(3, 103))}  # 100 blocks: a long prompt
+    fig = viz.block_tables_figure(_trace(0, tables, 640), "en")
+    hm = _heatmap(fig)
+    assert len(hm.x) == 24  # 3-digit ids: 24 cells a row
+    assert list(hm.y) == ["request r0", "request r1", "r1 +24", "r1 +48", "r1 +72", "r1 +96"]
+    cells = [c.rstrip("*") for row in hm.text[1:] for c in row if c]
+    assert cells == [str(b) for b in tables["r1"]]  # every block once, in logical order
+    assert "wraps" in fig.layout.xaxis.title.text
+    narrow = _heatmap(viz.block_tables_figure(_trace(0, {"r0": [1, 2]}, 32), "en"))
+    assert list(narrow.y) == ["request r0"] and list(narrow.x) == [0, 1]
+    with pytest.raises(ValueError, match="max_columns"):
+        viz.block_tables_figure(_trace(0, tables, 640), "en", max_columns=0)
+
+
+def test_shared_cells_in_the_block_tables_use_the_shared_colour():
+    tables = {"r0": [0, 1, 2], "r1": [0, 1, 3]}  # blocks 0 and 1 shared (a prefix cache hit)
+    hm = _heatmap(viz.block_tables_figure(_trace(0, tables, 8), "en"))
+    assert list(hm.text[0]) == ["0*", "1*", "2"] and list(hm.text[1]) == ["0*", "1*", "3"]
+    assert list(hm.z[0][:2]) == [0, 0] == list(hm.z[1][:2]) and hm.z[0][2] != hm.z[1][2]
+    assert hm.colorscale[0][1] == SHARED_COLOR
+
+
+def test_request_colours_are_distinct_and_never_block_colours():
+    assert len(REQUEST_PALETTE) == len(set(REQUEST_PALETTE)) >= 24
+    assert not {SHARED_COLOR.lower(), "#eeeeee", "#a6cee3"} & {c.lower() for c in REQUEST_PALETTE}
+    assert viz.colors.request_color("r4") != viz.colors.request_color("r10")
+
+
+def _stall_run(num_requests: int, num_steps: int):
+    """Hand-built: ``num_requests`` decodes, and every other step a 512-token prefill of request "p" that
+    makes every decode's gap 1 s (above a 0.5 s threshold)."""
+    traces, metrics = [], {}
+    for i in range(num_steps):
+        chunks = [ScheduledChunk(f"r{j}", 1, 8 + i, False, True) for j in range(num_requests)]
+        if i % 2:
+            chunks.append(ScheduledChunk("p", 512, 512 * i, True, False))
+        traces.append(StepTrace(i, i * 1.0, i + 1.0 if not i % 2 else i + 1.0, 4096, chunks, num_requests, 0, 10, 0,
+                                10, [], [], [], 0, 0))
+    for j in range(num_requests):
+        metrics[f"r{j}"] = RequestMetrics(arrival_time=0.0, first_token_time=1.0, finished_time=float(num_steps),
+                                          num_output_tokens=num_steps, itls=[1.0] * (num_steps - 1))
+    return traces, metrics
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_stall_labels_are_few_and_on_their_own_rows(lang):
+    traces, metrics = _stall_run(num_requests=12, num_steps=30)
+    stalls = viz.find_stalls(metrics, traces, 0.5, lang)
+    assert len(stalls) == 12 * 29  # every gap is a stall ...
+    fig = viz.itl_figure(metrics, traces, 0.5, lang)
+    labels = [a for a in fig.layout.annotations if a.text[0] in viz.STALL_MARKS]
+    assert len(labels) == viz.timeline_figures.MAX_STALL_LABELS  # ... but only the largest few are labelled
+    assert [a.text[0] for a in labels] == list("①②③")
+    rows = sorted(a.ay for a in labels)
+    y_max = max(max(d.y) for d in fig.data if d.y is not None and len(d.y))
+    row_h = rows[1] - rows[0]
+    assert row_h > 0 and all(b - a == pytest.approx(row_h) for a, b in zip(rows, rows[1:]))
+    assert rows[0] - row_h / 2 > y_max  # the label band is above every point
+    assert fig.layout.yaxis.range[1] >= rows[-1] + row_h / 2
+    # the labelled stalls are the ones the page's table marks
+    marked = viz.labelled_stalls(stalls)
+    assert [f"{viz.STALL_MARKS[i]} {s['short']}" for i, s in enumerate(marked)] == [a.text for a in labels]
+
+
+def test_labelled_stalls_one_per_causing_step_largest_first():
+    stalls = [{"step": 3, "itl_s": 0.2, "time_s": 1.0}, {"step": 3, "itl_s": 0.9, "time_s": 1.0},
+              {"step": 7, "itl_s": 0.5, "time_s": 2.0}, {"step": 9, "itl_s": 0.1, "time_s": 3.0}]
+    assert [(s["step"], s["itl_s"]) for s in viz.labelled_stalls(stalls, 2)] == [(3, 0.9), (7, 0.5)]
+    assert viz.labelled_stalls(stalls, 0) == []
+    with pytest.raises(ValueError, match="max_labels"):
+        viz.labelled_stalls(stalls, 11)
+
+
+def test_percentile_labels_sit_low_and_apart(textbook_runs):
+    _, on, _ = textbook_runs
+    fig = viz.latency_cdf_figure(on.request_metrics, "en")
+    marks = [a for a in fig.layout.annotations if a.text in ("P50", "P95", "P99")]
+    assert len(marks) == 6  # two subplots
+    for col in ("x", "x2"):
+        ys = sorted(a.y for a in marks if a.xref == col)
+        assert len(ys) == 3 and ys[-1] < 0.5 and min(b - a for a, b in zip(ys, ys[1:])) >= 0.1
+    titles = [a for a in fig.layout.annotations if a.text in ("TTFT (ms)", "TPOT (ms)")]
+    assert len(titles) == 2 and all(a.yref == "paper" and a.y >= 1 for a in titles)  # above the plots
+
+
+def test_time_figures_name_the_clock(textbook_runs):
+    _, on, _ = textbook_runs
+    label = "modelled: H100 SXM, Llama-3-8B shapes"
+    figs = [viz.token_timeline_figure(on.request_metrics, "en", clock_label=label),
+            viz.step_token_timeline_figure(on.traces, "en", clock_label=label),
+            viz.itl_figure(on.request_metrics, on.traces, 0.05, "en", clock_label=label),
+            viz.queue_figure(on.traces, "en", clock_label=label),
+            viz.kv_usage_figure(on.traces, "en", clock_label=label),
+            viz.latency_cdf_figure(on.request_metrics, "en", clock_label=label)]
+    for fig in figs:
+        assert fig.layout.title.subtitle.text == label and fig.layout.margin.t >= 80
+    assert viz.queue_figure(on.traces, "en").layout.title.subtitle.text is None
+
+
+# ---- the live view: a stream of StepTraces ---------------------------------------------------------------------
+def test_step_stream_gives_the_same_token_times_as_the_request_metrics(textbook_runs):
+    _, on, off = textbook_runs
+    for res in (on, off):
+        from_steps = viz.step_token_times(res.traces)
+        assert set(from_steps) == set(res.request_metrics)
+        for rid, (first_scheduled, times) in from_steps.items():
+            m = res.request_metrics[rid]
+            assert times == pytest.approx(viz.timeline_figures.token_times(m))
+            assert first_scheduled >= m.arrival_time
+    fig = viz.step_token_timeline_figure(on.traces[:10], "en")
+    assert sum(len(d.x) for d in fig.data if d.showlegend is not False) == sum(
+        1 for tr in on.traces[:10] for c in tr.chunks if c.sampled)
+
+
+def test_workload_run_streams_the_same_steps_as_a_whole_run(model):
+    wl = presets.memory_pressure(num_requests=4, prompt_len=32, output_len=16)
+    config = DashboardConfig(num_kv_blocks=8, max_num_seqs=4, enable_prefix_caching=False, model=model)
+    whole = run_workload(config, wl)
+    run = WorkloadRun(config, wl)
+    got = []
+    while not run.done:
+        new = run.poll(3)
+        assert len(new) <= 3
+        got += new
+    assert [[(c.request_id, c.num_tokens) for c in tr.chunks] for tr in got] == \
+        [[(c.request_id, c.num_tokens) for c in tr.chunks] for tr in whole.traces]
+    assert run.poll(5) == [] and run.step() is None
+    res = run.result()
+    assert res.summary.num_requests == 4 and res.summary.num_preemptions == whole.summary.num_preemptions
+    with pytest.raises(RuntimeError, match="not finished"):
+        WorkloadRun(config, wl).result()
+
+
+class _FakeStream:
+    """A TraceStream of ``n`` one-second steps; counts how often it was polled."""
+
+    def __init__(self, n):
+        self.left, self.polls, self.done, self.step = n, 0, n == 0, 0
+
+    def poll(self, max_steps, budget_s=math.inf):
+        self.polls += 1
+        k = min(max_steps, self.left)
+        out = [StepTrace(self.step + i, 0.0, 0.0, 8, [], 0, 0, 1, 0, 1, [], [], [], 0, 0) for i in range(k)]
+        self.step += k
+        self.left -= k
+        self.done = self.left == 0
+        return out
+
+
+def test_live_player_paces_pauses_resumes_and_finishes():
+    now = [0.0]
+    stream = _FakeStream(100)
+    player = LivePlayer(stream, speed=4, timer=lambda: now[0])
+    assert len(player.tick()) == 1  # the first tick shows a step at once
+    for _ in range(8):  # 2 s at 4 steps/s, ticking every 0.25 s: one step per tick
+        now[0] += 0.25
+        assert len(player.tick()) == 1
+    assert len(player.traces) == 9
+    player.pause()
+    polls = stream.polls
+    for _ in range(5):
+        now[0] += 1.0
+        assert player.tick() == []
+    assert stream.polls == polls  # a paused player does not ask the stream (a local engine does not step)
+    player.resume()
+    assert len(player.tick()) == 1  # at once, but the paused seconds are not owed
+    now[0] += 10.0
+    assert len(player.tick()) <= 4 * 4 * 0.4 + 1  # after a long gap, at most a few ticks' worth
+    player.speed = 0  # full speed: all that is left
+    now[0] += 0.25
+    player.tick()
+    assert player.done and [tr.step for tr in player.traces] == list(range(100))
+    assert player.tick() == []
+    with pytest.raises(ValueError, match="speed"):
+        player.speed = -1
+    other = LivePlayer(_FakeStream(7), timer=lambda: now[0])
+    other.finish()
+    assert other.done and len(other.traces) == 7
+
+
+def test_trace_from_dict_round_trips_json(textbook_runs):
+    _, on, _ = textbook_runs
+    for tr in on.traces[:5]:
+        again = trace_from_dict(json.loads(json.dumps(tr.to_dict())))
+        assert again == tr
+    with pytest.raises(ValueError, match="StepTrace"):
+        trace_from_dict({"step": 1})
+
+
+# ---- the lessons, as properties of the workloads (no clock involved) -----------------------------------------------
+def test_preset_b_shares_blocks_whatever_the_machine_speed(model):
+    wl = presets.shared_system_prompt()
+    assert [r.arrival_step for r in wl.requests] == [2 * i for i in range(8)]  # by step, not by second
+    res = run_workload(DashboardConfig(model=model, **presets.PRESET_ENGINE_DEFAULTS["b"]), wl)
+    shared_steps = [tr.step for tr in res.traces if max(tr.block_ref_counts) > 1]
+    assert len(shared_steps) > len(res.traces) // 2
+    # the system prompt's full blocks (256 / 16 = 16) are held by several requests at once
+    assert max(sum(1 for n in tr.block_ref_counts if n > 1) for tr in res.traces) >= 15
+    with pytest.raises(ValueError, match="arrival_every_steps"):
+        presets.shared_system_prompt(output_len=4, arrival_every_steps=4)
+
+
+def test_preset_c_preempts(model):
+    res = run_workload(DashboardConfig(model=model, **presets.PRESET_ENGINE_DEFAULTS["c"]), presets.memory_pressure())
+    assert res.summary.num_preemptions > 0
+    assert any(tr.preempted_ids for tr in res.traces)
