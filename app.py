@@ -22,6 +22,7 @@ from minengine.config import BUNDLED_MODEL
 from minengine.viz import (
     STALL_MARKS,
     ab_sentence,
+    auto_stall_threshold,
     batch_composition_figure,
     block_pool_animation,
     block_pool_figure,
@@ -40,7 +41,7 @@ from minengine.viz import (
 from minengine.viz.i18n import t
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
 from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
-from minengine.viz.timeline_figures import MAX_STALL_LABELS
+from minengine.viz.timeline_figures import AUTO_STALL_FACTOR, MAX_STALL_LABELS
 from minengine.viz.workload import Workload
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
 
@@ -343,9 +344,8 @@ def main() -> None:
     st.session_state["preset_choice"] = preset
     workload, messages = workload_controls(preset, lang)
     config = engine_controls(preset, lang)
-    threshold_ms = st.sidebar.number_input(t("stall_threshold", lang), min_value=1.0, max_value=10_000.0,
-                                           value=50.0, step=10.0, key="threshold")
-    threshold_s = threshold_ms / 1000
+    threshold_ms = st.sidebar.number_input(t("stall_threshold", lang).format(k=AUTO_STALL_FACTOR), min_value=0.0,
+                                           max_value=10_000.0, value=0.0, step=5.0, key="threshold")
     speed = live_speed_control(lang)
 
     st.info(t(f"preset_{preset}_help", lang).format(cp=t("chunked_prefill", lang),
@@ -393,6 +393,8 @@ def main() -> None:
     if res.budget_raised:
         st.info(t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget))
 
+    # 0 = auto, from the run on screen; the A/B tab uses the same threshold for both of its runs
+    threshold_s = threshold_ms / 1000 if threshold_ms > 0 else auto_stall_threshold(res.request_metrics)
     tabs = st.tabs([t(k, lang) for k in ("tab_blocks", "tab_batch", "tab_tbt", "tab_metrics", "tab_ab")])
     with tabs[0]:
         block_view(res, lang)

@@ -167,11 +167,22 @@ def test_changed_controls_are_flagged_until_run_again(app):
     assert not app.warning
 
 
+def test_default_stall_threshold_follows_the_run(app):
+    choose(app, "a")
+    run(app)
+    itl_titles = [x for x in figure_titles(app) if x.startswith("Inter-token latency")]
+    assert len(itl_titles) == 3  # TBT tab, A/B tab x 2: one threshold for all
+    assert len(set(itl_titles)) == 1
+    shown_ms = float(re.search(r"above ([\d.]+) ms", itl_titles[0]).group(1))
+    itl_p50_ms = float(metric(metrics(app), "ITL (TBT) P50").replace(",", ""))
+    assert shown_ms == pytest.approx(3 * itl_p50_ms, abs=0.2)  # 0 = 3 x the run's median ITL
+
+
 def test_stall_threshold_changes_the_stall_table(app):
     choose(app, "a")
     app.number_input(key="threshold").set_value(10_000.0).run()
     run(app)
-    assert any("No ITL above 10000 ms" in i.value for i in app.info)
+    assert any("No ITL above 10000.0 ms" in i.value for i in app.info)
     app.number_input(key="threshold").set_value(1.0).run()
     assert not app.exception
     assert len(app.dataframe) == 1 and len(app.dataframe[0].value) > 0

@@ -409,6 +409,17 @@ def test_stall_labels_are_few_and_on_their_own_rows(lang):
     assert [f"{viz.STALL_MARKS[i]} {s['short']}" for i, s in enumerate(marked)] == [a.text for a in labels]
 
 
+def test_auto_stall_threshold_is_a_multiple_of_the_median_itl():
+    def m(itls):
+        return RequestMetrics(arrival_time=0.0, first_token_time=1.0, finished_time=2.0,
+                              num_output_tokens=len(itls) + 1, itls=itls)
+    assert viz.auto_stall_threshold({"a": m([0.01, 0.01, 0.5]), "b": m([0.02])}) == pytest.approx(3 * 0.015)
+    assert viz.auto_stall_threshold({"a": m([0.01, 0.03, 1.0])}, factor=2) == pytest.approx(0.06)
+    assert viz.auto_stall_threshold({"a": m([])}) == 0.0
+    with pytest.raises(ValueError, match="factor"):
+        viz.auto_stall_threshold({}, factor=0)
+
+
 def test_labelled_stalls_one_per_causing_step_largest_first():
     stalls = [{"step": 3, "itl_s": 0.2, "time_s": 1.0}, {"step": 3, "itl_s": 0.9, "time_s": 1.0},
               {"step": 7, "itl_s": 0.5, "time_s": 2.0}, {"step": 9, "itl_s": 0.1, "time_s": 3.0}]

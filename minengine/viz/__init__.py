@@ -12,6 +12,7 @@ from minengine.viz.i18n import t
 from minengine.viz.metrics_figures import kv_usage_figure, latency_cdf_figure, queue_figure
 from minengine.viz.timeline_figures import (
     STALL_MARKS,
+    auto_stall_threshold,
     find_stalls,
     itl_figure,
     labelled_stalls,
@@ -20,7 +21,7 @@ from minengine.viz.timeline_figures import (
     token_timeline_figure,
 )
 
-__all__ = ["STALL_MARKS", "ab_sentence", "batch_composition_figure", "block_pool_animation", "block_pool_figure",
-           "block_tables_figure", "find_stalls", "itl_figure", "kv_usage_figure", "labelled_stalls",
-           "latency_cdf_figure", "queue_figure", "run_request_ids", "step_token_timeline_figure", "step_token_times",
-           "t", "token_timeline_figure"]
+__all__ = ["STALL_MARKS", "ab_sentence", "auto_stall_threshold", "batch_composition_figure", "block_pool_animation",
+           "block_pool_figure", "block_tables_figure", "find_stalls", "itl_figure", "kv_usage_figure",
+           "labelled_stalls", "latency_cdf_figure", "queue_figure", "run_request_ids", "step_token_timeline_figure",
+           "step_token_times", "t", "token_timeline_figure"]

@@ -179,6 +179,27 @@ def find_stalls(request_metrics: dict[str, RequestMetrics], traces: list[StepTra
     return stalls
 
 
+AUTO_STALL_FACTOR = 3.0  # the default stall threshold: this many times the run's median ITL
+
+
+def auto_stall_threshold(request_metrics: dict[str, RequestMetrics], factor: float = AUTO_STALL_FACTOR) -> float:
+    """A stall threshold (s) that follows the clock: ``factor`` x the median inter-token latency of the run, so
+    a stall means "much slower than this run's usual token", whether a step lasts 8 ms (a modelled H100) or
+    60 ms (a modelled L4, or this CPU). 0 when no request produced two tokens.
+
+    Raises:
+        ValueError: ``factor`` not > 0.
+    """
+    if not factor > 0:
+        raise ValueError(f"factor must be > 0, got {factor!r}")
+    gaps = sorted(g for m in request_metrics.values() for g in m.itls)
+    if not gaps:
+        return 0.0
+    mid = len(gaps) // 2
+    median = gaps[mid] if len(gaps) % 2 else (gaps[mid - 1] + gaps[mid]) / 2
+    return factor * median
+
+
 def labelled_stalls(stalls: list[dict], max_labels: int = MAX_STALL_LABELS) -> list[dict]:
     """The stalls the ITL figure labels, largest first: the worst stall of each causing step, the
     ``max_labels`` largest of those (a step that stalls ten requests is one label, not ten). Index i gets the
@@ -249,7 +270,7 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
                 font={"size": 11, "color": STALL_COLOR}, bgcolor="rgba(255,255,255,0.85)")
     # the threshold as a legend entry, not a text label: a label on the line sat on top of the points near it
     fig.add_trace(go.Scatter(x=[x_lo - x_pad, x_hi + x_pad], y=[threshold_ms, threshold_ms], mode="lines",
-                             name=f"{t('threshold', lang)} {threshold_ms:.0f} ms", hoverinfo="skip",
+                             name=f"{t('threshold', lang)} {threshold_ms:.1f} ms", hoverinfo="skip",
                              line={"dash": "dash", "color": "#444444", "width": 1}))
     fig.update_layout(title=titled(t("itl_title", lang).format(threshold_ms=threshold_ms), clock_label),
                       xaxis={"title": t("time_since_arrival", lang), "range": [x_lo - x_pad, x_hi + x_pad]},
