@@ -45,6 +45,7 @@ from minengine.viz.timeline_figures import AUTO_STALL_FACTOR, MAX_STALL_LABELS
 from minengine.viz.workload import Workload
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
 
+LIVE_MIN_STEPS = 40  # the live batch bars start on a 40-step axis (it widens as the run goes on)
 TRACE_SCALES = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4)
 LONG_PROMPT_SCALES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 
@@ -226,7 +227,7 @@ def draw_live(player: LivePlayer, lang: str) -> None:
     with left:
         st.plotly_chart(block_pool_figure(last, lang, request_ids=run_request_ids(traces)), key="live_pool")
     with right:
-        st.plotly_chart(batch_composition_figure(traces, lang), key="live_batch")
+        st.plotly_chart(batch_composition_figure(traces, lang, min_steps=LIVE_MIN_STEPS), key="live_batch")
     st.plotly_chart(step_token_timeline_figure(traces, lang), key="live_timeline")
     st.caption(t("cap_live", lang))
 

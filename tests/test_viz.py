@@ -200,6 +200,9 @@ def test_batch_composition_bars_sum_to_the_scheduled_tokens(textbook_runs):
     admitted = next(d for d in fig.data if d.name == "admitted")
     assert 3 in admitted.x
     assert fig.layout.yaxis.title.text.endswith("(tokens)")
+    assert fig.layout.xaxis.range is None  # a finished run fits its steps
+    live = viz.batch_composition_figure(on.traces[:3], "en", min_steps=40)
+    assert list(live.layout.xaxis.range) == [-0.5, 39.5]  # a run in progress: bars keep their width
 
 
 def test_token_timeline_has_one_point_per_output_token(textbook_runs):

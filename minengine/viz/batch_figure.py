@@ -17,7 +17,7 @@ _EVENTS = (  # (StepTrace field, i18n key, marker symbol, colour)
 )
 
 
-def batch_composition_figure(traces: list[StepTrace], lang: str = "en") -> go.Figure:
+def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_steps: int = 0) -> go.Figure:
     """Stacked bars, one per step, one colour per request: the tokens each request computed in that step
     (hatched = prefill chunk, solid = decode), the token budget as a line, and markers above the bar for the
     requests admitted, preempted or finished in that step (hover lists their ids).
@@ -25,6 +25,8 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en") -> go.Fi
     Args:
         traces: the engine's ``StepTrace`` list (x = ``step``, y = tokens).
         lang: "en" or "zh".
+        min_steps: the x axis spans at least steps 0 .. ``min_steps`` - 1, so the first bars of a run still in
+            progress keep a bar's width instead of filling the plot (0 = fit the steps).
     """
     steps = [tr.step for tr in traces]
     per_request: dict[str, dict[int, tuple[int, bool]]] = {}  # rid -> step -> (tokens, is_prefill)
@@ -58,7 +60,9 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en") -> go.Fi
         ))
     fig.update_layout(
         barmode="stack", bargap=0.1, title=t("batch_title", lang),
-        xaxis={"title": t("step_axis", lang)}, yaxis={"title": t("tokens_per_step", lang)},
+        xaxis={"title": t("step_axis", lang),
+               **({"range": [-0.5, max(min_steps, len(steps)) - 0.5]} if min_steps else {})},
+        yaxis={"title": t("tokens_per_step", lang)},
         legend={"itemsizing": "constant"}, margin={"t": 60},
     )
     return fig

@@ -65,6 +65,7 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "itl": ("ITL", "令牌间延迟"),
     "stall": ("stall", "停顿"),
     "threshold": ("threshold", "阈值"),
+    "ms": ("ms", "毫秒"),
     "queue_title": ("Running and waiting requests over time", "运行与等待请求数随时间变化"),
     "num_requests_axis": ("requests", "请求数"),
     "running": ("running", "运行中"),

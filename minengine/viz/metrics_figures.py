@@ -80,11 +80,14 @@ def latency_cdf_figure(request_metrics: dict[str, RequestMetrics], lang: str = "
         xs, ys = _cdf(values)
         fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", line_shape="hv", name=t(key, lang),
                                  hovertemplate="%{x:.1f} ms<br>%{y:.0%}<extra></extra>"), row=1, col=col)
+        lo, hi = xs[0], xs[-1]
         for q in (50, 95, 99):
             x = percentile(values, q)
+            right = hi > lo and (x - lo) / (hi - lo) > 0.75  # near the right edge: the label goes to the left
             fig.add_vline(x=x, line_dash="dot", line_color="#888888", row=1, col=col)
-            fig.add_annotation(x=x, y=_PERCENTILE_LABEL_Y[q], text=f"P{q}", showarrow=False, xanchor="left",
-                               xshift=2, font={"size": 11, "color": "#555555"}, row=1, col=col)
+            fig.add_annotation(x=x, y=_PERCENTILE_LABEL_Y[q], text=f"P{q}", showarrow=False,
+                               xanchor="right" if right else "left", xshift=-2 if right else 2,
+                               font={"size": 11, "color": "#555555"}, row=1, col=col)
         fig.update_xaxes(title_text=t(key, lang), row=1, col=col)
     fig.update_yaxes(title_text=t("fraction_axis", lang), range=[0, 1.05], row=1, col=1)
     fig.update_yaxes(range=[0, 1.05], row=1, col=2)

@@ -270,7 +270,7 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
                 font={"size": 11, "color": STALL_COLOR}, bgcolor="rgba(255,255,255,0.85)")
     # the threshold as a legend entry, not a text label: a label on the line sat on top of the points near it
     fig.add_trace(go.Scatter(x=[x_lo - x_pad, x_hi + x_pad], y=[threshold_ms, threshold_ms], mode="lines",
-                             name=f"{t('threshold', lang)} {threshold_ms:.1f} ms", hoverinfo="skip",
+                             name=f"{t('threshold', lang)} {threshold_ms:.1f} {t('ms', lang)}", hoverinfo="skip",
                              line={"dash": "dash", "color": "#444444", "width": 1}))
     fig.update_layout(title=titled(t("itl_title", lang).format(threshold_ms=threshold_ms), clock_label),
                       xaxis={"title": t("time_since_arrival", lang), "range": [x_lo - x_pad, x_hi + x_pad]},
