@@ -106,12 +106,22 @@ def _add_legend(fig: go.Figure, legend: list[tuple[str, str]]) -> None:
                                  marker={"symbol": "square", "size": 12, "color": color}))
 
 
-def _pool_layout(fig: go.Figure, title: str, cols: int, lang: str) -> None:
+def integer_dtick(span: int) -> int:
+    """A tick step for an axis of ``span`` integer cells: 1, 2, 5, 10, 20, ... so that about 6 or fewer ticks
+    show and none falls between two cells (a small pool's axis read "0, 0.5, 1" before)."""
+    step = 1
+    while span / step > 6:
+        step = step * 5 // 2 if str(step).startswith("2") else step * 2
+    return step
+
+
+def _pool_layout(fig: go.Figure, title: str, cols: int, rows: int, lang: str) -> None:
     fig.update_layout(
         title=title,
-        xaxis={"title": t("block_column", lang).format(cols=cols), "showgrid": False, "zeroline": False},
+        xaxis={"title": t("block_column", lang).format(cols=cols), "showgrid": False, "zeroline": False,
+               "dtick": integer_dtick(cols)},
         yaxis={"title": t("block_row", lang).format(cols=cols), "autorange": "reversed", "showgrid": False,
-               "zeroline": False},
+               "zeroline": False, "dtick": integer_dtick(rows)},
         plot_bgcolor="white", legend={"itemsizing": "constant"}, margin={"t": 60},
     )
 
@@ -136,7 +146,7 @@ def block_pool_figure(trace: StepTrace, lang: str = "en", request_ids: list[str]
     heatmap, legend, title, cols = _pool_heatmap(trace, lang, request_ids)
     fig = go.Figure(heatmap)
     _add_legend(fig, legend)
-    _pool_layout(fig, title, cols, lang)
+    _pool_layout(fig, title, cols, math.ceil(len(trace.block_ref_counts) / cols), lang)
     return fig
 
 
@@ -196,7 +206,7 @@ def block_tables_figure(trace: StepTrace, lang: str = "en", max_columns: int | N
     fig.update_layout(
         title=t("block_tables_title", lang).format(step=trace.step),
         xaxis={"title": t("logical_block_wrapped" if wrapped else "logical_block", lang).format(cols=width),
-               "showgrid": False, "zeroline": False},
+               "showgrid": False, "zeroline": False, "dtick": integer_dtick(width)},
         yaxis={"title": t("request", lang), "autorange": "reversed", "showgrid": False, "type": "category"},
         plot_bgcolor="white", height=max(260, 90 + 24 * len(labels)), margin={"t": 60},
     )
@@ -235,7 +245,7 @@ def block_pool_animation(traces: list[StepTrace], lang: str = "en", frame_ms: in
         legend.append((t("shared_block", lang), SHARED_COLOR))
     legend += [(f"{t('request', lang)} {rid}", request_color(rid)) for rid in request_ids]
     _add_legend(fig, legend)
-    _pool_layout(fig, title, cols, lang)
+    _pool_layout(fig, title, cols, math.ceil(len(shown[0].block_ref_counts) / cols), lang)
     # Frames carry only the heatmap and the title: a whole figure per step would be ~100x slower to build.
     frames = []
     for tr in shown:
