@@ -19,6 +19,7 @@ from pathlib import Path
 import streamlit as st
 
 from minengine.config import BUNDLED_MODEL
+from minengine.timing import ClockSpec, get_hardware
 from minengine.viz import (
     STALL_MARKS,
     ab_sentence,
@@ -37,6 +38,13 @@ from minengine.viz import (
     run_request_ids,
     step_token_timeline_figure,
     token_timeline_figure,
+)
+from minengine.viz.clock_label import (
+    CLOCK_CHOICES,
+    DASHBOARD_HARDWARE,
+    DASHBOARD_MODELS,
+    clock_label,
+    model_choice_label,
 )
 from minengine.viz.i18n import t
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
@@ -120,7 +128,28 @@ def workload_controls(preset: str, lang: str) -> tuple[Workload | None, list[tup
     return presets.custom(int(num), (p_lo, p_hi), (o_lo, o_hi), float(rate)), messages
 
 
-def engine_controls(preset: str, lang: str) -> DashboardConfig:
+def clock_controls(lang: str) -> ClockSpec:
+    """The clock the run's times are on: modelled (a hardware preset and a target model shape; the default,
+    so the pictures do not depend on what else this machine is doing) or measured CPU time of this process."""
+    sb = st.sidebar
+    sb.subheader(t("clock", lang))
+    # per-language keys with one shared value (a browser keeps a keyed widget's old option labels)
+    kind = sb.radio(t("clock_kind", lang), CLOCK_CHOICES, key=f"clock_kind_{lang}",
+                    index=CLOCK_CHOICES.index(st.session_state.get("clock_kind", CLOCK_CHOICES[0])),
+                    format_func=lambda k: t(f"clock_{k}", lang))
+    st.session_state["clock_kind"] = kind
+    if kind != "modelled":
+        sb.caption(t("clock_cpu_help", lang))
+        return ClockSpec(kind)
+    hardware = sb.selectbox(t("clock_hardware", lang), DASHBOARD_HARDWARE, key="clock_hardware",
+                            format_func=lambda h: get_hardware(h).name)
+    model, tp = sb.selectbox(t("clock_model", lang), DASHBOARD_MODELS, key="clock_model",
+                             format_func=lambda m: model_choice_label(*m))
+    sb.caption(t("clock_modelled_help", lang))
+    return ClockSpec("modelled", hardware=hardware, model=model, tp=tp)
+
+
+def engine_controls(preset: str, lang: str, clock: ClockSpec) -> DashboardConfig:
     """Engine knobs, starting from the preset's defaults (keys per preset, so switching preset resets them).
     Deliberately permissive bounds (0 blocks, a budget below block_size): ``DashboardConfig.validate`` turns
     bad values into a message on the page."""
@@ -143,7 +172,8 @@ def engine_controls(preset: str, lang: str) -> DashboardConfig:
     return DashboardConfig(max_num_batched_tokens=int(budget), enable_chunked_prefill=bool(chunked),
                            long_prefill_token_threshold=int(threshold), block_size=int(block_size),
                            num_kv_blocks=int(blocks), max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix),
-                           temperature=float(temperature), model=os.environ.get("MINENGINE_MODEL") or None)
+                           temperature=float(temperature), model=os.environ.get("MINENGINE_MODEL") or None,
+                           clock=clock)
 
 
 def live_speed_control(lang: str) -> float:
@@ -222,13 +252,15 @@ def draw_live(player: LivePlayer, lang: str) -> None:
     last = traces[-1]
     state = t("live_paused", lang) if player.paused else t("live_running", lang)
     st.markdown(t("live_status", lang).format(state=state, step=last.step, finished=run.num_finished,
-                                              total=run.num_requests, time_s=last.end_time - traces[0].start_time))
+                                              total=run.num_requests, time_s=last.end_time - traces[0].start_time,
+                                              clock=clock_label(run.config.clock, lang)))
     left, right = st.columns(2)
     with left:
         st.plotly_chart(block_pool_figure(last, lang, request_ids=run_request_ids(traces)), key="live_pool")
     with right:
         st.plotly_chart(batch_composition_figure(traces, lang, min_steps=LIVE_MIN_STEPS), key="live_batch")
-    st.plotly_chart(step_token_timeline_figure(traces, lang), key="live_timeline")
+    st.plotly_chart(step_token_timeline_figure(traces, lang, clock_label(run.config.clock, lang)),
+                    key="live_timeline")
     st.caption(t("cap_live", lang))
 
 
@@ -257,10 +289,10 @@ def batch_view(res: RunResult, lang: str) -> None:
                                            adm=t("admission", lang)))
 
 
-def tbt_view(res: RunResult, lang: str, threshold_s: float) -> None:
-    st.plotly_chart(token_timeline_figure(res.request_metrics, lang), key="timeline")
+def tbt_view(res: RunResult, lang: str, threshold_s: float, clock: str) -> None:
+    st.plotly_chart(token_timeline_figure(res.request_metrics, lang, clock_label=clock), key="timeline")
     st.caption(t("cap_timeline", lang))
-    st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang), key="itl")
+    st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang, clock_label=clock), key="itl")
     st.caption(t("cap_itl", lang).format(n=MAX_STALL_LABELS))
     stalls = find_stalls(res.request_metrics, res.traces, threshold_s, lang)
     st.markdown(f"**{t('stall_table', lang)}**")
@@ -274,9 +306,10 @@ def tbt_view(res: RunResult, lang: str, threshold_s: float) -> None:
                   for s in stalls], key="stalls")
 
 
-def metrics_view(res: RunResult, lang: str) -> None:
+def metrics_view(res: RunResult, lang: str, clock: str) -> None:
     s = res.summary
     ms = 1000
+    st.caption(t("times_on_clock", lang).format(clock=clock))
     # One number per card: three numbers in one card did not fit its width and were cut ("12.3 / 45.6 / 7…").
     for name, values in (("ttft", (s.ttft_p50, s.ttft_p95, s.ttft_p99)), ("tpot", (s.tpot_p50, s.tpot_p95, s.tpot_p99)),
                          ("itl", (s.itl_p50, s.itl_p95, s.itl_p99))):
@@ -290,12 +323,12 @@ def metrics_view(res: RunResult, lang: str) -> None:
     cols[3].metric(t("metric_requests", lang), f"{s.num_requests} / {s.num_steps}")
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(queue_figure(res.traces, lang), key="queue")
+        st.plotly_chart(queue_figure(res.traces, lang, clock_label=clock), key="queue")
         st.caption(t("cap_queue", lang).format(slot=t("sequence_slot", lang), tb=t("token_budget", lang)))
     with right:
-        st.plotly_chart(kv_usage_figure(res.traces, lang), key="kv")
+        st.plotly_chart(kv_usage_figure(res.traces, lang, clock_label=clock), key="kv")
         st.caption(t("cap_kv", lang))
-    st.plotly_chart(latency_cdf_figure(res.request_metrics, lang), key="latency")
+    st.plotly_chart(latency_cdf_figure(res.request_metrics, lang, clock_label=clock), key="latency")
     st.caption(t("cap_latency", lang))
 
 
@@ -325,7 +358,8 @@ def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s:
     for i, (name, res) in enumerate(((label_a, res_a), (label_b, res_b))):
         with cols[i]:
             st.markdown(f"**{name}**")
-            st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang), key=f"ab_itl_{i}")
+            st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang,
+                                       clock_label=clock_label(config.clock, lang)), key=f"ab_itl_{i}")
             st.plotly_chart(batch_composition_figure(res.traces, lang), key=f"ab_batch_{i}")
 
 
@@ -344,7 +378,8 @@ def main() -> None:
                                   key=f"preset_{lang}", format_func=lambda p: t(f"preset_{p}", lang))
     st.session_state["preset_choice"] = preset
     workload, messages = workload_controls(preset, lang)
-    config = engine_controls(preset, lang)
+    clock = clock_controls(lang)
+    config = engine_controls(preset, lang, clock)
     threshold_ms = st.sidebar.number_input(t("stall_threshold", lang).format(k=AUTO_STALL_FACTOR), min_value=0.0,
                                            max_value=10_000.0, value=0.0, step=5.0, key="threshold")
     speed = live_speed_control(lang)
@@ -390,7 +425,8 @@ def main() -> None:
     res = st.session_state.get("results", {}).get((config, workload))
     if res is None:
         return
-    st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces)))
+    clock = clock_label(config.clock, lang)
+    st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces), clock=clock))
     if res.budget_raised:
         st.info(t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget))
 
@@ -402,9 +438,9 @@ def main() -> None:
     with tabs[1]:
         batch_view(res, lang)
     with tabs[2]:
-        tbt_view(res, lang, threshold_s)
+        tbt_view(res, lang, threshold_s, clock)
     with tabs[3]:
-        metrics_view(res, lang)
+        metrics_view(res, lang, clock)
     with tabs[4]:
         ab_view(config, workload, lang, threshold_s)
 

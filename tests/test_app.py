@@ -318,3 +318,36 @@ def test_language_switch_during_a_live_run_keeps_it(app):
     status = next(md.value for md in app.markdown if md.value.startswith("**实时"))
     assert f"第 {step}" in status or f"第 {step + 1}" in status  # the same run, not a new one
     assert app.select_slider(key="live_speed_zh").value == 1
+
+
+def subtitles(at: AppTest) -> list[str]:
+    out = []
+    for chart in at.get("plotly_chart"):
+        title = json.loads(chart.proto.spec)["layout"].get("title", {})
+        out.append(title.get("subtitle", {}).get("text", "") if isinstance(title, dict) else "")
+    return out
+
+
+def test_clock_selector(app):
+    choose(app, "c")
+    run(app)
+    # default: modelled, named on every figure whose axis is time (timeline, ITL, queue, KV, CDF, A/B ITL x 2)
+    h100 = metrics(app)
+    assert subtitles(app).count("modelled: H100 SXM, Llama-3-8B shapes") == 7
+    run(app)
+    assert metrics(app) == h100  # modelled time: the same numbers, run after run
+    app.selectbox(key="clock_hardware").set_value("l4").run()
+    run(app)
+    assert subtitles(app).count("modelled: L4, Llama-3-8B shapes") == 7
+    tpot = {name: float(metric(m, "TPOT P50").replace(",", "")) for name, m in (("h100", h100), ("l4", metrics(app)))}
+    assert tpot["l4"] > 5 * tpot["h100"]  # 300 GB/s vs 3.35 TB/s: decode is memory-bound
+    app.selectbox(key="clock_model").set_value(("llama-3-70b", 4)).run()
+    run(app)
+    assert subtitles(app).count("modelled: L4, Llama-3-70B shapes, TP 4") == 7
+    app.radio(key="clock_kind_en").set_value("cpu").run()
+    assert not [s for s in app.selectbox if s.key == "clock_hardware"]  # no GPU to choose for measured time
+    run(app)
+    assert subtitles(app).count("measured: CPU time") == 7
+    app.radio(key="lang").set_value("zh").run()
+    assert subtitles(app).count("实测：CPU 时间") == 7
+    assert app.radio(key="clock_kind_zh").value == "cpu"

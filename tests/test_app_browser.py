@@ -7,7 +7,7 @@ holds it, resume moves it on), Finish now brings the finished run's tabs; then e
 subplot titles, titles), no metric value is cut off, no exception or error box. The Streamlit server holds no
 inotify watch (a ``.venv`` inside the checkout once made it print thousands of "Inotify queue overflowed").
 
-Screenshots go to ``$MINENGINE_SCREENSHOTS`` (default /tmp/minengine_screens): ``live_en.png``,
+Screenshots go to ``$MINENGINE_SCREENSHOTS`` (default /tmp/minengine_screens): ``live_<lang>.png``,
 ``tab<i>_<name>_<lang>.png`` for a human to look at.
 
 Skips when Playwright or /usr/bin/chromium is missing (``playwright install`` needs the network; Debian's
@@ -36,6 +36,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 REPO = Path(__file__).resolve().parents[1]
 SCREENS = Path(os.environ.get("MINENGINE_SCREENSHOTS", "/tmp/minengine_screens"))
 TAB_NAMES = ("blocks", "batch", "tbt", "metrics", "ab")
+FIGURES_PER_TAB = {"blocks": 3, "batch": 1, "tbt": 2, "metrics": 3, "ab": 4}
 
 sync_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("streamlit")
@@ -160,12 +161,13 @@ def check_page(page, where: str) -> None:
     assert page.locator("[data-testid='stAlertContentError']").count() == 0, where
 
 
-def wait_for_figures(page) -> None:
-    """Until every visible plotly figure has drawn its title, then a moment for plotly's last layout pass."""
-    page.wait_for_function("""() => {
+def wait_for_figures(page, count: int | None = None) -> None:
+    """Until ``count`` (default: at least one) plotly figures are visible and every one has drawn its title,
+    then a moment for plotly's last layout pass."""
+    page.wait_for_function("""(n) => {
         const plots = Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null);
-        return plots.length > 0 && plots.every(p => p.querySelector('.gtitle'));
-    }""", timeout=120_000)
+        return (n === null ? plots.length > 0 : plots.length === n) && plots.every(p => p.querySelector('.gtitle'));
+    }""", arg=count, timeout=120_000)
     page.wait_for_timeout(800)
 
 
@@ -177,7 +179,11 @@ def check_tabs(page, lang: str, tab_labels: list[str]) -> dict:
         page.get_by_role("tab", name=label).click()
         if name == "ab":  # the A/B tab runs the other configuration first
             page.locator("[data-testid='stMarkdownContainer']", has_text="P99 TBT").first.wait_for(timeout=240_000)
-        wait_for_figures(page)
+        wait_for_figures(page, FIGURES_PER_TAB[name])
+        if lang == "zh":  # every figure redrawn in Chinese
+            page.wait_for_function("""() => Array.from(document.querySelectorAll('.js-plotly-plot'))
+                .filter(p => p.offsetParent !== null)
+                .every(p => /[\u4e00-\u9fff]/.test(p.querySelector('.gtitle').textContent))""", timeout=60_000)
         check_page(page, f"{lang} tab {name}")
         shot = SCREENS / f"tab{i}_{name}_{lang}.png"
         page.screenshot(path=str(shot), full_page=True)
@@ -218,8 +224,10 @@ def test_dashboard_live_run_and_every_tab_in_both_languages(server):
             page.locator("[data-testid='stMarkdownContainer']", has_text="Live, paused:").first.wait_for(
                 timeout=60_000)
             held = live_step(page)
+            page.set_viewport_size({"width": 1600, "height": 2000})
             wait_for_figures(page)
             page.screenshot(path=str(SCREENS / "live_en.png"), full_page=True)
+            assert not overlaps(page.evaluate(_TEXT_BOXES_JS))
             check_page(page, "live")
             page.wait_for_timeout(1500)
             assert live_step(page) == held, "the run moved while paused"
@@ -240,7 +248,17 @@ def test_dashboard_live_run_and_every_tab_in_both_languages(server):
             sync_api.expect(page.locator(".js-plotly-plot .gtitle", has_text="KV block pool")).to_have_count(
                 0, timeout=60_000)
             zh = check_tabs(page, "zh", ["块表", "批次组成", "TBT 时间线", "指标", "A/B 对比"])
-            assert page.get_by_role("button", name="运行", exact=True).is_visible()
+            # the live view in Chinese too (still 1 step/s: the speed survives the language switch)
+            page.set_viewport_size({"width": 1600, "height": 2000})
+            page.get_by_role("button", name="运行", exact=True).click()
+            page.locator("[data-testid='stMarkdownContainer']", has_text="实时，运行中").first.wait_for(timeout=60_000)
+            page.locator(".js-plotly-plot .gtitle", has_text="KV 块池").first.wait_for(timeout=30_000)
+            wait_for_figures(page)
+            page.screenshot(path=str(SCREENS / "live_zh.png"), full_page=True)
+            check_page(page, "live zh")
+            assert not overlaps(page.evaluate(_TEXT_BOXES_JS))
+            page.get_by_role("button", name="立即完成").click()
+            page.get_by_role("tab", name="块表").wait_for(timeout=240_000)
         finally:
             browser.close()
     # the same figures in both languages, and every Chinese figure title in Chinese

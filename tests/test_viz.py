@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +16,9 @@ pytest.importorskip("plotly")
 import minengine.viz as viz  # noqa: E402
 from minengine.metrics.trace import ScheduledChunk, StepTrace  # noqa: E402
 from minengine.outputs import RequestMetrics  # noqa: E402
+from minengine.timing import ClockSpec  # noqa: E402
 from minengine.viz import i18n, presets  # noqa: E402
+from minengine.viz.clock_label import clock_label  # noqa: E402
 from minengine.viz.colors import REQUEST_PALETTE, SHARED_COLOR  # noqa: E402
 from minengine.viz.live import LivePlayer, trace_from_dict  # noqa: E402
 from minengine.viz.runner import DashboardConfig, WorkloadRun, run_workload  # noqa: E402
@@ -362,6 +366,12 @@ def test_long_block_tables_wrap_into_readable_rows():
         viz.block_tables_figure(_trace(0, tables, 640), "en", max_columns=0)
 
 
+def test_grid_axes_tick_whole_cells():
+    assert [viz.block_figures.integer_dtick(n) for n in (3, 6, 8, 26, 64, 128)] == [1, 1, 2, 5, 20, 50]
+    fig = viz.block_pool_figure(_trace(0, {"r0": [0, 1]}, 24), "en")  # 8 columns x 3 rows
+    assert (fig.layout.xaxis.dtick, fig.layout.yaxis.dtick) == (2, 1)
+
+
 def test_shared_cells_in_the_block_tables_use_the_shared_colour():
     tables = {"r0": [0, 1, 2], "r1": [0, 1, 3]}  # blocks 0 and 1 shared (a prefix cache hit)
     hm = _heatmap(viz.block_tables_figure(_trace(0, tables, 8), "en"))
@@ -565,3 +575,53 @@ def test_preset_c_preempts(model):
     res = run_workload(DashboardConfig(model=model, **presets.PRESET_ENGINE_DEFAULTS["c"]), presets.memory_pressure())
     assert res.summary.num_preemptions > 0
     assert any(tr.preempted_ids for tr in res.traces)
+
+
+# ---- the lessons on modelled time (minengine.timing): the same numbers on every machine ---------------------------
+def _preset_a(model, clock, chunked, scale=0.25):
+    config = DashboardConfig(model=model, clock=clock, **{**presets.PRESET_ENGINE_DEFAULTS["a"],
+                                                          "enable_chunked_prefill": chunked})
+    return run_workload(config, presets.textbook_long_prompt(long_prompt_scale=scale))
+
+
+@pytest.mark.parametrize("clock", [ClockSpec("modelled", hardware="h100", model="llama-3-8b"),
+                                   ClockSpec("modelled", hardware="l4", model="qwen2.5-7b"),
+                                   ClockSpec("modelled", hardware="a100", model="llama-3-70b", tp=4)],
+                         ids=["h100-llama8b", "l4-qwen7b", "a100-llama70b-tp4"])
+def test_preset_a_chunked_prefill_lowers_p99_tbt_on_modelled_time(model, clock):
+    on, off = _preset_a(model, clock, True), _preset_a(model, clock, False)
+    assert on.clock_label == off.clock_label == clock.label
+    assert on.summary.itl_p99 < off.summary.itl_p99 / 2  # the textbook lesson, by a wide margin
+    # the stall is the long prompt's one-step prefill, and it is what the figure labels first
+    stalls = viz.find_stalls(off.request_metrics, off.traces, viz.auto_stall_threshold(off.request_metrics))
+    first = viz.labelled_stalls(stalls)[0]
+    assert first["kind"] == "prefill" and first["cause_request_id"] == "r10" and first["cause_tokens"] == 2000
+
+
+def test_modelled_runs_are_identical_even_beside_a_busy_loop(model):
+    clock = ClockSpec("modelled", hardware="h100", model="llama-3-8b")
+    quiet = _preset_a(model, clock, False, scale=1 / 16)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # a busy neighbour on this machine
+    try:
+        busy = _preset_a(model, clock, False, scale=1 / 16)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert busy.summary == quiet.summary
+    assert [tr.end_time for tr in busy.traces] == [tr.end_time for tr in quiet.traces]
+
+
+def test_measured_cpu_clock_is_selectable(model):
+    wl = presets.memory_pressure(num_requests=2, prompt_len=16, output_len=4)
+    res = run_workload(DashboardConfig(model=model, clock=ClockSpec("cpu")), wl)
+    assert res.clock_label == "measured: CPU time"
+    assert all(tr.duration > 0 for tr in res.traces)
+    with pytest.raises(ValueError, match="clock"):
+        DashboardConfig(clock=ClockSpec("wall")).validate()
+
+
+def test_clock_labels_in_both_languages():
+    spec = ClockSpec("modelled", hardware="h100", model="llama-3-70b", tp=8)
+    assert clock_label(spec, "en") == "modelled: H100 SXM, Llama-3-70B shapes, TP 8"
+    assert clock_label(spec, "zh") == "建模：H100 SXM 上的 Llama-3-70B 形状，TP 8"
+    assert clock_label(ClockSpec("cpu"), "zh") == "实测：CPU 时间"

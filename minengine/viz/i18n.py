@@ -169,8 +169,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "live_paused": ("paused", "已暂停"),
     "live_waiting": ("Waiting for the first step…", "等待第一步…"),
     "live_status": ("**Live, {state}:** step {step}, {finished} of {total} requests finished, {time_s:.3f} s on "
-                    "the engine clock.", "**实时，{state}：** 第 {step} 步，已完成 {finished} / {total} 个请求，"
-                    "引擎时钟 {time_s:.3f} 秒。"),
+                    "the clock ({clock}).", "**实时，{state}：** 第 {step} 步，已完成 {finished} / {total} 个请求，"
+                    "时钟（{clock}）{time_s:.3f} 秒。"),
     "cap_live": ("The engine is running: each redraw adds the steps it took meanwhile. The pool shows the latest "
                  "step; the bars and the token timeline grow to the right. When the run ends, its tabs below let "
                  "you go back to any step.",
@@ -255,9 +255,24 @@ _STRINGS: dict[str, tuple[str, str]] = {
                     "输出吞吐为 {tput_a:.1f} 对 {tput_b:.1f} 令牌/秒（{tput_pct:+.0f}%）。"),
     "cap_ab": ("The same workload under both configs; compare the ITL spikes and the batch shapes.",
                "同一负载在两种配置下运行；比较令牌间延迟的尖峰和批次形状。"),
-    "run_time": ("Engine run took {seconds:.1f} s (wall clock, model loading included) on this machine "
-                 "({steps} steps).",
-                 "引擎运行在本机耗时 {seconds:.1f} 秒（挂钟时间，含模型加载；{steps} 步）。"),
+    "run_time": ("The engine took {seconds:.1f} s of real time on this machine (model loading included, pauses "
+                 "not) for {steps} steps; the times in the figures are on the clock {clock}.",
+                 "引擎在本机用了 {seconds:.1f} 秒实际时间（含模型加载，不含暂停），共 {steps} 步；"
+                 "图中的时间按时钟：{clock}。"),
+    "times_on_clock": ("Times on the clock “{clock}”.", "以下时间的时钟为「{clock}」。"),
+    "clock": ("Clock", "时钟"),
+    "clock_kind": ("Time the steps by", "步骤计时方式"),
+    "clock_modelled": ("modelled GPU (roofline)", "建模 GPU（屋顶线模型）"),
+    "clock_cpu": ("measured CPU time (this machine)", "实测 CPU 时间（本机）"),
+    "clock_hardware": ("Hardware", "硬件"),
+    "clock_model": ("Model shape (times only)", "模型形状（仅用于计时）"),
+    "clock_modelled_help": ("The tokens are computed by the bundled model on this CPU; each step lasts what a "
+                            "roofline model says it would on this GPU for this model shape. The same on every "
+                            "machine, every run.",
+                            "令牌由本机 CPU 上的内置模型真实计算；每一步的时长按屋顶线模型估算该 GPU 上运行该模型"
+                            "形状所需的时间。在任何机器上、每次运行都相同。"),
+    "clock_cpu_help": ("Each step lasts the CPU time this process spent on it: real, but it depends on this "
+                       "machine.", "每一步的时长为本进程在该步上花费的 CPU 时间：真实，但取决于本机。"),
     "model_missing": ("The bundled model is not at {path}. Run scripts/train_tiny_model.py or set MINENGINE_MODEL.",
                       "内置模型不在 {path}。请运行 scripts/train_tiny_model.py 或设置 MINENGINE_MODEL。"),
 }

@@ -1,11 +1,14 @@
-"""Run a ``Workload`` on the real engine for the dashboard: validate the settings, replay the arrivals on a
-``VirtualClock`` (time runs only while the engine steps, so idle gaps cost nothing and ITLs are real step
-times), and keep only plain data (step traces, request metrics, summary) so the result can be cached."""
+"""Run a ``Workload`` on the real engine for the dashboard: validate the settings, replay the arrivals on the
+chosen clock (``minengine.timing``: by default a ``ModelledClock``, each step lasting what a roofline model says
+it would on a named GPU for a named model shape, so the pictures are the same on every machine; or measured CPU
+time; idle gaps cost nothing either way), step by step so a page can draw the run while it runs, and keep only
+plain data (step traces, request metrics, summary) so the result can be cached."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from minengine.config import EngineConfig
 from minengine.engine.llm_engine import LLMEngine
@@ -13,15 +16,19 @@ from minengine.metrics.stats import ServingSummary
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestMetrics
 from minengine.sampling_params import SamplingParams
+from minengine.timing import ClockSpec
+from minengine.viz.clock_label import DEFAULT_CLOCK
 from minengine.viz.workload import Workload
-from minengine.workloads.replay import VirtualClock
 
 
 @dataclass(frozen=True)
 class DashboardConfig:
-    """The engine knobs the page exposes (vLLM's names; see ``EngineConfig``) plus the sampling temperature.
+    """The engine knobs the page exposes (vLLM's names; see ``EngineConfig``), the sampling temperature and the
+    clock.
 
-    ``model=None`` is the bundled model. ``max_model_len`` is not a knob: the runner sets it to the
+    ``model=None`` is the bundled model (it computes the tokens; a modelled clock times them as the target model
+    shape would run). ``clock`` is a ``minengine.timing.ClockSpec`` (hashable, so it keys the cache): default
+    modelled, H100 SXM, Llama-3-8B shapes. ``max_model_len`` is not a knob: the runner sets it to the
     workload's longest request.
     """
 
@@ -35,6 +42,14 @@ class DashboardConfig:
     temperature: float = 0.0
     seed: int = 0
     model: str | None = None
+    clock: ClockSpec = field(default=DEFAULT_CLOCK)
+
+    def make_clock(self):
+        """A fresh clock for one run (a modelled one costs KV swaps with this config's ``block_size``)."""
+        spec = self.clock
+        if spec.kind == "modelled":
+            spec = dataclasses.replace(spec, block_size=self.block_size)
+        return spec.make()
 
     def validate(self) -> None:
         """Reject settings the page must not run, with a message naming the field.
@@ -64,6 +79,9 @@ class DashboardConfig:
                              f"{self.long_prefill_token_threshold}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.clock, ClockSpec) or self.clock.kind not in ("modelled", "cpu", "perf"):
+            raise ValueError(f"clock must be a ClockSpec of kind 'modelled', 'cpu' or 'perf' (a virtual clock), "
+                             f"got {self.clock!r}")
 
     def engine_config(self, max_model_len: int) -> EngineConfig:
         """The ``EngineConfig`` for a workload whose longest request has ``max_model_len`` tokens.
@@ -99,6 +117,7 @@ class RunResult:
         max_model_len: tokens of the longest request.
         wall_time_s: real seconds spent building the engine (model loading included) and stepping it; a
             live view's pauses and drawing are not counted.
+        clock_label: the clock the times are on ("modelled: H100 SXM, Llama-3-8B shapes").
     """
 
     traces: list[StepTrace]
@@ -108,16 +127,17 @@ class RunResult:
     budget_raised: bool
     max_model_len: int
     wall_time_s: float
+    clock_label: str = ""
 
 
 class WorkloadRun:
     """A dashboard run in progress: one fresh engine replaying ``workload``, advanced step by step, so a page can
     draw it while it runs. A ``TraceStream`` (``minengine.viz.live``): ``poll`` returns the new ``StepTrace``s.
 
-    Requests arrive at ``arrival_time`` seconds on the run's clock (a ``VirtualClock``: time runs only inside
-    ``engine.step()``; an idle engine jumps to the next arrival) or, with ``arrival_step``, right before that
-    step. Sampling uses ``config.temperature`` with ``ignore_eos=True`` so each request produces exactly its
-    ``max_tokens``.
+    Requests arrive at ``arrival_time`` seconds on the run's clock (``config.clock``: virtual, so time moves
+    only inside ``engine.step()``, by the step's modelled or measured duration, and an idle engine jumps to
+    the next arrival) or, with ``arrival_step``, right before that step. Sampling uses ``config.temperature``
+    with ``ignore_eos=True`` so each request produces exactly its ``max_tokens``.
 
     Raises (from the constructor, before any step):
         ValueError: bad settings, or a request the engine refuses (e.g. longer than the whole KV pool).
@@ -130,7 +150,7 @@ class WorkloadRun:
         self.max_steps = max_steps
         self.max_model_len = workload.max_request_len
         self.engine_config = config.engine_config(self.max_model_len)
-        self.clock = VirtualClock()
+        self.clock = config.make_clock()
         self.engine = LLMEngine(self.engine_config, clock=self.clock)
         self._params = {r.request_id: SamplingParams(temperature=config.temperature, max_tokens=r.max_tokens,
                                                      ignore_eos=True) for r in workload.requests}
@@ -203,8 +223,7 @@ class WorkloadRun:
                 return None
             if step >= self.max_steps:
                 raise RuntimeError(f"run did not finish within max_steps={self.max_steps} steps")
-            with clock.running():
-                engine.step()
+            engine.step()  # the engine tells the clock where the step begins and ends
             if len(engine.traces) > step:
                 return engine.traces[-1]
         return None
@@ -234,7 +253,8 @@ class WorkloadRun:
         return RunResult(traces=engine.traces, request_metrics=engine.request_metrics, summary=engine.summary(),
                          token_budget=self.engine_config.max_num_batched_tokens,
                          budget_raised=self.engine_config.max_num_batched_tokens != self.config.max_num_batched_tokens,
-                         max_model_len=self.max_model_len, wall_time_s=self._wall_s)
+                         max_model_len=self.max_model_len, wall_time_s=self._wall_s,
+                         clock_label=self.clock.label)
 
 
 def run_workload(config: DashboardConfig, workload: Workload, max_steps: int = 20_000) -> RunResult:
