@@ -171,10 +171,10 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "live_status": ("**Live, {state}:** step {step}, {finished} of {total} requests finished, {time_s:.3f} s on "
                     "the clock ({clock}).", "**实时，{state}：** 第 {step} 步，已完成 {finished} / {total} 个请求，"
                     "时钟（{clock}）{time_s:.3f} 秒。"),
-    "cap_live": ("The engine is running: each redraw adds the steps it took meanwhile. The pool shows the latest "
-                 "step; the bars and the token timeline grow to the right. When the run ends, its tabs below let "
-                 "you go back to any step.",
-                 "引擎正在运行：每次重绘都加入这段时间里完成的步骤。块池显示最新一步；"
+    "cap_live": ("While the engine runs, each redraw adds the steps it took meanwhile: the pool shows the latest "
+                 "step, the bars and the token timeline grow to the right. When the run ends, its tabs let you go "
+                 "back to any step.",
+                 "引擎运行时，每次重绘都加入这段时间里完成的步骤：块池显示最新一步；"
                  "批次柱和令牌时间线向右增长。运行结束后，下面的标签页可以回到任意一步。"),
     "bad_input": ("Bad input: {error}", "输入有误：{error}"),
     "run_failed": ("The engine refused this run: {error}", "引擎拒绝了这次运行：{error}"),
