@@ -141,6 +141,28 @@ def overlaps(figures: list[dict]) -> list[str]:
     return found
 
 
+def settled(page, script: str, tries: int = 4) -> list:
+    """``script``'s findings (overlapping labels, cut-off values) once they persist: a figure caught in the middle
+    of a re-layout (a busy machine) may overlap for a frame; a real defect stays. Empty when any try is clean."""
+    found = page.evaluate(script)
+    for _ in range(tries - 1):
+        if not found:
+            return []
+        page.wait_for_timeout(700)
+        found = page.evaluate(script)
+    return found
+
+
+def overlapping_labels(page) -> list[str]:
+    found = []
+    for _ in range(4):
+        found = overlaps(page.evaluate(_TEXT_BOXES_JS))
+        if not found:
+            return []
+        page.wait_for_timeout(700)
+    return found
+
+
 def live_status(page):
     return page.locator("[data-testid='stMarkdownContainer']", has_text=re.compile(r"^Live, (running|paused):"))
 
@@ -190,8 +212,10 @@ def check_tabs(page, lang: str, tab_labels: list[str]) -> dict:
         assert shot.stat().st_size > 10_000
         figures = page.evaluate(_TEXT_BOXES_JS)
         assert figures, f"{lang} tab {name}: no figure drawn"
-        assert not overlaps(figures), overlaps(figures)
-        assert not page.evaluate(_CUT_METRICS_JS), f"{lang} tab {name}: metric values cut off"
+        bad = overlapping_labels(page)
+        assert not bad, f"{lang} tab {name}: {bad}"
+        cut = settled(page, _CUT_METRICS_JS)
+        assert not cut, f"{lang} tab {name}: metric values cut off: {cut}"
         seen[name] = figures
     return seen
 
@@ -230,7 +254,7 @@ def test_dashboard_live_run_and_every_tab_in_both_languages(server):
             page.set_viewport_size({"width": 1600, "height": 2000})
             wait_for_figures(page)
             page.screenshot(path=str(SCREENS / "live_en.png"), full_page=True)
-            assert not overlaps(page.evaluate(_TEXT_BOXES_JS))
+            assert not overlapping_labels(page)
             check_page(page, "live")
             page.wait_for_timeout(1500)
             assert live_step(page) == held, "the run moved while paused"
@@ -259,15 +283,16 @@ def test_dashboard_live_run_and_every_tab_in_both_languages(server):
             wait_for_figures(page)
             page.screenshot(path=str(SCREENS / "live_zh.png"), full_page=True)
             check_page(page, "live zh")
-            assert not overlaps(page.evaluate(_TEXT_BOXES_JS))
+            assert not overlapping_labels(page)
             page.get_by_role("button", name="立即完成").click()
             page.get_by_role("tab", name="块表").wait_for(timeout=240_000)
         finally:
             browser.close()
     # the same figures in both languages, and every Chinese figure title in Chinese
     for name in TAB_NAMES:
-        assert len(en[name]) == len(zh[name]), name
-        assert all(re.search(r"[\u4e00-\u9fff]", f["title"]) for f in zh[name] if f["title"]), name
+        assert len(en[name]) == len(zh[name]), (name, [f["title"] for f in en[name]], [f["title"] for f in zh[name]])
+        assert all(re.search(r"[\u4e00-\u9fff]", f["title"]) for f in zh[name] if f["title"]), (
+            name, [f["title"] for f in zh[name]])
     # the A/B tab's run without chunked prefill stalls: its ITL figure labels those stalls, and only a few
     ab_labels = [b["text"] for f in en["ab"] for b in f["boxes"] if re.match(r"^[①-⑩]", b["text"])]
     assert 1 <= len(ab_labels) <= 2 * 3, ab_labels
