@@ -52,6 +52,54 @@ def _optional(kind):
     return parse
 
 
+MAX_CLI_REQUESTS = 100_000  # requests one CLI run serves at most: a larger count is a typo, not a workload
+
+
+def _check_flag(a: argparse.Namespace, name: str, low: float, high: float, *, low_open: bool = False,
+                high_open: bool = False, optional: bool = False, allow_inf: bool = False) -> None:
+    """``--name`` must be a number in [low, high] (``low_open`` / ``high_open``: excluded); a ``ValueError``
+    naming the flag otherwise (None passes when ``optional``, inf when ``allow_inf``)."""
+    v = getattr(a, name)
+    if v is None and optional:
+        return
+    if v is not None and allow_inf and v == math.inf:
+        return
+    ok = v is not None and math.isfinite(v) and (v > low if low_open else v >= low) \
+        and (v < high if high_open else v <= high)
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        raise ValueError(f"--{name.replace('_', '-')} must be in {interval}{' or inf' if allow_inf else ''}, "
+                         f"got {v!r}")
+
+
+def _check_text_arguments(a: argparse.Namespace) -> None:
+    """Every text argument must be valid UTF-8: bytes that are not reach Python as lone surrogates."""
+    for name, value in vars(a).items():
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                flag = name if name == "prompt" else "--" + name.replace("_", "-")
+                raise ValueError(f"argument {flag}: {value!r} is not valid UTF-8 text") from None
+
+
+def _check_bench_flags(a: argparse.Namespace) -> None:
+    """The workload flags of ``bench-serve``, whichever ``--trace`` uses them (ValueError naming the flag)."""
+    _check_flag(a, "num_requests", 1, MAX_CLI_REQUESTS)
+    _check_flag(a, "start_s", 0, math.inf, high_open=True, optional=True)
+    _check_flag(a, "length_scale", 0, 1000, low_open=True)
+    _check_flag(a, "request_rate", 0, math.inf, low_open=True, high_open=True, optional=True, allow_inf=True)
+    _check_flag(a, "burstiness", 1e-6, 1e6)
+    _check_flag(a, "speedup", 1e-6, 1e6)
+    _check_flag(a, "input_len", 1, 10**6)
+    _check_flag(a, "output_len", 1, 10**6)
+    _check_flag(a, "range_ratio", 0, 1, high_open=True)
+    _check_flag(a, "capacity_requests", 2, MAX_CLI_REQUESTS)
+    _check_flag(a, "capacity_probes", 1, 100)
+    for name in ("slo_ttft_ms", "slo_tpot_ms", "slo_tbt_ms"):
+        _check_flag(a, name, 0, math.inf, low_open=True, high_open=True, optional=True)
+
+
 def _engine_args(p: argparse.ArgumentParser) -> None:
     """One flag per ``EngineConfig`` field, generated from the dataclass (names, types, defaults, help), so the
     CLI cannot drift from the config: ``--max-num-batched-tokens`` for ``max_num_batched_tokens``; booleans as
@@ -91,15 +139,16 @@ def cmd_run(a: argparse.Namespace) -> None:
     for flag in ("num_prompts", "num_real_prompts", "max_prompt_chars", "show"):
         if getattr(a, flag) < 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(a, flag)}")
+    _check_flag(a, "num_prompts", 0, MAX_CLI_REQUESTS)
     if not 1 <= a.min_tokens <= a.max_tokens:
         raise ValueError(f"need 1 <= --min-tokens <= --max-tokens, got {a.min_tokens} and {a.max_tokens}")
     if a.data_dir is not None and not Path(a.data_dir).is_dir():
         raise ValueError(f"--data-dir {a.data_dir!r} is not a directory")
-    engine = LLMEngine(_config(a))
     data_dir = find_data_dir(a.data_dir)
+    real = load_real_prompts(data_dir, limit=a.num_real_prompts, max_chars=a.max_prompt_chars)  # fail early
+    engine = LLMEngine(_config(a))
     rng = random.Random(a.seed)
     prompts = [SHAKESPEARE_OPENINGS[i % len(SHAKESPEARE_OPENINGS)] for i in range(a.num_prompts)]
-    real = load_real_prompts(data_dir, limit=a.num_real_prompts, max_chars=a.max_prompt_chars)
     prompts += real
     print(f"model: {engine.model_path}  ({sum(p.numel() for p in engine.model.parameters()):,} parameters, "
           f"{engine.config.dtype}, {engine.runner.device})")
@@ -248,6 +297,7 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
 
     if a.result_json and not Path(a.result_json).resolve().parent.is_dir():  # fail before the run, not after
         raise ValueError(f"--result-json: folder {str(Path(a.result_json).parent)!r} does not exist")
+    _check_bench_flags(a)
     slo = None
     if any(v is not None for v in (a.slo_ttft_ms, a.slo_tpot_ms, a.slo_tbt_ms)):
         slo = SLO(*(v / 1000 if v is not None else None for v in (a.slo_ttft_ms, a.slo_tpot_ms, a.slo_tbt_ms)))
@@ -426,6 +476,7 @@ def main(argv: list[str] | None = None) -> None:
     _serve_parser(sub)
     a = p.parse_args(argv)
     try:
+        _check_text_arguments(a)
         a.func(a)
     except (ValueError, OSError) as exc:  # bad settings or unreadable files: a message, not a traceback
         p.exit(2, f"error: {exc}\n")

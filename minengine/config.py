@@ -32,7 +32,7 @@ class EngineConfig:
         num_kv_blocks: number of KV blocks in the pool; ``None`` derives it from ``kv_cache_memory_bytes``
             or, if that is also ``None``, makes room for ``max_num_seqs`` sequences of ``max_model_len``
             tokens, capped at 2048 blocks.
-        kv_cache_memory_bytes: KV memory budget in bytes, used when ``num_kv_blocks`` is ``None``.
+        kv_cache_memory_bytes: KV memory budget in bytes, instead of ``num_kv_blocks`` (give one or the other).
         max_num_batched_tokens: the token budget, the most tokens (prefill + decode) one step may compute.
         max_num_seqs: sequence slots, the most requests running at once.
         max_model_len: the most tokens (prompt + output) one request may hold; ``None`` takes the model's
@@ -40,7 +40,7 @@ class EngineConfig:
         enable_chunked_prefill: split long prompts over several steps (Sarathi, Agrawal et al. 2023).
             When off, a prompt is prefilled in one step and must fit in the token budget.
         long_prefill_token_threshold: the largest prefill chunk one request may take in one step
-            (0 = no limit beyond the token budget).
+            (0 = no limit beyond the token budget); needs ``enable_chunked_prefill``.
         enable_prefix_caching: reuse the KV of full blocks whose tokens (and all tokens before) match.
         preemption_mode: ``"recompute"``: a preempted request frees its blocks and is prefilled again;
             ``"swap"``: its KV blocks are copied to a CPU swap space and back when it resumes (vLLM v0), falling
@@ -146,6 +146,12 @@ class EngineConfig:
         if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
             raise ValueError("long_prefill_token_threshold must be an integer >= 0 (0 = no limit), "
                              f"got {self.long_prefill_token_threshold!r}")
+        if threshold and not self.enable_chunked_prefill:
+            raise ValueError(f"long_prefill_token_threshold ({threshold}) caps prefill chunks and needs "
+                             "enable_chunked_prefill=True: without chunked prefill a prompt runs in one step")
+        if self.num_kv_blocks is not None and self.kv_cache_memory_bytes is not None:
+            raise ValueError(f"give num_kv_blocks ({self.num_kv_blocks}) or kv_cache_memory_bytes "
+                             f"({self.kv_cache_memory_bytes}), not both: each sets the size of the KV pool")
         self._check_loading()
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")

@@ -59,6 +59,10 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     num_preemptions: int = 0
+    # Tokens the current (re)prefill covers: the prompt, and after a recompute preemption the prompt plus the
+    # outputs so far. Until all of them are computed the request is prefilling, its last token included (vLLM
+    # v0's SequenceStage), so a resumed request is never mistaken for a decode. -1: the prompt (set below).
+    prefill_len: int = -1
     # Scheduling policy inputs. As in vLLM, a SMALLER priority value is more urgent (0 is the default).
     priority: int = 0
     deadline: float | None = None  # engine-clock seconds after which the request finishes with "timeout"
@@ -71,6 +75,10 @@ class Request:
     first_token_time: float | None = None
     finished_time: float | None = None
     token_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.prefill_len < 0:
+            self.prefill_len = len(self.prompt_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -100,9 +108,10 @@ class Request:
 
     @property
     def is_decode(self) -> bool:
-        """True when the next step computes exactly one token that is the latest generated one (a decode);
-        False while any prompt token (or, after a recompute preemption, any older token) is uncomputed."""
-        return self.num_tokens - self.num_computed_tokens == 1 and self.num_computed_tokens >= self.num_prompt_tokens
+        """True when the next step computes exactly one token, the one the request sampled in its previous
+        step (a decode). False while its (re)prefill is unfinished: a recompute-preempted request re-prefills
+        prompt + outputs, and computing its last known token is still part of that prefill."""
+        return self.num_tokens - self.num_computed_tokens == 1 and self.num_computed_tokens >= self.prefill_len
 
     @property
     def is_finished(self) -> bool:

@@ -109,6 +109,8 @@ def test_evicted_block_loses_its_hash():
     kv = KVCacheManager(num_blocks=2, block_size=2, enable_prefix_caching=True)
     r = Request("r", [5, 6, 7], SamplingParams(), 0.0)
     kv.allocate_slots(r, 3)
+    kv.stage_full_blocks(r, 3)
+    kv.commit_staged()  # the step ran: its full block is indexed
     r.num_computed_tokens = 3
     h = hash_block(None, [5, 6])
     assert kv.pool.get_cached_block(h) is not None

@@ -29,6 +29,14 @@ def hash_block(parent_hash: bytes | None, token_ids: list[int]) -> bytes:
 class KVCacheManager:
     """Maps each request to its block table (list of physical blocks) and keeps the prefix cache.
 
+    A block becomes findable in the prefix cache only once its K/V has really been written: the scheduler
+    stages the full blocks each scheduled request will complete (``stage_full_blocks``), and
+    ``commit_staged`` indexes them after the step's forward and sampling succeeded; a failed step's staged
+    blocks are dropped (``discard_staged``). vLLM (PR #43569) and SGLang (PR #28374) fixed the same class of
+    bug: blocks indexed at allocation served unwritten K/V after an interrupted step. Within the step itself a
+    request admitted later may already hit a staged block, as the forward writes a layer's K/V before that
+    layer's attention reads it; both requests then belong to the same step, which commits or rolls back whole.
+
     Args:
         num_blocks: blocks in the pool (the KV block budget).
         block_size: token slots per block.
@@ -41,6 +49,9 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self._num_indexed: dict[str, int] = {}  # how many of a request's leading blocks are hashed/indexed
+        # This step's full blocks, indexed at commit: request id -> ([(block, hash)], number of full blocks).
+        self._staged: dict[str, tuple[list[tuple[KVBlock, bytes]], int]] = {}
+        self._staged_by_hash: dict[bytes, KVBlock] = {}  # the same blocks, for hits later in the same step
 
     # ---- prefix cache -------------------------------------------------------------------------------
     def _update_block_hashes(self, request: Request) -> None:
@@ -55,8 +66,9 @@ class KVCacheManager:
         """Longest cached prefix of a waiting request: (blocks, number of tokens they cover).
 
         At most ``(num_tokens - 1) // block_size`` blocks are taken, so at least the last known token is
-        recomputed and the step has logits to sample from. Pure: takes no references. A request asking for
-        ``prompt_logprobs`` gets no hit (as in vLLM): cached positions would compute no logits.
+        recomputed and the step has logits to sample from. Blocks staged in the current step count as hits
+        (see the class docstring). Pure: takes no references. A request asking for ``prompt_logprobs`` gets
+        no hit (as in vLLM): cached positions would compute no logits.
         """
         if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
@@ -64,7 +76,7 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits = []
         for block_hash in request.block_hashes[:max_blocks]:
-            block = self.pool.get_cached_block(block_hash)
+            block = self.pool.get_cached_block(block_hash) or self._staged_by_hash.get(block_hash)
             if block is None:
                 break
             hits.append(block)
@@ -95,22 +107,40 @@ class KVCacheManager:
         blocks.extend(new_computed_blocks)
         new_blocks = self.pool.get_new_blocks(num_new)
         blocks.extend(new_blocks)
-        if self.enable_prefix_caching:
-            # Index the blocks this step fills completely. K/V is written before attention reads it in the
-            # same layer, so a request admitted later in the same step may already hit these blocks.
-            num_full = (request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-                        + num_new_tokens) // self.block_size
-            self._update_block_hashes(request)
-            start = self._num_indexed.get(request.request_id, 0)
-            for i in range(start, num_full):
-                self.pool.cache_full_block(blocks[i], request.block_hashes[i])
-            self._num_indexed[request.request_id] = max(start, num_full)
         return new_blocks
+
+    # ---- the step's prefix-cache transaction -----------------------------------------------------------
+    def stage_full_blocks(self, request: Request, num_tokens: int) -> None:
+        """Record the full blocks ``request`` will hold once this step has computed its tokens up to
+        ``num_tokens``, to be indexed by ``commit_staged``. Call once per scheduled request per step."""
+        if not self.enable_prefix_caching:
+            return
+        self._update_block_hashes(request)
+        blocks = self.req_to_blocks[request.request_id]
+        num_full = num_tokens // self.block_size
+        start = self._num_indexed.get(request.request_id, 0)
+        pairs = [(blocks[i], request.block_hashes[i]) for i in range(start, num_full)]
+        self._staged[request.request_id] = (pairs, num_full)
+        for block, block_hash in pairs:
+            self._staged_by_hash.setdefault(block_hash, block)
+
+    def commit_staged(self) -> None:
+        """The step's K/V is written: index every staged block in the prefix cache."""
+        for request_id, (pairs, num_full) in self._staged.items():
+            for block, block_hash in pairs:
+                self.pool.cache_full_block(block, block_hash)
+            self._num_indexed[request_id] = max(self._num_indexed.get(request_id, 0), num_full)
+        self.discard_staged()
+
+    def discard_staged(self) -> None:
+        """The step failed (or indexed its blocks): forget what it staged."""
+        self._staged.clear()
+        self._staged_by_hash.clear()
 
     def take_blocks(self, request: Request, num_blocks: int) -> list[int]:
         """Give a request that holds no blocks ``num_blocks`` fresh ones as its block table (a swap-in: the
-        runner copies the saved KV into them). Their prefix-cache hashes are indexed by the request's next
-        ``allocate_slots``. Returns their ids. Raises ``ValueError`` when too few are free."""
+        runner copies the saved KV into them). Their full blocks are staged with the request's chunk of the
+        step and indexed when it commits. Returns their ids. Raises ``ValueError`` when too few are free."""
         if self.req_to_blocks.get(request.request_id):
             raise ValueError(f"request {request.request_id!r} already holds blocks")
         blocks = self.pool.get_new_blocks(num_blocks)
@@ -119,9 +149,24 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release all of a request's blocks (tail first, so prefix heads are evicted last)."""
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self._num_indexed.pop(request.request_id, None)
-        self.pool.free_blocks(list(reversed(blocks)))
+        self.truncate(request, 0)
+
+    def truncate(self, request: Request, num_blocks: int) -> None:
+        """Release the request's blocks after its first ``num_blocks`` (tail first, so prefix heads are
+        evicted last); ``num_blocks=0`` frees them all. Undoes a step's allocations when the step fails."""
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        tail = blocks[num_blocks:]
+        del blocks[num_blocks:]
+        if not blocks:
+            self.req_to_blocks.pop(request.request_id, None)
+            self._num_indexed.pop(request.request_id, None)
+        else:
+            self._num_indexed[request.request_id] = min(self._num_indexed.get(request.request_id, 0), num_blocks)
+        pairs, _ = self._staged.pop(request.request_id, ([], 0))
+        for block, block_hash in pairs:
+            if self._staged_by_hash.get(block_hash) is block:
+                del self._staged_by_hash[block_hash]
+        self.pool.free_blocks(list(reversed(tail)))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

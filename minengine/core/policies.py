@@ -86,8 +86,9 @@ class PrefillFirst(SchedulingPolicy):
     def fill(self, step: StepBuilder) -> None:
         decodes, prefills = split_running(step)
         step.run_all(prefills)
-        # Admissions go before the decodes in the budget, but leave them the blocks they need.
-        step.admit_all(reserve_blocks=step.blocks_for_next_token(decodes))
+        # Admissions go before the decodes in the budget, but leave every running request the block of its next
+        # token: the decodes' in this step, the prefills' in the next one (where they go first again).
+        step.admit_all(reserve_running=True)
         step.run_all(decodes)
 
 
@@ -107,7 +108,7 @@ class Balanced(SchedulingPolicy):
         decodes, prefills = split_running(step)
         step.run_all(decodes, cap=decode_share)
         step.run_all(prefills)
-        step.admit_all(reserve_blocks=step.blocks_for_next_token(decodes))  # as in prefill-first
+        step.admit_all(reserve_running=True)  # as in prefill-first
         step.run_all(decodes)
 
 

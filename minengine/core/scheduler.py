@@ -8,21 +8,35 @@ policy's choice (``core/policies.py``; the default, decode-first, serves running
 When a running request needs a block and none is free, a running request not yet scheduled this step is
 preempted (the policy picks which; by default the most recently admitted, as vLLM v1): by recompute, or by
 swapping its KV blocks to a CPU swap space (vLLM v0) when ``preemption_mode="swap"`` and the space has room.
+
+A step is a transaction: ``schedule()`` changes block tables, queues and progress, ``update_from_output()``
+commits the step once its forward and sampling succeeded (only then are its full blocks findable in the prefix
+cache), and ``rollback()`` gives back a step that failed in between (an exception, Ctrl-C).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import PolicySettings, SchedulingPolicy, make_policy
 from minengine.core.scheduler_output import SchedulerOutput
-from minengine.core.step_builder import StepBuilder
+from minengine.core.step_builder import StepBuilder, Undo
 from minengine.core.swap_space import SwapSpace
 from minengine.request import Request, RequestStatus
 
 PREEMPTION_MODES = ("recompute", "swap")
+
+
+@dataclass(frozen=True)
+class _OpenStep:
+    """The step scheduled last, until it is committed or rolled back."""
+
+    out: SchedulerOutput
+    undo: list[Undo]
+    waiting_before: list[Request]
 
 
 class Scheduler:
@@ -70,6 +84,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
+        self._open_step: _OpenStep | None = None
 
     # ---- queue management -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -103,8 +118,9 @@ class Scheduler:
 
     # ---- one step -------------------------------------------------------------------------------------
     def chunk(self, num_uncomputed: int, token_budget: int) -> int:
-        """How many of a request's uncomputed tokens it may compute this step."""
-        if num_uncomputed > 1 and self.long_prefill_token_threshold > 0:
+        """How many of a request's uncomputed tokens it may compute this step (the prefill-chunk cap applies
+        only with chunked prefill: without it a prompt runs in one step)."""
+        if num_uncomputed > 1 and self.long_prefill_token_threshold > 0 and self.enable_chunked_prefill:
             num_uncomputed = min(num_uncomputed, self.long_prefill_token_threshold)
         return min(num_uncomputed, token_budget)
 
@@ -125,21 +141,76 @@ class Scheduler:
             request.status = RequestStatus.SWAPPED
             self.num_swapped_out_blocks += len(gpu_ids)
         else:
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
+            self._reset_for_recompute(request)
         self.kv.free(request)  # freed blocks may be reused this step: the runner swaps out before the forward
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
         out.preempted_ids.append(request.request_id)
 
+    @staticmethod
+    def _reset_for_recompute(request: Request) -> None:
+        """A recompute preemption: nothing computed any more; the re-prefill covers prompt + outputs."""
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.prefill_len = request.num_tokens
+
     def schedule(self) -> SchedulerOutput:
-        """Build the next step with the scheduling policy (see ``StepBuilder`` for the moves it makes)."""
+        """Build the next step with the scheduling policy (see ``StepBuilder`` for the moves it makes).
+        The step stays open until ``update_from_output`` commits it or ``rollback`` gives it back."""
         self.swap_space.begin_step()
+        waiting_before = list(self.waiting)
         step = StepBuilder(self)
         self.policy.fill(step)
         self.num_steps += 1
-        return step.build()
+        out = step.build()
+        self._open_step = _OpenStep(out, step.undo, waiting_before)
+        return out
+
+    def rollback(self, scheduler_output: SchedulerOutput) -> None:
+        """Give back the step scheduled last, whose forward, sampling or detokenization failed: the engine is
+        left as if it had not been scheduled, so the next ``schedule()`` serves the same requests again.
+
+        Every request scheduled in it gets back its blocks, progress and status (one admitted in it returns
+        to the waiting queue where it was, a swapped-in one gets its CPU swap blocks back), and none of the
+        blocks it would have filled is indexed in the prefix cache. Preemptions made while scheduling stand
+        (the victims' blocks may already hold other K/V); a victim swapped out becomes a recompute victim, as
+        the failed step may not have copied its blocks.
+
+        Raises:
+            ValueError: ``scheduler_output`` is not the open step (already committed, rolled back or older).
+        """
+        open_step = self._open_step
+        if open_step is None or open_step.out is not scheduler_output:
+            raise ValueError("rollback: scheduler_output is not the step scheduled last and not yet committed")
+        self._open_step = None
+        self.kv.discard_staged()
+        for undo in reversed(open_step.undo):
+            request = undo.request
+            if self.requests.get(request.request_id) is not request:
+                continue
+            self.kv.truncate(request, undo.num_blocks)
+            request.num_computed_tokens = undo.num_computed_tokens
+            request.last_scheduled_step = undo.last_scheduled_step
+            if undo.status is not RequestStatus.RUNNING:  # admitted in this step
+                self.running.remove(request)
+                request.status = undo.status
+                request.num_cached_tokens = undo.num_cached_tokens
+                if undo.swapped_block_ids:
+                    request.swapped_block_ids = list(undo.swapped_block_ids)
+                    self.swap_space.reclaim(request.swapped_block_ids)
+                    self.num_swapped_in_blocks -= len(request.swapped_block_ids)
+        preempted = set(scheduler_output.preempted_ids)
+        for request in self.waiting:
+            if request.request_id in preempted and request.status is RequestStatus.SWAPPED:
+                self.swap_space.release(request.swapped_block_ids)
+                self.num_swapped_out_blocks -= len(request.swapped_block_ids)
+                request.swapped_block_ids = []
+                self._reset_for_recompute(request)
+        victims = [r for r in self.waiting if r.request_id in preempted]
+        self.waiting.clear()
+        self.waiting.extend(victims + [r for r in open_step.waiting_before if r.request_id in self.requests])
+        self.num_steps -= 1
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            sampled_token_ids: dict[str, int]) -> tuple[list[Request], list[Request]]:
@@ -152,6 +223,9 @@ class Scheduler:
         Returns:
             (requests that got a new token, requests that finished this step).
         """
+        if self._open_step is not None and self._open_step.out is scheduler_output:
+            self._open_step = None
+        self.kv.commit_staged()  # the step's K/V is written: its full blocks may now be prefix hits
         got_token, finished = [], []
         for s in scheduler_output.scheduled:
             request = self.requests.get(s.request_id)

@@ -56,7 +56,9 @@ class SchedulerOutput:
         preempted_ids: requests preempted (by recompute or swap) during this ``schedule()``.
         admitted_ids: requests moved from waiting to running this step.
         prefix_queried_tokens / prefix_hit_tokens: prompt tokens looked up in / served by the prefix cache
-            for the requests admitted this step.
+            for the requests admitted for the first time this step (vLLM's counting since PR #25787).
+        readmission_hit_tokens: tokens the prefix cache gave back to recompute-preempted requests re-admitted
+            this step (their own freed blocks, mostly): work a recompute preemption did not have to redo.
         blocks_to_swap_out: (GPU block id, CPU swap block id) pairs whose KV the runner copies to the swap
             space BEFORE the forward (the GPU blocks may be reused by this very step).
         blocks_to_swap_in: (CPU swap block id, GPU block id) pairs the runner copies back, after the
@@ -68,6 +70,7 @@ class SchedulerOutput:
     admitted_ids: list[str] = field(default_factory=list)
     prefix_queried_tokens: int = 0
     prefix_hit_tokens: int = 0
+    readmission_hit_tokens: int = 0
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 

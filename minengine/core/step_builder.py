@@ -9,6 +9,7 @@ out, admitting waiting requests (with the admission probe and swap-in), and reco
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
@@ -18,6 +19,25 @@ if TYPE_CHECKING:
     from minengine.core.scheduler import Scheduler
 
 
+@dataclass(frozen=True)
+class Undo:
+    """One scheduled request's state before the step, so that a failed step can give it back
+    (``Scheduler.rollback``): its first ``num_blocks`` blocks, status, progress and swap blocks."""
+
+    request: Request
+    num_blocks: int
+    status: RequestStatus
+    num_computed_tokens: int
+    swapped_block_ids: tuple[int, ...]
+    num_cached_tokens: int
+    last_scheduled_step: int | None
+
+    @classmethod
+    def of(cls, request: Request, num_blocks: int) -> Undo:
+        return cls(request, num_blocks, request.status, request.num_computed_tokens,
+                   tuple(request.swapped_block_ids), request.num_cached_tokens, request.last_scheduled_step)
+
+
 class StepBuilder:
     """The step being built.
 
@@ -25,6 +45,7 @@ class StepBuilder:
         budget: tokens left of ``max_num_batched_tokens``.
         step_index: the scheduler's step count (for priority aging and round-robin turns).
         out: the ``SchedulerOutput`` filled as requests are scheduled, preempted and admitted.
+        undo: the state before the step of every request scheduled in it (see ``Undo``).
     """
 
     def __init__(self, scheduler: Scheduler):
@@ -35,11 +56,12 @@ class StepBuilder:
         self.step_index = scheduler.num_steps
         self.out = SchedulerOutput()
         self._scheduled: list[tuple[Request, int]] = []
-        self._scheduled_ids: set[str] = set()
+        self._num_new: dict[str, int] = {}  # request id -> tokens scheduled for it in this step
+        self.undo: list[Undo] = []
 
     # ---- what the policy can look at ------------------------------------------------------------------
     def is_scheduled(self, request: Request) -> bool:
-        return request.request_id in self._scheduled_ids
+        return request.request_id in self._num_new
 
     @property
     def is_empty(self) -> bool:
@@ -48,7 +70,7 @@ class StepBuilder:
 
     def unscheduled_running(self) -> list[Request]:
         """Running requests with nothing scheduled yet this step, in running (admission) order."""
-        return [r for r in self.scheduler.running if r.request_id not in self._scheduled_ids]
+        return [r for r in self.scheduler.running if r.request_id not in self._num_new]
 
     def peek_waiting(self) -> Request | None:
         """The waiting request the policy would admit next, or None when nobody waits."""
@@ -67,12 +89,13 @@ class StepBuilder:
         num_new = self.scheduler.chunk(request.num_tokens - request.num_computed_tokens, limit)
         if num_new <= 0:
             return 0
+        undo = Undo.of(request, len(self.kv.req_to_blocks.get(request.request_id, ())))
         while self.kv.allocate_slots(request, num_new) is None:
             victim = self.policy.pick_victim(self.unscheduled_running(), self.step_index)
             self.scheduler.preempt(victim, self.out)
             if victim is request:
                 return 0
-        self._add(request, num_new)
+        self._add(request, num_new, undo)
         return num_new
 
     def run_all(self, requests: Iterable[Request], cap: int | None = None) -> int:
@@ -88,22 +111,26 @@ class StepBuilder:
             used += self.run(request, left)
         return used
 
-    def admit_next(self, limit: int | None = None, reserve_blocks: int = 0) -> int:
+    def admit_next(self, limit: int | None = None, reserve_running: bool = False) -> int:
         """Admit the waiting request the policy picks with a first chunk of at most ``limit`` tokens.
 
         Nothing is admitted when nobody waits, the budget or the sequence slots are used up, somebody was
         preempted in this step (memory is short: admitting would only preempt again), or its blocks do not
-        fit in the free blocks minus ``reserve_blocks`` (after the admission probe, when enabled). A policy
-        that admits before some running requests reserves their blocks (``blocks_for_next_token``): an
-        admission must never preempt a running request, or two requests could take turns preempting each
-        other forever. Returns the tokens scheduled (0 = nothing admitted).
+        fit in the free blocks (after the admission probe, when enabled). With ``reserve_running`` (a policy
+        that admits before some running requests) the free blocks exclude what every running request needs
+        for its next token (``blocks_for_next_token``): an admission must never make a running request preempt
+        itself, or two requests could take turns preempting each other forever. Returns the tokens scheduled
+        (0 = nothing admitted).
         """
         sched = self.scheduler
         limit = self.budget if limit is None else min(limit, self.budget)
         if not sched.waiting or limit <= 0 or len(sched.running) >= sched.max_num_seqs or self.out.preempted_ids:
             return 0
         request = self.policy.next_waiting(sched.waiting, self.step_index)
-        free = self.kv.num_free_blocks - reserve_blocks
+        free = self.kv.num_free_blocks
+        if reserve_running:
+            free -= self.blocks_for_next_token(sched.running)
+        undo = Undo.of(request, 0)
         if request.swapped_block_ids:
             num_new = self._swap_in(request, limit, free)
         else:
@@ -114,14 +141,14 @@ class StepBuilder:
         request.status = RequestStatus.RUNNING
         sched.running.append(request)
         self.out.admitted_ids.append(request.request_id)
-        self._add(request, num_new)
+        self._add(request, num_new, undo)
         return num_new
 
-    def admit_all(self, cap: int | None = None, reserve_blocks: int = 0) -> int:
+    def admit_all(self, cap: int | None = None, reserve_running: bool = False) -> int:
         """``admit_next`` until it admits nothing (or ``cap`` tokens are used). Returns the tokens scheduled."""
         used = 0
         while (left := self.budget if cap is None else min(self.budget, cap - used)) > 0:
-            num_new = self.admit_next(left, reserve_blocks)
+            num_new = self.admit_next(left, reserve_running)
             if num_new == 0:
                 break
             used += num_new
@@ -144,10 +171,12 @@ class StepBuilder:
         if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
             raise RuntimeError("admission allocation failed after the free-block check")  # a bug guard
         request.num_computed_tokens = num_hit  # the prefix hit counts as computed
-        if request.status is RequestStatus.WAITING:  # first admission, not a re-admission after preemption
+        if request.status is RequestStatus.WAITING:  # first admission: what the prefix cache statistics count
             request.num_cached_tokens = num_hit
-        self.out.prefix_queried_tokens += request.num_tokens
-        self.out.prefix_hit_tokens += num_hit
+            self.out.prefix_queried_tokens += request.num_tokens
+            self.out.prefix_hit_tokens += num_hit
+        else:  # re-admission after a recompute preemption: its own freed blocks, counted apart (vLLM #25787)
+            self.out.readmission_hit_tokens += num_hit
         return num_new
 
     def _swap_in(self, request: Request, limit: int, free: int) -> int:
@@ -175,9 +204,11 @@ class StepBuilder:
         return num_new
 
     def blocks_for_next_token(self, requests: Iterable[Request]) -> int:
-        """New blocks these requests need to compute one more token each (a decode's need)."""
-        return sum(self.kv.num_blocks_needed(r, 1) for r in requests
-                   if r.status is RequestStatus.RUNNING and not self.is_scheduled(r))
+        """New blocks these running requests need to compute one more token each beyond what this step
+        already gives them: a decode's need for one not yet scheduled, and for one scheduled in this step, the
+        block its next step starts with (so an admission cannot take it and leave it to preempt itself)."""
+        return sum(self.kv.num_blocks_needed(r, self._num_new.get(r.request_id, 0) + 1) for r in requests
+                   if r.status is RequestStatus.RUNNING)
 
     def _probe(self, num_new: int, free_blocks: int, already_computed: int) -> int:
         """Admission probe: the largest chunk <= ``num_new`` whose new blocks fit in ``free_blocks`` (down
@@ -193,11 +224,14 @@ class StepBuilder:
         return min(num_new, free_blocks * self.kv.block_size + slack)
 
     # ---- output ---------------------------------------------------------------------------------------
-    def _add(self, request: Request, num_new: int) -> None:
+    def _add(self, request: Request, num_new: int, undo: Undo) -> None:
         self._scheduled.append((request, num_new))
-        self._scheduled_ids.add(request.request_id)
+        self._num_new[request.request_id] = num_new
+        self.undo.append(undo)
         self.budget -= num_new
         request.last_scheduled_step = self.step_index
+        # the blocks this chunk completes: indexed in the prefix cache only once the step has really run
+        self.kv.stage_full_blocks(request, request.num_computed_tokens + num_new)
 
     def build(self) -> SchedulerOutput:
         """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order."""

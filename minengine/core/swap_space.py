@@ -40,6 +40,14 @@ class SwapSpace:
         """Give blocks back; they become allocatable at the next ``begin_step``."""
         self._released.extend(block_ids)
 
+    def reclaim(self, block_ids: list[int]) -> None:
+        """Take back blocks released earlier in this step (a failed step undoes its swap-ins: their CPU
+        copies were only read, so they still hold the KV). Raises ``ValueError`` for a block not released."""
+        for block_id in block_ids:
+            if block_id not in self._released:
+                raise ValueError(f"swap block {block_id} was not released in this step")
+            self._released.remove(block_id)
+
     def begin_step(self) -> None:
         """Make the blocks released during the previous step allocatable again."""
         self._free.extend(reversed(self._released))

@@ -1,50 +1,155 @@
-"""Incremental detokenization with stop strings."""
+"""Incremental detokenization with stop strings, streamed so that no text is ever taken back.
+
+The text grows with ``tokenizers.decoders.DecodeStream``, the tokenizers library's incremental decoder: each
+token costs a decode of a few tokens, not of the whole output (vLLM's ``FastIncrementalDetokenizer`` does the
+same). Streamed text only grows: the decoder holds back a partial UTF-8 character (byte-level BPE splits one
+character over several tokens), and while a request runs its visible text holds back the last
+``max(len(stop)) - 1`` characters, which could still be the start of a stop string (vLLM's
+``stop_buffer_length``), so a client printing deltas never prints what a stop string later cuts.
+"""
 
 from __future__ import annotations
+
+import copy
 
 _CONTEXT = 5  # prompt tokens decoded before the output, so tokenizers that mark word starts keep the space
 
 
-class IncrementalDetokenizer:
-    """Keeps one request's output text in step with its tokens and finds stop strings.
+def _backend(tokenizer):
+    """The ``tokenizers.Tokenizer`` behind a transformers tokenizer (or the tokenizer itself), or None."""
+    from tokenizers import Tokenizer
 
-    The text is re-decoded from the output tokens (plus a few prompt tokens of context) after each new
-    token: simple, and exact for byte-level BPE, where a token can hold part of a UTF-8 character.
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend if isinstance(backend, Tokenizer) else None
+
+
+def _decode(tokenizer, ids: list[int], skip_special_tokens: bool) -> str:
+    backend = _backend(tokenizer)
+    if backend is not None:  # what DecodeStream decodes with (no transformers-level clean-up)
+        return backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def decode_context(tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> list[int]:
+    """The last few prompt tokens to decode the output after, without a trailing partial character (a prompt
+    given as token ids may end in the middle of one): its text is then a clean prefix of context + output."""
+    context = list(prompt_token_ids[-_CONTEXT:])
+    while context and _decode(tokenizer, context, skip_special_tokens).endswith("\ufffd"):
+        context.pop()
+    return context
+
+
+def full_decode_text(tokenizer, prompt_token_ids: list[int], output_token_ids: list[int],
+                     skip_special_tokens: bool = True) -> str:
+    """The text of ``output_token_ids`` by one full decode (after the prompt's ``decode_context``): the
+    reference the incremental text equals, and what a request's last held-back tokens become when it ends."""
+    context = decode_context(tokenizer, prompt_token_ids, skip_special_tokens)
+    prefix = _decode(tokenizer, context, skip_special_tokens)
+    full = _decode(tokenizer, context + list(output_token_ids), skip_special_tokens)
+    return full[len(prefix):] if full.startswith(prefix) else _decode(tokenizer, output_token_ids, skip_special_tokens)
+
+
+class IncrementalDetokenizer:
+    """One request's output text, kept in step with its tokens; finds stop strings.
+
+    ``advanced(token_id)`` returns a NEW detokenizer that has seen one more token and leaves this one as it
+    was, so the engine can detokenize a step before committing it (a step that fails leaves no trace).
 
     Args:
-        tokenizer: a transformers tokenizer, or None (no text; stop strings are then rejected earlier).
+        tokenizer: a transformers tokenizer (or a ``tokenizers.Tokenizer``), or None (no text; stop strings
+            are then rejected earlier). Without a ``tokenizers`` backend the text is re-decoded in full after
+            each token (correct, slower).
         prompt_token_ids: the request's prompt.
         stop: stop strings; the text is cut before the first one found, which may span several tokens.
         skip_special_tokens: drop special tokens from the text.
+        include_stop_str_in_output: the stop string will be part of the final text, so nothing needs to be
+            held back for it while streaming (vLLM's ``stop_buffer_length`` is 0 then).
+
+    Attributes:
+        output_text: the text of the tokens seen so far, without a partial character at its end, cut before
+            the stop string once one is found.
+        stop_reason: the stop string found, or None.
     """
 
-    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str], skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str], skip_special_tokens: bool = True,
+                 include_stop_str_in_output: bool = False):
         self.tokenizer = tokenizer
-        self.stop = stop
+        self.stop = list(stop)
         self.skip = skip_special_tokens
-        self.context = prompt_token_ids[-_CONTEXT:]
-        self.prefix = self._decode(self.context)
-        self.text = ""
+        self.prompt_token_ids = prompt_token_ids
+        self.output_text = ""
+        self.stop_reason: str | None = None
+        self.num_tokens = 0  # output tokens seen
+        self._num_released = 0  # output tokens whose text is in ``output_text`` (the rest: a partial character)
+        # Output ids seen, shared with the copies ``advanced`` makes: each owns its first ``num_tokens`` entries.
+        self._ids: list[int] = []
+        self._max_stop = max((len(s) for s in self.stop), default=0)
+        self._holdback = 0 if include_stop_str_in_output else max(self._max_stop - 1, 0)
+        self._stream = None
+        if tokenizer is not None and _backend(tokenizer) is not None:
+            from tokenizers.decoders import DecodeStream
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip) if self.tokenizer is not None else ""
+            context = decode_context(tokenizer, prompt_token_ids, skip_special_tokens)
+            self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
 
-    def update(self, output_token_ids: list[int]) -> str | None:
-        """Recompute the text for the current output tokens; returns the stop string that matched, if any
-        (``self.text`` is then cut right before it)."""
-        if self.tokenizer is None:
-            return None
-        full = self._decode(self.context + output_token_ids)
-        new_text = full[len(self.prefix):] if full.startswith(self.prefix) else self._decode(output_token_ids)
+    def advanced(self, token_id: int) -> IncrementalDetokenizer:
+        """A copy that has seen ``token_id`` as the next output token (this detokenizer is unchanged)."""
+        new = copy.copy(self)
+        new._stream = copy.copy(self._stream)  # DecodeStream copies its state
+        new._step(token_id)
+        return new
+
+    def _step(self, token_id: int) -> None:
+        del self._ids[self.num_tokens:]  # drop tokens of a copy that was never committed
+        self._ids.append(token_id)
+        self.num_tokens += 1
+        if self.tokenizer is None or self.stop_reason is not None:
+            self._num_released = self.num_tokens
+            return
+        old_len = len(self.output_text)
+        chunk = None
+        if self._stream is not None:
+            try:
+                chunk = self._stream.step(_backend(self.tokenizer), token_id)
+            except Exception:  # a decoder whose text is not prefix-stable: decode in full from now on
+                self._stream = None
+        if self._stream is None:
+            full = full_decode_text(self.tokenizer, self.prompt_token_ids, self._ids, self.skip)
+            if full.endswith("\ufffd") or not full.startswith(self.output_text):
+                chunk = None
+            else:
+                chunk = full[old_len:]
+        if chunk is None:
+            return
+        self._num_released = self.num_tokens
+        self.output_text += chunk
         # Only the tail can hold a stop string that was not there before.
-        search_from = max(0, len(self.text) - max((len(s) for s in self.stop), default=0))
-        self.text = new_text
+        search_from = max(0, old_len - self._max_stop + 1)
         best = None
         for s in self.stop:
-            i = new_text.find(s, search_from)
+            i = self.output_text.find(s, search_from)
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
-        if best is None:
-            return None
-        self.text = new_text[:best[0]]
-        return best[1]
+        if best is not None:
+            self.output_text = self.output_text[:best[0]]
+            self.stop_reason = best[1]
+
+    def text(self, finished: bool) -> str:
+        """The text to show: while running, ``output_text`` minus the ``max(len(stop)) - 1`` characters that
+        could still start a stop string (none when the stop string is to be included); once finished, all of it (held-back partial characters of the last
+        tokens decoded in full). Every text returned is a prefix of every later one."""
+        if self.stop_reason is not None:
+            return self.output_text
+        if not finished:
+            return self.output_text[:max(len(self.output_text) - self._holdback, 0)]
+        if self._num_released < self.num_tokens and self.tokenizer is not None:  # text still held back
+            full = full_decode_text(self.tokenizer, self.prompt_token_ids, self._ids[:self.num_tokens], self.skip)
+            if full.startswith(self.output_text):
+                return full
+            # the full decode reads the held bytes together with released ones (byte fallback): keep what
+            # was streamed and add the held tokens' own text
+            return self.output_text + _decode(self.tokenizer, self._ids[self._num_released:self.num_tokens],
+                                              self.skip)
+        return self.output_text

@@ -7,7 +7,6 @@ One step, one direction: ``Scheduler.schedule()`` -> ``SchedulerOutput`` -> ``Mo
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Iterable
 
@@ -17,6 +16,7 @@ from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.policies import PolicySettings
 from minengine.core.scheduler import Scheduler
+from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest, RequestGroup, child_request_id, child_sampling_params
@@ -38,12 +38,15 @@ Prompt = str | dict | list[int]
 
 
 def _available_bytes(device: str) -> int | None:
-    """Free memory on the device (CUDA) or in the host (CPU), in bytes; None when it cannot be read."""
+    """Memory a new allocation can use on the device (CUDA: free) or in the host (CPU: psutil's "available",
+    which counts reclaimable page cache, unlike MemFree), in bytes; None when it cannot be read."""
     if device == "cuda":
         return torch.cuda.mem_get_info()[0]
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not on this platform
+        import psutil
+
+        return psutil.virtual_memory().available
+    except (ImportError, OSError, AttributeError):  # psutil missing or not on this platform
         return None
 
 
@@ -129,6 +132,8 @@ class LLMEngine:
                                   num_swap_blocks=swap_blocks)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
+        self._past_metrics: list[RequestMetrics] = []  # finished requests whose id was used again
+        self._undelivered: list[tuple[Request, str]] = []  # finished (timed out) in a step that raised
         self.traces: list[StepTrace] = []
         self.num_steps = 0  # steps recorded so far (the next trace's ``step``), kept when old traces are dropped
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -181,6 +186,11 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("prompt is a string but the model has no tokenizer: pass "
                                  "{'prompt_token_ids': [...]} or EngineConfig(tokenizer=...)")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from undecodable bytes in argv
+                raise ValueError(f"prompt is not valid Unicode text: {exc.object[exc.start:exc.end]!r} at "
+                                 f"character {exc.start} is a lone surrogate") from None
             text, ids = prompt, self.tokenizer(prompt)["input_ids"]
         elif isinstance(prompt, (list, tuple)):
             text, ids = None, prompt
@@ -202,13 +212,14 @@ class LLMEngine:
             deadline: engine-clock time (seconds, the clock of ``arrival_time``) after which the request
                 finishes with reason "timeout" and frees its blocks; None = no deadline.
 
-        The request gets its own copy of ``params``, with ``max_tokens=None`` resolved to what fits in
-        ``max_model_len``. For ``n > 1`` use ``make_requests``.
+        The request gets its own copy of ``params`` (as vLLM: changing them afterwards has no effect), with
+        ``max_tokens=None`` resolved to what fits in ``max_model_len``. For ``n > 1`` use ``make_requests``.
 
         Raises:
             ValueError: naming the field: ``request_id`` (duplicate), ``prompt`` (empty, longer than
-                ``max_model_len``, needing more blocks than ``num_kv_blocks``), ``sampling_params``,
-                ``priority`` (not an integer), ``deadline`` (not a number).
+                ``max_model_len``, needing more blocks than ``num_kv_blocks``, not valid Unicode),
+                ``sampling_params``, ``priority`` (not an integer), ``deadline`` (not a number),
+                ``arrival_time`` (not a finite number, or later than the engine clock's now).
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -252,7 +263,11 @@ class LLMEngine:
                                          or not math.isfinite(arrival_time)):
             raise ValueError(f"arrival_time must be a finite number (engine-clock seconds) or None, "
                              f"got {arrival_time!r}")
-        arrival = self.clock() if arrival_time is None else float(arrival_time)
+        now = self.clock()
+        if arrival_time is not None and arrival_time > now:
+            raise ValueError(f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): a "
+                             "request cannot arrive in the future (TTFT would be negative)")
+        arrival = now if arrival_time is None else float(arrival_time)
         return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
                        eos_token_id=self.eos_token_id, prompt=text, priority=priority,
                        deadline=None if deadline is None else float(deadline))
@@ -292,15 +307,18 @@ class LLMEngine:
         return request_id
 
     def enqueue(self, request: Request | RequestGroup) -> None:
-        """Queue a request built by ``make_request`` (or all of a ``make_requests`` group)."""
+        """Queue a request built by ``make_request`` (or all of a ``make_requests`` group). The id of a
+        finished request may be used again: the summary keeps the metrics of both."""
         group = request if isinstance(request, RequestGroup) else RequestGroup(
             request.request_id, request.sampling_params, [request])
         parent = None
         for index, child in enumerate(group.requests):
             self.scheduler.add_request(child)
+            if child.request_id in self.request_metrics:
+                self._past_metrics.append(self.request_metrics.pop(child.request_id))
             self._detok[child.request_id] = IncrementalDetokenizer(
                 self.tokenizer, child.prompt_token_ids, child.sampling_params.stop,
-                child.sampling_params.skip_special_tokens)
+                child.sampling_params.skip_special_tokens, child.sampling_params.include_stop_str_in_output)
             self.request_metrics[child.request_id] = RequestMetrics(arrival_time=child.arrival_time,
                                                                     num_prompt_tokens=child.num_prompt_tokens)
             if group.is_parent and parent is None:
@@ -313,9 +331,11 @@ class LLMEngine:
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Finish requests with reason "abort" in whatever state they are, freeing their blocks (an ``n > 1``
         parent id aborts all its children). Unknown and already finished ids are ignored (as in vLLM)."""
-        ids = [request_id] if isinstance(request_id, str) else request_id
-        if not isinstance(ids, Iterable) or not all(isinstance(i, str) for i in ids):
+        if not isinstance(request_id, (str, Iterable)):
             raise ValueError(f"request_id must be a string or an iterable of strings, got {request_id!r}")
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)  # a generator is read once
+        if not all(isinstance(i, str) for i in ids):
+            raise ValueError(f"request_id must be a string or an iterable of strings, got {ids!r}")
         ids = [child for rid in ids for child in self.output_processor.children_of(rid)]
         now = self.clock()
         aborted = self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
@@ -339,36 +359,50 @@ class LLMEngine:
         or finished in this step (cumulative, delta or final-only as its ``output_kind``; one per parent of
         ``n > 1`` children).
 
+        A step is a transaction. If the forward, the sampler or the detokenizer raises (or Ctrl-C arrives
+        there), the scheduler rolls the step back (``Scheduler.rollback``): the engine is as if the step had
+        not been scheduled (its preemptions stand), no block it would have written is in the prefix cache, and
+        the exception propagates. The next ``step()`` serves the same requests again, or the caller aborts
+        them; outputs a failed step already owed (requests past their deadline) come with the next step.
+
         Raises:
             RuntimeError: if unfinished requests exist but none could be scheduled (a bug guard: admission
                 checks make this impossible, and it is better to fail than to spin).
         """
         self.clock.begin_step()
         start = self.clock()
-        timed_out = self._finish_timed_out(start)
+        self._undelivered += self._finish_timed_out(start)
         sched = self.scheduler.schedule()
         if sched.is_empty:
             self.clock.end_step(sched)
             if self.has_unfinished_requests():
                 raise RuntimeError("no request could be scheduled although some are unfinished")
+            timed_out = self._take_undelivered()
             self._record_stats(None, [], [r for r, _ in timed_out])
             return self.output_processor.make_outputs(timed_out, self.request_metrics)
         trace_blocks = self._block_snapshot() if self.config.trace_block_tables else {}
         num_free = self.kv_cache_manager.num_free_blocks
         num_cached_free = self.kv_cache_manager.pool.num_cached_free_blocks
-        for rid in sched.admitted_ids:
-            m = self.request_metrics[rid]
-            if m.first_scheduled_time is None:
-                m.first_scheduled_time = start
-        for rid in sched.preempted_ids:
+        for rid in sched.preempted_ids:  # preemptions stand even if the step fails
             self.request_metrics[rid].num_preemptions += 1
 
-        sampled = self.runner.execute(sched)
+        try:  # everything that may fail, before anything is committed
+            sampled = self.runner.execute(sched)
+            detoks = {s.request_id: self._detok[s.request_id].advanced(sampled[s.request_id])
+                      for s in sched.scheduled if s.sample}
+        except BaseException:
+            self.scheduler.rollback(sched)
+            self.clock.end_step(SchedulerOutput())  # the step did not happen: it costs no modelled time
+            raise
         self.output_processor.record_logprobs(self.runner.last_logprobs, self.runner.last_prompt_logprobs)
         got_token, finished = self.scheduler.update_from_output(sched, sampled)
         self.clock.end_step(sched)  # a modelled clock advances by this step's cost here
         now = self.clock()
 
+        for rid in sched.admitted_ids:
+            m = self.request_metrics[rid]
+            if m.first_scheduled_time is None:
+                m.first_scheduled_time = start
         outputs_for = dict.fromkeys(r.request_id for r in got_token)
         for request in got_token:
             m = self.request_metrics[request.request_id]
@@ -379,16 +413,23 @@ class LLMEngine:
                 m.itls.append(now - request.token_times[-1])
             request.token_times.append(now)
             m.num_output_tokens = request.num_output_tokens
-            stop = self._detok[request.request_id].update(request.output_token_ids)
-            if stop is not None and not request.is_finished:
-                request.stop_reason = stop
-                finished.extend(self.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_STOPPED))
+            detok = self._detok[request.request_id] = detoks[request.request_id]
+            if detok.stop_reason is not None:
+                # A stop string wins over "length" when the last allowed token completes it (as vLLM).
+                request.stop_reason = detok.stop_reason
+                if request.is_finished:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                else:
+                    finished.extend(self.scheduler.finish_requests([request.request_id],
+                                                                   RequestStatus.FINISHED_STOPPED))
         for request in finished:
             self._finish_metrics(request, now)
             outputs_for[request.request_id] = None
         requests = {r.request_id: r for r in got_token + finished}
+        timed_out = self._take_undelivered()
         outputs = self.output_processor.make_outputs(
-            timed_out + [(requests[rid], self._detok[rid].text) for rid in outputs_for], self.request_metrics)
+            timed_out + [(requests[rid], self._detok[rid].text(requests[rid].is_finished)) for rid in outputs_for],
+            self.request_metrics)
         for request in finished:
             del self._detok[request.request_id]
 
@@ -402,6 +443,7 @@ class LLMEngine:
             preempted_ids=sched.preempted_ids, admitted_ids=sched.admitted_ids,
             finished_ids=timed_out_ids + [r.request_id for r in finished],
             prefix_queried_tokens=sched.prefix_queried_tokens, prefix_hit_tokens=sched.prefix_hit_tokens,
+            readmission_hit_tokens=sched.readmission_hit_tokens,
             num_swapped_out_blocks=len(sched.blocks_to_swap_out), num_swapped_in_blocks=len(sched.blocks_to_swap_in),
             swap_time_s=self.runner.last_swap_time_s, timed_out_ids=timed_out_ids,
             **trace_blocks,
@@ -410,6 +452,10 @@ class LLMEngine:
         self._record_stats(self.traces[-1], got_token, [r for r, _ in timed_out] + finished)
         return outputs
 
+    def _take_undelivered(self) -> list[tuple[Request, str]]:
+        done, self._undelivered = self._undelivered, []
+        return done
+
     def _finish_timed_out(self, now: float) -> list[tuple[Request, str]]:
         """Finish every unfinished request whose deadline has passed with reason "timeout" (its blocks and
         swap blocks are freed); returns them with their final text."""
@@ -417,7 +463,7 @@ class LLMEngine:
         done = []
         for request in self.scheduler.finish_requests(expired, RequestStatus.FINISHED_TIMEOUT):
             self._finish_metrics(request, now)
-            done.append((request, self._detok.pop(request.request_id).text))
+            done.append((request, self._detok.pop(request.request_id).text(True)))
         return done
 
     def _record_stats(self, trace: StepTrace | None, got_token: list[Request], finished: list[Request]) -> None:
@@ -458,12 +504,13 @@ class LLMEngine:
     def summary(self) -> ServingSummary:
         """TTFT/TPOT/ITL percentiles, throughput, preemptions, prefix hits and peak KV use of all requests
         finished so far, over all recorded steps."""
-        return summarize(list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
+        return summarize(self._past_metrics + list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
 
     def reset_stats(self) -> None:
         """Forget finished requests' metrics and the step trace (e.g. between benchmark runs)."""
         live = set(self.scheduler.requests)
         self.request_metrics = {k: v for k, v in self.request_metrics.items() if k in live}
+        self._past_metrics = []
         self.traces = []
         self.num_steps = 0
 

@@ -25,7 +25,11 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class ServingSummary:
-    """A run in numbers. Latencies in seconds; throughput in tokens/s; NaN where undefined."""
+    """A run in numbers. Latencies in seconds; throughput in tokens/s; NaN where undefined.
+
+    ``prefix_queried_tokens`` / ``prefix_hit_tokens`` / ``prefix_hit_rate`` count each request's first
+    admission only (as vLLM since PR #25787); ``readmission_hit_tokens`` are the tokens recompute-preempted
+    requests got back from the prefix cache on re-admission (recompute work the cache saved)."""
 
     num_requests: int
     num_steps: int
@@ -55,6 +59,7 @@ class ServingSummary:
     num_swapped_in_blocks: int = 0
     swap_time_s: float = 0.0
     num_timeouts: int = 0
+    readmission_hit_tokens: int = 0
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -79,6 +84,8 @@ class ServingSummary:
         if self.num_swapped_out_blocks or self.num_swapped_in_blocks:
             rows.append(("swapped out / in blocks (time ms)", f"{self.num_swapped_out_blocks} / "
                          f"{self.num_swapped_in_blocks} ({self.swap_time_s * ms:.1f})"))
+        if self.readmission_hit_tokens:
+            rows.append(("re-admission prefix hit tokens", f"{self.readmission_hit_tokens}"))
         if self.num_timeouts:
             rows.append(("timeouts", f"{self.num_timeouts}"))
         width = max(len(k) for k, _ in rows)
@@ -113,4 +120,5 @@ def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blo
         num_swapped_in_blocks=sum(t.num_swapped_in_blocks for t in traces),
         swap_time_s=sum(t.swap_time_s for t in traces),
         num_timeouts=sum(m.finish_reason == "timeout" for m in done),
+        readmission_hit_tokens=sum(t.readmission_hit_tokens for t in traces),
     )

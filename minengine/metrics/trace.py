@@ -26,6 +26,8 @@ class StepTrace:
     Swap preemption: ``num_swapped_out_blocks`` / ``num_swapped_in_blocks`` KV blocks copied to / from the CPU
     swap space before this step's forward, taking ``swap_time_s`` seconds (wall clock, inside the step).
     ``timed_out_ids`` finished with reason "timeout" at the start of the step (they are in ``finished_ids``).
+    ``prefix_queried_tokens`` / ``prefix_hit_tokens`` count first admissions only; ``readmission_hit_tokens``
+    are the tokens recompute-preempted requests got back from the prefix cache when re-admitted.
     """
 
     step: int
@@ -50,6 +52,7 @@ class StepTrace:
     num_swapped_in_blocks: int = 0
     swap_time_s: float = 0.0
     timed_out_ids: list[str] = field(default_factory=list)
+    readmission_hit_tokens: int = 0
 
     @property
     def duration(self) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import pickle
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ SUPPORTED_MODEL_TYPES = {
     "qwen3": (False, True),
 }
 _WEIGHT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def resolve_model_path(model: str, revision: str | None = None) -> Path:
@@ -45,22 +47,45 @@ def resolve_model_path(model: str, revision: str | None = None) -> Path:
 
 
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint directory (``*.safetensors``, or ``pytorch_model*.bin`` as a fallback)."""
+    """All tensors of a checkpoint directory (``*.safetensors``, or ``pytorch_model*.bin`` as a fallback).
+
+    Raises:
+        ValueError: no weight files, or a file that is not a readable safetensors / torch file (named).
+    """
     files = sorted(path.glob("*.safetensors"))
     if files:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         state = {}
         for f in files:
-            state.update(load_file(str(f)))
+            try:
+                state.update(load_file(str(f)))
+            except (SafetensorError, OSError, ValueError) as exc:  # truncated, corrupt or unreadable
+                raise ValueError(f"{f}: not a valid safetensors file ({exc})") from None
         return state
     bins = sorted(path.glob("pytorch_model*.bin"))
     if not bins:
         raise ValueError(f"no *.safetensors or pytorch_model*.bin weights in {path}")
     state = {}
     for f in bins:
-        state.update(torch.load(f, map_location="cpu", weights_only=True))
+        try:
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+        except (pickle.UnpicklingError, EOFError, RuntimeError, OSError, ValueError) as exc:
+            raise ValueError(f"{f}: not a valid PyTorch weights file ({exc})") from None
     return state
+
+
+def load_config(path: Path, trust_remote_code: bool = False):
+    """The checkpoint's ``config.json`` as a transformers config. Raises ``ValueError`` naming the file when
+    it is missing, not JSON, or not a model config (transformers raises OSError, ValueError or TypeError)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # transformers reports bad configs with many exception types
+        raise ValueError(f"{path / 'config.json'}: not a valid model config ({type(exc).__name__}: {exc})") \
+            from None
 
 
 def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -71,12 +96,11 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     Returns:
         (model in eval mode on ``device`` with ``dtype`` parameters, the transformers config, the local path).
     Raises:
-        ValueError: unknown architecture, sliding-window attention, or weights that do not match the config.
+        ValueError: unknown architecture, sliding-window attention, a missing or garbled ``config.json``,
+            unreadable weight files, or weights that do not match the config (the file named).
     """
-    from transformers import AutoConfig
-
     path = resolve_model_path(model, revision)
-    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    hf_config = load_config(path, trust_remote_code)
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
@@ -85,13 +109,20 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
         raise ValueError("sliding-window attention is not supported by minengine")
     qkv_bias, qk_norm = SUPPORTED_MODEL_TYPES[model_type]
 
-    with torch.device("meta"):
-        net = LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm)
+    try:
+        with torch.device("meta"):
+            net = LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm)
+    except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
+        raise ValueError(f"{path / 'config.json'}: cannot build a {model_type} model from it "
+                         f"({type(exc).__name__}: {exc})") from None
     state = {k: v for k, v in load_state_dict(path).items() if not k.endswith("rotary_emb.inv_freq")}
     tied = getattr(hf_config, "tie_word_embeddings", False) or "lm_head.weight" not in state
     if tied:
         state.pop("lm_head.weight", None)
-    missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
+    try:
+        missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as exc:  # tensor shapes that do not match the config
+        raise ValueError(f"checkpoint {path}: weights do not match config.json ({exc})") from None
     missing = [k for k in missing if not (tied and k == "lm_head.weight") and not k.startswith("rotary.")]
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not match a {model_type} model: "
@@ -108,13 +139,15 @@ def load_tokenizer(path: Path | str, required: bool = False, revision: str | Non
                    trust_remote_code: bool = False):
     """The tokenizer at ``path`` via ``transformers.AutoTokenizer`` (``revision`` for a hub id). When the
     checkpoint has no tokenizer files, None (the engine then takes prompts as token ids only), or, when
-    ``required`` (the user named a tokenizer), a ``ValueError``."""
+    ``required`` (the user named a tokenizer) or the directory has tokenizer files that do not load (corrupt),
+    a ``ValueError``."""
     from transformers import AutoTokenizer
 
+    has_files = Path(path).is_dir() and any((Path(path) / name).exists() for name in _TOKENIZER_FILES)
     try:
         return AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError, TypeError) as exc:
-        if required:
-            raise ValueError(f"tokenizer {str(path)!r} could not be loaded: {exc}") from exc
+    except Exception as exc:  # OSError, ValueError, TypeError, or the tokenizers library's own Exception
+        if required or has_files:
+            raise ValueError(f"tokenizer {str(path)!r} could not be loaded: {exc}") from None
         logger.info("no tokenizer for %s (%s): prompts must be given as token ids", path, exc)
         return None

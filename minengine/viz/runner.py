@@ -99,7 +99,8 @@ class DashboardConfig:
         return EngineConfig(model=self.model, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
                             max_num_batched_tokens=budget, max_num_seqs=self.max_num_seqs,
                             max_model_len=max_model_len, enable_chunked_prefill=self.enable_chunked_prefill,
-                            long_prefill_token_threshold=self.long_prefill_token_threshold,
+                            long_prefill_token_threshold=self.long_prefill_token_threshold
+                            if self.enable_chunked_prefill else 0,  # the cap needs chunking (EngineConfig)
                             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
                             trace_block_tables=True)
 

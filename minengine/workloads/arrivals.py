@@ -22,6 +22,9 @@ def _check_rate(rate: float, allow_inf: bool = False) -> None:
         raise ValueError(f"rate must be a number > 0 (requests/s){' or inf' if allow_inf else ''}, got {rate!r}")
 
 
+CV_RANGE = (1e-3, 1e3)  # beyond it gamma gaps underflow to all-zero or the shape over/underflows
+
+
 def _check_count(num_requests: int) -> None:
     if not isinstance(num_requests, int) or isinstance(num_requests, bool) or num_requests < 0:
         raise ValueError(f"num_requests must be an integer >= 0, got {num_requests!r}")
@@ -35,12 +38,14 @@ def gamma_arrivals(rate: float, cv: float, num_requests: int, seed: int = 0) -> 
     request at time 0 (vLLM's ``--request-rate inf``).
 
     Raises:
-        ValueError: ``rate`` not > 0, ``cv`` not > 0, ``num_requests`` < 0.
+        ValueError: ``rate`` not > 0, ``cv`` outside [0.001, 1000] (where gamma sampling stays meaningful in
+            floating point), ``num_requests`` < 0, or a rate so small that the times overflow.
     """
     _check_rate(rate, allow_inf=True)
     _check_count(num_requests)
-    if not isinstance(cv, (int, float)) or isinstance(cv, bool) or not cv > 0 or not math.isfinite(cv):
-        raise ValueError(f"cv must be a finite number > 0 (std/mean of the inter-arrival gaps), got {cv!r}")
+    lo, hi = CV_RANGE
+    if not isinstance(cv, (int, float)) or isinstance(cv, bool) or not lo <= cv <= hi:
+        raise ValueError(f"cv must be a number in [{lo:g}, {hi:g}] (std/mean of the inter-arrival gaps), got {cv!r}")
     if math.isinf(rate):
         return [0.0] * num_requests
     rng = random.Random(seed)
@@ -50,6 +55,8 @@ def gamma_arrivals(rate: float, cv: float, num_requests: int, seed: int = 0) -> 
         if i:
             t += rng.gammavariate(shape, 1.0 / shape) / rate  # a unit-mean gap, then scaled to the rate
         times.append(t)
+    if times and not math.isfinite(times[-1]):
+        raise ValueError(f"rate {rate!r} is too small: the arrival times overflow")
     return times
 
 
@@ -66,6 +73,8 @@ def poisson_arrivals(rate: float, num_requests: int, seed: int = 0) -> list[floa
         if i:
             t += rng.expovariate(1.0) / rate
         times.append(t)
+    if times and not math.isfinite(times[-1]):
+        raise ValueError(f"rate {rate!r} is too small: the arrival times overflow")
     return times
 
 
@@ -87,12 +96,16 @@ def with_arrivals(trace: Sequence[TraceRequest], arrival_times: Sequence[float],
 
     Used to replay a real trace's length distribution under a synthetic arrival process (Sarathi-Serve's
     capacity runs do this) or at a different rate. Raises ``ValueError`` when the lengths differ or the
-    times are negative or not sorted.
+    times are not finite numbers >= 0 in non-decreasing order.
     """
+    arrival_times = list(arrival_times)
     if len(arrival_times) != len(trace):
         raise ValueError(f"arrival_times has {len(arrival_times)} entries, the trace {len(trace)} requests")
-    if any(t < 0 for t in arrival_times) or any(b < a for a, b in zip(arrival_times[:-1], arrival_times[1:])):
-        raise ValueError("arrival_times must be >= 0 and non-decreasing (seconds)")
+    for i, t in enumerate(arrival_times):
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"arrival_times[{i}] must be a finite number >= 0 (seconds), got {t!r}")
+    if any(b < a for a, b in zip(arrival_times[:-1], arrival_times[1:])):
+        raise ValueError("arrival_times must be non-decreasing (seconds)")
     reqs = [TraceRequest(float(t), r.prompt_len, r.output_len, r.prompt_token_ids, r.request_id)
             for r, t in zip(trace, arrival_times)]
     if isinstance(trace, Trace):

@@ -145,6 +145,25 @@ def _to_text(text_or_bytes) -> str:
     return text_or_bytes.lstrip("\ufeff")
 
 
+def _csv_fields(line: str, line_no: int) -> list[str]:
+    """One CSV line's fields; ``csv.Error`` (a field over the csv module's size limit, a NUL byte) becomes a
+    ``ValueError`` naming the line."""
+    try:
+        return next(csv.reader([line]))
+    except csv.Error as exc:
+        raise ValueError(f"line {line_no}: not a valid CSV line ({exc})") from None
+
+
+def _json_line(line: str, line_no: int):
+    """One JSON Lines line, parsed; errors (bad JSON, nesting too deep to parse) name the line."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+    except RecursionError:
+        raise ValueError(f"line {line_no}: JSON nested too deeply to parse") from None
+
+
 def _int_field(value, line_no: int, column: str, minimum: int) -> int:
     try:
         n = int(str(value).strip())
@@ -194,14 +213,14 @@ def parse_azure_csv(text_or_bytes, max_requests: int | None = None, start_s: flo
 
     Raises:
         ValueError: a missing column in the header, or a row with the wrong number of fields, a malformed
-            timestamp or a non-integer / negative token count, naming the line (1 = the header) and column;
-            bad options, naming the option.
+            timestamp, a non-integer / negative token count, or a line the csv module rejects (a field over
+            its size limit), naming the line (1 = the header) and column; bad options, naming the option.
     """
     _check_options(max_requests, start_s, end_s, length_scale)
     lines = _to_text(text_or_bytes).splitlines()
     if not lines or not lines[0].strip():
         raise ValueError("line 1: empty input, expected the header 'TIMESTAMP,ContextTokens,GeneratedTokens'")
-    header = [h.strip() for h in next(csv.reader([lines[0]]))]
+    header = [h.strip() for h in _csv_fields(lines[0], 1)]
     lower = [h.lower() for h in header]
     index = {}
     for col in AZURE_COLUMNS:
@@ -214,7 +233,7 @@ def parse_azure_csv(text_or_bytes, max_requests: int | None = None, start_s: flo
     for line_no, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
-        fields = next(csv.reader([line]))  # csv, not split(","): a re-saved copy may quote its fields
+        fields = _csv_fields(line, line_no)  # csv, not split(","): a re-saved copy may quote its fields
         if len(fields) != len(header):
             raise ValueError(f"line {line_no}: {len(fields)} fields, the header has {len(header)}: {line!r}")
         try:
@@ -244,8 +263,12 @@ def load_azure_trace(path: str | os.PathLike, max_requests: int | None = None, s
     Raises ``ValueError`` on malformed content (line and column named), ``FileNotFoundError`` when absent.
     """
     path = _trace_file(path, AZURE_CONV_RELPATH)
-    return parse_azure_csv(path.read_bytes(), max_requests=max_requests, start_s=start_s, end_s=end_s,
-                           length_scale=length_scale, source=str(path))
+    _check_options(max_requests, start_s, end_s, length_scale)
+    try:
+        return parse_azure_csv(path.read_bytes(), max_requests=max_requests, start_s=start_s, end_s=end_s,
+                               length_scale=length_scale, source=str(path))
+    except ValueError as exc:  # name the file
+        raise ValueError(f"{path}: {exc}") from None
 
 
 # ---- Mooncake ----------------------------------------------------------------------------------------------
@@ -300,10 +323,7 @@ def parse_mooncake_jsonl(text_or_bytes, max_requests: int | None = None, start_s
     for line_no, line in enumerate(_to_text(text_or_bytes).splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        obj = _json_line(line, line_no)
         if not isinstance(obj, dict):
             raise ValueError(f"line {line_no}: expected a JSON object, got {type(obj).__name__}")
         for key in ("timestamp", "input_length", "output_length", "hash_ids"):
@@ -359,9 +379,13 @@ def load_mooncake_trace(path: str | os.PathLike, max_requests: int | None = None
     Raises ``ValueError`` on malformed content (line and field named), ``FileNotFoundError`` when absent.
     """
     path = _trace_file(path, MOONCAKE_RELPATH)
-    return parse_mooncake_jsonl(path.read_bytes(), max_requests=max_requests, start_s=start_s, end_s=end_s,
-                                length_scale=length_scale, block_size=block_size, vocab_size=vocab_size,
-                                source=str(path))
+    _check_options(max_requests, start_s, end_s, length_scale)
+    try:
+        return parse_mooncake_jsonl(path.read_bytes(), max_requests=max_requests, start_s=start_s, end_s=end_s,
+                                    length_scale=length_scale, block_size=block_size, vocab_size=vocab_size,
+                                    source=str(path))
+    except ValueError as exc:  # name the file
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def synthetic_prompt_ids(request_id: str, length: int, vocab_size: int, seed: int = 0) -> list[int]:
