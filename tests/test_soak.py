@@ -163,7 +163,8 @@ def test_soak_engine(bundled_model, bundled_prompts, seed):
                           priority_aging_steps=s["settings"].priority_aging_steps)
     if not s["chunked"]:
         config = EngineConfig(**{**config.__dict__, "max_num_batched_tokens": 256})
-    engine = LLMEngine(config, clock=StepClock())
+    clock = StepClock()
+    engine = LLMEngine(config, clock=clock)
     shadow = watch_runner(engine)
     stream = bundled_prompts[-1]
     prompts, limits, aborts = {}, {}, {}
@@ -172,7 +173,7 @@ def test_soak_engine(bundled_model, bundled_prompts, seed):
         n = rng.randint(1, 48)
         prompts[f"r{i}"] = stream[start:start + n]
         limits[f"r{i}"] = rng.randint(1, 64 - n)
-        deadline = rng.choice([None, None, None, engine.clock.now + rng.randint(5, 80)])
+        deadline = rng.choice([None, None, None, clock.now + rng.randint(5, 80)])
         engine.add_request(f"r{i}", {"prompt_token_ids": prompts[f"r{i}"]},
                            SamplingParams(temperature=0, max_tokens=limits[f"r{i}"], ignore_eos=True),
                            priority=rng.randint(0, 3), deadline=deadline)

@@ -149,6 +149,9 @@ def inject(engine, monkeypatch, where: str, faults: Faults) -> None:
                 faults.hit()
                 return sampler(logits, requests)
 
+            def __getattr__(self, name):  # what the runner reads after sampling (e.g. logprobs)
+                return getattr(sampler, name)
+
         monkeypatch.setattr(engine.runner, "sampler", FailingSampler())
     else:  # the detokenizer's per-token method ("update" before the transactional step)
         name = "advanced" if hasattr(IncrementalDetokenizer, "advanced") else "update"

@@ -138,8 +138,9 @@ class IncrementalDetokenizer:
 
     def text(self, finished: bool) -> str:
         """The text to show: while running, ``output_text`` minus the ``max(len(stop)) - 1`` characters that
-        could still start a stop string (none when the stop string is to be included); once finished, all of it (held-back partial characters of the last
-        tokens decoded in full). Every text returned is a prefix of every later one."""
+        could still start a stop string (none when the stop string is to be included); once finished, all of
+        it (held-back partial characters of the last tokens decoded in full). Every text returned is a prefix
+        of every later one."""
         if self.stop_reason is not None:
             return self.output_text
         if not finished:
