@@ -1,25 +1,41 @@
-"""Offline throughput: minengine vs transformers (padded static batches) vs transformers continuous batching.
+"""Offline throughput: minengine vs transformers static batching (and continuous batching), with the work counted.
 
 The same workload (64 requests, prompts 32-512 tokens, 64-128 new tokens each, greedy, fixed seed) on the same
-weights, in one run. Prints output tokens/s of each, the ratios, and whether the greedy outputs match.
+weights, in one process. For each thread count of the sweep it measures this machine's matmul roof (a GEMM of
+the model's own shapes at that thread count, median of repeats), runs minengine and transformers' ``generate`` on
+left-padded static batches alternately ``--repeats`` times, and reports median times, output tokens/s, the ratio,
+whether the greedy outputs match, the FLOPs and bytes minengine's steps did and the fraction of the roof it
+reached. transformers' continuous batching (``init_continuous_batching``) runs once, at the first thread count.
 
-    python benchmarks/throughput.py                      # bundled model
-    python benchmarks/throughput.py --model random-20m   # a ~20M-parameter random-weight Llama
-    python benchmarks/throughput.py --num-requests 16    # quicker
+    python benchmarks/throughput.py                        # bundled model, threads 1, 2, all cores
+    python benchmarks/throughput.py --model random-20m     # a ~20M-parameter random-weight Llama
+    python benchmarks/throughput.py --threads 1 --repeats 1 --skip-continuous   # quicker
 
-Speed targets (from the issue): minengine >= 2x transformers continuous batching, and >= padded static batching.
+Targets (issue 13): >= 70 % of the roof at 1 thread, >= 2x transformers static batching, and never slower
+than it at any thread count.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import platform
 import random
+import statistics
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from minengine import LLM, SamplingParams
+if __package__ in (None, ""):  # run as a script: make `benchmarks.*` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minengine import LLM, SamplingParams  # noqa: E402
+from minengine.worker.host_memory import retain_freed_memory  # noqa: E402
 
 
 def make_random_llama(out_dir: str) -> str:
@@ -35,29 +51,139 @@ def make_random_llama(out_dir: str) -> str:
     return out_dir
 
 
-def make_workload(vocab: int, n: int, seed: int) -> list[tuple[list[int], int]]:
+def make_workload(vocab: int, n: int, seed: int, prompt_lens: tuple[int, int] = (32, 512),
+                  output_lens: tuple[int, int] = (64, 128)) -> list[tuple[list[int], int]]:
+    """n (prompt token ids, max_tokens) pairs, lengths uniform in the given inclusive ranges."""
     rng = random.Random(seed)
-    return [([rng.randrange(3, vocab) for _ in range(rng.randint(32, 512))], rng.randint(64, 128))
+    return [([rng.randrange(3, vocab) for _ in range(rng.randint(*prompt_lens))], rng.randint(*output_lens))
             for _ in range(n)]
 
 
-def run_minengine(model: str, work, max_num_batched_tokens: int) -> tuple[float, list[list[int]]]:
-    llm = LLM(model, max_model_len=1024, max_num_seqs=len(work), max_num_batched_tokens=max_num_batched_tokens)
+# ---- counting the work ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions that set a Llama-family step's FLOPs and bytes."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    itemsize: int = 4  # float32
+
+    @classmethod
+    def from_hf_config(cls, cfg, itemsize: int = 4) -> ModelShape:
+        heads = cfg.num_attention_heads
+        return cls(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
+                   heads=heads, kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, vocab=cfg.vocab_size,
+                   itemsize=itemsize)
+
+    def linear_shapes(self) -> list[tuple[int, int]]:
+        """(in_features, out_features) of one decoder layer's projections: q, k, v, o, gate, up, down."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
+
+    @property
+    def layer_params(self) -> int:
+        return sum(a * b for a, b in self.linear_shapes())
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """K and V of one token in all layers."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.itemsize
+
+
+def step_work(shape: ModelShape, chunks: list[tuple[int, int, bool]]) -> tuple[float, float]:
+    """FLOPs and bytes of one step that computes ``chunks`` = [(start_pos, num_new_tokens, sample)].
+
+    FLOPs (a multiply-add = 2): the decoder's projections for every new token, the LM head for sampling
+    requests only, and causal attention (QK^T and PV: 4 * Hq * D per visible key and layer; a token at
+    position p sees p + 1 keys). Norms, RoPE and the softmax are left out (a few % at these sizes).
+    Bytes (the roofline's minimum traffic): every weight once per step (the embedding: only the rows read),
+    every visible key and value once per request per layer, and this step's new K/V written once.
+    """
+    tokens = sum(n for _, n, _ in chunks)
+    sampled = sum(1 for _, _, s in chunks if s)
+    # sum over the new tokens of (p + 1) = keys seen, for p in [start, start + n)
+    keys_seen = sum(n * (2 * start + n + 1) // 2 for start, n, _ in chunks)
+    flops = (2 * tokens * shape.layers * shape.layer_params + 2 * sampled * shape.hidden * shape.vocab
+             + 4 * shape.heads * shape.head_dim * shape.layers * keys_seen)
+    weights = (shape.layers * shape.layer_params + shape.hidden * shape.vocab) * shape.itemsize
+    kv_read = sum(start + n for start, n, _ in chunks) * shape.kv_bytes_per_token
+    kv_write = tokens * shape.kv_bytes_per_token
+    embed_rows = tokens * shape.hidden * shape.itemsize
+    return float(flops), float(weights + kv_read + kv_write + embed_rows)
+
+
+def run_work(shape: ModelShape, traces) -> tuple[float, float]:
+    """Total FLOPs and bytes of the steps an engine ran (its ``StepTrace`` list)."""
+    flops = nbytes = 0.0
+    for t in traces:
+        f, b = step_work(shape, [(c.start_pos, c.num_tokens, c.sampled) for c in t.chunks])
+        flops, nbytes = flops + f, nbytes + b
+    return flops, nbytes
+
+
+def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 7) -> float:
+    """GFLOP/s of ``x @ w.T`` (what ``nn.Linear`` runs) on [rows, in] x the model's own weight shapes (one decoder
+    layer and the LM head) at the current thread count: each shape's median over ``repeats`` timed calls,
+    combined FLOP-weighted (total FLOPs / total median time)."""
+    total_flops = total_time = 0.0
+    for fan_in, fan_out in shape.linear_shapes() + [(shape.hidden, shape.vocab)]:
+        x = torch.randn(rows, fan_in)
+        w = torch.randn(fan_out, fan_in)
+        out = torch.empty(rows, fan_out)
+        for _ in range(3):
+            torch.matmul(x, w.t(), out=out)
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            torch.matmul(x, w.t(), out=out)
+            times.append(time.perf_counter() - t)
+        total_flops += 2.0 * rows * fan_in * fan_out
+        total_time += statistics.median(times)
+    return total_flops / total_time / 1e9
+
+
+# ---- the systems ----------------------------------------------------------------------------------------
+def engine_kwargs(threads: int | None) -> dict:
+    """``num_cpu_threads`` for the engine when this version of ``EngineConfig`` has it."""
+    from minengine.config import EngineConfig
+
+    fields = getattr(EngineConfig, "__dataclass_fields__", {})
+    return {"num_cpu_threads": threads} if threads and "num_cpu_threads" in fields else {}
+
+
+def run_minengine(model: str, work, max_num_batched_tokens: int, threads: int | None = None):
+    """A fresh engine (so no prefix-cache hits from an earlier repeat), a 2-request warm-up, then the workload.
+    Returns (seconds, output token ids per request, the engine's step traces of the timed run)."""
+    llm = LLM(model, max_model_len=1024, max_num_seqs=len(work), max_num_batched_tokens=max_num_batched_tokens,
+              **engine_kwargs(threads))
     prompts = [{"prompt_token_ids": p} for p, _ in work]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+    llm.llm_engine.reset_stats()
     t = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    return time.perf_counter() - t, [o.outputs[0].token_ids for o in outs]
+    elapsed = time.perf_counter() - t
+    return elapsed, [o.outputs[0].token_ids for o in outs], list(llm.llm_engine.traces)
 
 
-def run_hf_static(model_dir: str, work, batch_size: int) -> tuple[float, list[list[int]]]:
-    """transformers ``generate`` on left-padded batches; each batch runs to its longest max_tokens and each
-    request keeps only its own first max_tokens tokens (the rest is the waste static batching pays)."""
+def load_hf(model_dir: str):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def run_hf_static(model, work, batch_size: int) -> tuple[float, list[list[int]]]:
+    """transformers ``generate`` on left-padded batches; each batch runs to its longest max_tokens and each
+    request keeps only its own first max_tokens tokens (the rest is the waste static batching pays)."""
     outs: list[list[int]] = []
+    with torch.no_grad():  # warm-up
+        model.generate(torch.tensor([work[0][0][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
     t = time.perf_counter()
     for i in range(0, len(work), batch_size):
         chunk = work[i:i + batch_size]
@@ -71,12 +197,11 @@ def run_hf_static(model_dir: str, work, batch_size: int) -> tuple[float, list[li
     return time.perf_counter() - t, outs
 
 
-def run_hf_continuous(model_dir: str, work) -> tuple[float, list[list[int]]]:
+def run_hf_continuous(model, work) -> tuple[float, list[list[int]]]:
     """transformers' continuous batching manager (``init_continuous_batching``), per-request max_new_tokens."""
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    gc = GenerationConfig(do_sample=False, max_new_tokens=128, eos_token_id=-1, pad_token_id=0)
+    gc = GenerationConfig(do_sample=False, max_new_tokens=max(n for _, n in work), eos_token_id=-1, pad_token_id=0)
     manager = model.init_continuous_batching(generation_config=gc)
     manager.start()
     try:
@@ -94,16 +219,58 @@ def run_hf_continuous(model_dir: str, work) -> tuple[float, list[list[int]]]:
     return elapsed, [list(results[str(i)]) for i in range(len(work))]
 
 
-def main() -> None:
+# ---- the sweep ------------------------------------------------------------------------------------------
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None}
+
+
+def parse_threads(text: str) -> list[int]:
+    """"1,2,all" -> [1, 2, os.cpu_count()] without duplicates, in order."""
+    out: list[int] = []
+    for part in text.split(","):
+        n = (os.cpu_count() or 1) if part.strip() == "all" else int(part)
+        if n < 1:
+            raise ValueError(f"--threads: thread counts must be >= 1, got {n}")
+        if n not in out:
+            out.append(n)
+    return out
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    lo, hi = (int(x) for x in text.split(","))
+    if not 1 <= lo <= hi:
+        raise ValueError(f"expected 'lo,hi' with 1 <= lo <= hi, got {text!r}")
+    return lo, hi
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="checkpoint dir, 'random-20m', or empty for the bundled model")
     ap.add_argument("--num-requests", type=int, default=64)
+    ap.add_argument("--prompt-len", type=parse_range, default=(32, 512), help="lo,hi prompt tokens")
+    ap.add_argument("--output-len", type=parse_range, default=(64, 128), help="lo,hi new tokens")
     ap.add_argument("--static-batch-size", type=int, default=16)
     ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--skip-continuous", action="store_true")
-    a = ap.parse_args()
+    ap.add_argument("--threads", type=parse_threads, default=parse_threads("1,2,all"),
+                    help="comma-separated torch thread counts to sweep ('all' = every core)")
+    ap.add_argument("--repeats", type=int, default=3, help="alternating timed runs per system and thread count")
+    ap.add_argument("--skip-continuous", action="store_true", help="skip transformers continuous batching")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    a = ap.parse_args(argv)
 
+    # Process-wide malloc settings (worker/host_memory.py), applied before anything runs so that transformers
+    # runs under the same allocator as minengine (minengine's CPU runner applies them anyway).
+    malloc_tuned = retain_freed_memory()
     tmp = tempfile.TemporaryDirectory()
     if a.model == "random-20m":
         model_dir = make_random_llama(tmp.name)
@@ -114,28 +281,58 @@ def main() -> None:
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model_dir)
-    work = make_workload(cfg.vocab_size, a.num_requests, a.seed)
+    shape = ModelShape.from_hf_config(cfg)
+    work = make_workload(cfg.vocab_size, a.num_requests, a.seed, a.prompt_len, a.output_len)
     n_out = sum(n for _, n in work)
-    print(f"model {model_dir} | {a.num_requests} requests, prompts 32-512, outputs 64-128 ({n_out} output tokens) "
-          f"| torch threads {torch.get_num_threads()}")
+    info = machine_info()
+    print(f"model {a.model or 'bundled'} ({shape.layers * shape.layer_params / 1e6:.1f} M decoder params) | "
+          f"{a.num_requests} requests, prompts {a.prompt_len[0]}-{a.prompt_len[1]}, outputs "
+          f"{a.output_len[0]}-{a.output_len[1]} ({n_out} output tokens) | {info['cpu']}, {info['cores']} cores, "
+          f"torch {info['torch']} | malloc retains freed memory: {malloc_tuned} | load average {info['load_average']}")
+    hf = load_hf(model_dir)
+    rows = []
+    for threads in a.threads:
+        torch.set_num_threads(threads)
+        roof = measure_matmul_roof(shape, a.max_num_batched_tokens)
+        me_times, hf_times = [], []
+        for _ in range(a.repeats):
+            t, me, traces = run_minengine(model_dir, work, a.max_num_batched_tokens, threads)
+            me_times.append(t)
+            t, st = run_hf_static(hf, work, a.static_batch_size)
+            hf_times.append(t)
+        flops, nbytes = run_work(shape, traces)
+        me_t, hf_t = statistics.median(me_times), statistics.median(hf_times)
+        row = {"threads": threads, "roof_gflops": roof, "minengine_s": me_t, "minengine_tok_s": n_out / me_t,
+               "minengine_runs_s": me_times, "hf_static_s": hf_t, "hf_static_tok_s": n_out / hf_t,
+               "hf_static_runs_s": hf_times, "speedup_vs_hf_static": hf_t / me_t,
+               "outputs_equal": sum(o == m for o, m in zip(st, me)), "num_requests": len(work),
+               "gflop": flops / 1e9, "gbytes": nbytes / 1e9, "achieved_gflops": flops / me_t / 1e9,
+               "roof_fraction": flops / me_t / 1e9 / roof, "num_steps": len(traces)}
+        if not a.skip_continuous and threads == a.threads[0]:
+            try:
+                t, cb = run_hf_continuous(hf, work)
+                row.update(hf_continuous_s=t, hf_continuous_tok_s=n_out / t, speedup_vs_hf_continuous=t / me_t,
+                           continuous_outputs_equal=sum(o == m for o, m in zip(cb, me)))
+            except Exception as exc:  # report, do not hide, a peer that failed to run
+                print(f"transformers continuous batching failed: {type(exc).__name__}: {exc}")
+        rows.append(row)
 
-    results = {}
-    t, me = run_minengine(model_dir, work, a.max_num_batched_tokens)
-    results["minengine"] = (t, me)
-    t, st = run_hf_static(model_dir, work, a.static_batch_size)
-    results[f"transformers static (batch {a.static_batch_size})"] = (t, st)
-    if not a.skip_continuous:
-        try:
-            t, cb = run_hf_continuous(model_dir, work)
-            results["transformers continuous batching"] = (t, cb)
-        except Exception as exc:  # report, do not hide, a peer that failed to run
-            print(f"transformers continuous batching failed: {type(exc).__name__}: {exc}")
-
-    base = results["minengine"][0]
-    print(f"\n{'system':<36} {'time (s)':>9} {'out tok/s':>10} {'minengine speedup':>18} {'outputs == minengine':>21}")
-    for name, (t, outs) in results.items():
-        same = sum(o == m for o, m in zip(outs, me))
-        print(f"{name:<36} {t:>9.2f} {n_out / t:>10.1f} {t / base:>17.2f}x {same:>14}/{len(me)}")
+    print(f"\n{'threads':>7} {'roof GFLOP/s':>12} {'minengine tok/s':>15} {'hf static tok/s':>15} {'ratio':>6} "
+          f"{'equal':>7} {'GFLOP':>7} {'GB':>6} {'GFLOP/s':>8} {'of roof':>7}")
+    for r in rows:
+        print(f"{r['threads']:>7} {r['roof_gflops']:>12.1f} {r['minengine_tok_s']:>15.1f} {r['hf_static_tok_s']:>15.1f} "
+              f"{r['speedup_vs_hf_static']:>5.2f}x {r['outputs_equal']:>3}/{r['num_requests']:<3} {r['gflop']:>7.1f} "
+              f"{r['gbytes']:>6.2f} {r['achieved_gflops']:>8.1f} {100 * r['roof_fraction']:>6.1f}%")
+        if "hf_continuous_s" in r:
+            print(f"{'':>7} transformers continuous batching: {r['hf_continuous_tok_s']:.1f} tok/s (minengine "
+                  f"{r['speedup_vs_hf_continuous']:.2f}x), outputs equal {r['continuous_outputs_equal']}/{len(work)}")
+    print(f"(medians of {a.repeats} alternating runs; load average at the end {machine_info()['load_average']})")
+    result = {"model": a.model or "bundled", "machine": info, "malloc_tuned": malloc_tuned,
+              "settings": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(a).items()},
+              "num_output_tokens": n_out, "rows": rows}
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -27,78 +27,70 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
-def paged_attention_reference(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                              batch: ForwardBatch, scale: float) -> torch.Tensor:
+def paged_attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                              v_cache: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
     """Causal attention of each request's new tokens against its own cached keys, read via its block table.
 
-    A clear PyTorch reference with no block-diagonal mask over the batch: requests with one new token (decodes)
-    are attended together, each against its own keys gathered through its block table (padding masked out);
-    requests with a prefill chunk are attended one at a time with a causal mask offset by their context.
+    The PyTorch path (CPU, or CUDA without Triton), with no block-diagonal mask over the whole batch. It follows
+    the plan ``ForwardBatch`` made once for the step (shared by all layers):
+
+    - decodes (one new token) in groups of similar length: each group gathers its requests' KV *blocks*
+      (contiguous rows of the cache, not single slots) into one [n, L, Hkv, D] tensor and runs one SDPA call,
+      the G query heads of a KV head as G query rows against it (grouped-query attention without copying K/V);
+    - prefill chunks in groups of equal (q_len, seq_len), one SDPA call per group, with PyTorch's fused CPU
+      kernel (4-D inputs). A prefill from position 0 attends to this step's own K/V rows, which need no gather.
 
     Args:
         query: [T, Hq, D] for all new tokens of the step (request i owns rows
             ``query_start_loc[i]:query_start_loc[i+1]``).
+        key, value: [T, Hkv, D], this step's new K/V (already written to the cache too).
         k_cache, v_cache: [num_blocks, block_size, Hkv, D] with this step's K/V already written.
-        batch: the step's metadata (``ForwardBatch``).
+        batch: the step's metadata (``ForwardBatch`` built with ``for_triton=False``).
         scale: softmax scale, usually ``1 / sqrt(D)``.
 
     Returns:
         [T, Hq, D], same dtype as ``query``.
     """
     out = torch.empty_like(query)
+    num_heads = query.shape[1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    gqa = query.shape[1] != num_kv_heads
-    k_flat = k_cache.view(-1, num_kv_heads, head_dim)  # one row per slot
-    v_flat = v_cache.view(-1, num_kv_heads, head_dim)
-
-    rows = batch.single_query_rows
-    if rows.numel():
-        # Keys of each single-token request, gathered through its block table: [N, L, Hkv, D] (index_select on
-        # the flat slot view is much faster than fancy indexing on CPU), viewed as [N, Hkv, L, D].
-        n, length = batch.single_query_slots.shape
-        flat_slots = batch.single_query_slots.reshape(-1)
-        k = k_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2)
-        v = v_flat.index_select(0, flat_slots).view(n, length, num_kv_heads, head_dim).transpose(1, 2)
-        # Grouped-query attention: the G query heads that share a KV head become G query rows against it.
-        group = query.shape[1] // num_kv_heads
+    group = num_heads // num_kv_heads
+    for g in batch.decode_groups:
+        n, rows = g.num_requests, slice(g.first_row, g.first_row + g.num_requests)
+        # [n * num_blocks, block_size, Hkv, D] -> [n, L, Hkv, D] -> [n, Hkv, L, D] (a view)
+        k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+        v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
         q = query[rows].view(n, num_kv_heads, group, head_dim)
-        mask = batch.single_query_mask[:, None, None, :]  # [N, 1, 1, L]: a request sees only its own keys
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        out[rows] = o.reshape(n, num_kv_heads * group, head_dim)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
+        out[rows] = o.view(n, num_heads, head_dim)
 
-    starts = batch.query_start_loc_list
-    block_size = k_cache.shape[1]
-    for i in batch.multi_query_requests:
-        seq_len = batch.seq_lens_list[i]
-        q_start, q_end = starts[i], starts[i + 1]
-        q_len = q_end - q_start
-        blocks = batch.block_tables_list[i][:-(-seq_len // block_size)]
-        # Gather this request's K/V through its block table: [seq_len, Hkv, D].
-        k = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
-        v = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
-        q = query[q_start:q_end]
-        if q_len == seq_len:
-            mask, causal = None, True  # a prefill from position 0: the plain causal triangle
-        else:
-            # A chunk after cached context: query j sits at position seq_len - q_len + j.
-            q_pos = torch.arange(seq_len - q_len, seq_len, device=query.device)
-            mask, causal = torch.arange(seq_len, device=query.device)[None, :] <= q_pos[:, None], False
-        # [1, H, len, D]: with a batch dimension SDPA takes PyTorch's fused CPU kernel (several times faster
+    gqa = group != 1
+    for g in batch.prefill_groups:
+        n, q_len, seq_len = g.num_requests, g.q_len, g.seq_len
+        rows = slice(g.first_row, g.first_row + n * q_len)
+        q = query[rows].view(n, q_len, num_heads, head_dim)
+        if g.block_ids is None:  # prefill from position 0: the keys are this step's own rows
+            k = key[rows].view(n, q_len, num_kv_heads, head_dim)
+            v = value[rows].view(n, q_len, num_kv_heads, head_dim)
+        else:  # a chunk after cached context: gather the requests' blocks, cut to seq_len
+            k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
+            v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
+        # [n, H, len, D]: with a batch dimension SDPA takes PyTorch's fused CPU kernel (several times faster
         # than the 3-D call, and no [len, len] score matrix in memory).
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
-                                           attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
-        out[q_start:q_end] = o[0].transpose(0, 1)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=g.mask, is_causal=g.mask is None, scale=scale, enable_gqa=gqa)
+        out[rows] = o.transpose(1, 2).reshape(n * q_len, num_heads, head_dim)
     return out
 
 
-def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch,
-                    scale: float) -> torch.Tensor:
-    """Dispatch: the Triton kernel on CUDA (when triton is installed), the PyTorch reference elsewhere.
-    Shapes as in ``paged_attention_reference``."""
-    if query.is_cuda:
-        from minengine.layers.triton_attention import triton_available, triton_paged_attention
+def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
+    """Dispatch: the Triton kernel when the batch was built for it (``batch.block_tables`` set: CUDA with
+    Triton, or the Triton interpreter in tests), the PyTorch reference otherwise. Shapes as in
+    ``paged_attention_reference``."""
+    if batch.block_tables is not None:
+        from minengine.layers.triton_attention import triton_paged_attention
 
-        if triton_available():
-            return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
-                                          batch.seq_lens, scale)
-    return paged_attention_reference(query, k_cache, v_cache, batch, scale)
+        return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
+                                      batch.seq_lens, scale)
+    return paged_attention_reference(query, key, value, k_cache, v_cache, batch, scale)

@@ -38,11 +38,18 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D] rotated by cos/sin [T, 1, D]: ``x * cos + rotate_half(x) * sin`` (transformers' formula)."""
+    return x * cos + rotate_half(x) * sin
+
+
 class RotaryEmbedding(nn.Module):
     """Rotates queries and keys by their token positions.
 
-    Forward: positions [T] int64, q [T, Hq, D], k [T, Hkv, D] -> rotated (q, k), same shapes and dtypes.
-    Each token carries its own position, so a flattened batch of chunks and decodes needs no padding.
+    ``cos_sin(positions, dtype)`` is computed once per step and shared by every layer (``apply_rotary``);
+    ``forward(positions, q, k)`` does both at once. positions [T] int64, q [T, Hq, D], k [T, Hkv, D] ->
+    rotated (q, k), same shapes and dtypes. Each token carries its own position, so a flattened batch of
+    chunks and decodes needs no padding.
     """
 
     def __init__(self, hf_config):
@@ -50,9 +57,12 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.scaling = rope_inv_freq(hf_config)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D] in ``dtype`` for positions [T] (angles computed in float32)."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.scaling).to(q.dtype)[:, None, :]  # [T, 1, D]
-        sin = (emb.sin() * self.scaling).to(q.dtype)[:, None, :]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        return (emb.cos() * self.scaling).to(dtype)[:, None, :], (emb.sin() * self.scaling).to(dtype)[:, None, :]
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin(positions, q.dtype)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

@@ -16,7 +16,7 @@ from torch import nn
 
 from minengine.layers.attention import paged_attention, write_kv
 from minengine.layers.norm import RMSNorm
-from minengine.layers.rotary import RotaryEmbedding
+from minengine.layers.rotary import RotaryEmbedding, apply_rotary
 from minengine.worker.forward_batch import ForwardBatch
 
 
@@ -39,19 +39,21 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: ForwardBatch,
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch,
                 kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x [T, hidden] -> [T, hidden]; writes this step's K/V into ``kv_cache`` before reading it."""
+        """x [T, hidden] -> [T, hidden]; ``rope`` = the step's (cos, sin) [T, 1, D]; writes this step's K/V
+        into ``kv_cache`` before reading it."""
         t = x.shape[0]
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotary(positions, q, k)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = kv_cache
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        o = paged_attention(q, k_cache, v_cache, batch, self.scale)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -66,7 +68,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = F.silu(self.gate_proj(x), inplace=True)  # in place: one [T, intermediate] buffer fewer
+        return self.down_proj(gate.mul_(self.up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -77,8 +80,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, positions, rotary, batch, kv_cache):
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, batch, kv_cache)
+    def forward(self, x, rope, batch, kv_cache):
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv_cache)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -122,8 +125,9 @@ class LlamaForCausalLM(nn.Module):
         ``kv_caches[l]`` is layer l's (k_cache, v_cache), each [num_blocks, block_size, Hkv, D].
         """
         x = self.model.embed_tokens(batch.input_ids)
+        rope = self.rotary.cos_sin(batch.positions, x.dtype)  # once per step, shared by the layers
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, batch.positions, self.rotary, batch, kv_cache)
+            x = layer(x, rope, batch, kv_cache)
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,99 +1,233 @@
-"""ForwardBatch: one step flattened into the tensors the model forward needs."""
+"""ForwardBatch: one step flattened into the tensors the model forward needs, built with numpy.
+
+The index arithmetic follows vLLM V1's ``GPUModelRunner._prepare_inputs``: a loop over the B scheduled
+requests reads their few numbers (start position, new tokens, sample?), and everything per token (positions,
+slot mapping) is computed by numpy on whole arrays, from block tables kept between steps (``BlockTable``).
+No Python loop runs over tokens or over blocks.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
 
+import numpy as np
 import torch
 
 from minengine.core.scheduler_output import SchedulerOutput
+from minengine.worker.block_table import BlockTable
+
+# Decodes are attended in groups of similar length, each padded to its longest member: a request joins the
+# group of a longer one when it needs at least DECODE_GROUP_MIN_FILL of that one's blocks (so at most ~1/4
+# of a group's gathered keys are padding), and a group gathers at most DECODE_GROUP_MAX_KEYS keys (so the
+# gathered K/V of one group stays in the CPU caches while it is attended).
+DECODE_GROUP_MIN_FILL = 0.75
+DECODE_GROUP_MAX_KEYS = 16384
+
+
+@dataclass
+class DecodeGroup:
+    """Requests with one new token (decodes) attended together, their keys padded to one length.
+
+    Attributes:
+        first_row, num_requests: the group's query rows are ``first_row .. first_row + num_requests`` (the
+            batch is ordered so that every group is a slice).
+        block_ids: [n * num_blocks] int64, the blocks to gather, request after request; entries past a
+            request's own blocks are any valid block id (masked out).
+        num_blocks: blocks per request after padding; keys = num_blocks * block_size.
+        key_mask: [n, 1, 1, keys] bool, True for a request's own keys (positions < its seq_len).
+    """
+
+    first_row: int
+    num_requests: int
+    block_ids: torch.Tensor
+    num_blocks: int
+    key_mask: torch.Tensor
+
+
+@dataclass
+class PrefillGroup:
+    """Requests with more than one new token and the same (q_len, seq_len), attended in one call.
+
+    Attributes:
+        first_row, num_requests, q_len: the group's query rows are ``first_row .. first_row + n * q_len``,
+            request after request.
+        seq_len: tokens of each request after the step; its new tokens sit at positions
+            ``seq_len - q_len .. seq_len - 1``.
+        block_ids: [n * cdiv(seq_len, block_size)] int64 blocks holding the keys, or None for prefills from
+            position 0 (q_len == seq_len), whose keys are exactly this step's own K/V rows.
+        mask: [q_len, seq_len] bool (True = visible) for chunks after cached context, None for the plain
+            causal triangle.
+    """
+
+    first_row: int
+    num_requests: int
+    q_len: int
+    seq_len: int
+    block_ids: torch.Tensor | None
+    mask: torch.Tensor | None
 
 
 @dataclass
 class ForwardBatch:
     """A step's tokens, flattened over requests (no padding), with the attention metadata.
 
-    T = total new tokens of the step, B = scheduled requests, S = requests that sample this step.
+    T = total new tokens of the step, B = scheduled requests, S = requests that sample this step. The B
+    requests are laid out in *batch order*, not the scheduler's: decodes first, longest first, then prefill
+    chunks grouped by shape, so that every attention group is a contiguous slice of rows (vLLM reorders its
+    persistent batch the same way for its decode kernels). Every per-token op is order-free;
+    ``logits_indices`` maps back to the scheduler's order.
 
     Attributes:
-        input_ids: [T] int64, the new tokens, request after request.
+        input_ids: [T] int64, the new tokens, request after request (batch order).
         positions: [T] int64, each token's position in its own request.
         slot_mapping: [T] int64, ``block_id * block_size + position % block_size``: where its K/V is written.
-        block_tables: [B, max_blocks] int32, physical block ids per request, padded with 0 (never read).
-        query_start_loc: [B + 1] int32, prefix sums of the new tokens per request.
-        seq_lens: [B] int32, tokens with K/V in the cache after this step (context + new).
-        logits_indices: [S] int64, rows of the last new token of each sampling request; only these rows go
-            through the LM head, so intermediate prefill chunks cost no logits.
-        block_tables_list, query_start_loc_list, seq_lens_list: the same as Python lists, for the CPU
-            reference attention (no device sync).
-        single_query_rows: [N1] int64, rows of requests with exactly one new token (decodes, 1-token chunks).
-            Their attention is one batched call: a single query sees every cached key of its own request.
-        single_query_slots: [N1, L] int64, cache slots of keys 0..L-1 of each such request (L = its longest
-            seq_len); single_query_mask: [N1, L] bool, True for a request's own keys, False for padding.
-        multi_query_requests: indices (into the B requests) of those with more than one new token (prefill
-            chunks), attended one request at a time.
+        query_start_loc: [B + 1] int32, prefix sums of the new tokens per request (batch order).
+        seq_lens: [B] int32, tokens with K/V in the cache after this step (context + new), batch order.
+        logits_indices: [S] int64, the row of the last new token of each sampling request, in the
+            scheduler's order of the sampling requests; only these rows go through the LM head, so
+            intermediate prefill chunks cost no logits.
+        batch_order: [B] int64 numpy, the scheduler index of each request in batch order.
+        first_rows: [B] int64 numpy, per request in the scheduler's order, the row of its first new token.
+        block_size: tokens per KV block.
+        block_tables: [B, max_blocks] int32 physical block ids per request in batch order (entries past a
+            request's blocks are never read), for the Triton kernel; None when built for the torch attention.
+        decode_groups, prefill_groups: the torch attention's plan (``layers/attention.py``), computed once
+            per step and shared by every layer.
+        num_decodes: requests with exactly one new token (the first ``num_decodes`` in batch order).
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     slot_mapping: torch.Tensor
-    block_tables: torch.Tensor
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     logits_indices: torch.Tensor
-    block_tables_list: list[list[int]]
-    query_start_loc_list: list[int]
-    seq_lens_list: list[int]
-    single_query_rows: torch.Tensor
-    single_query_slots: torch.Tensor
-    single_query_mask: torch.Tensor
-    multi_query_requests: list[int]
+    batch_order: np.ndarray
+    first_rows: np.ndarray
+    block_size: int
+    block_tables: torch.Tensor | None = None
+    decode_groups: list[DecodeGroup] = field(default_factory=list)
+    prefill_groups: list[PrefillGroup] = field(default_factory=list)
+    num_decodes: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.shape[0]
 
     @classmethod
-    def build(cls, scheduler_output: SchedulerOutput, block_size: int, device: torch.device) -> ForwardBatch:
-        input_ids, positions, slots = [], [], []
-        block_tables, starts, seq_lens, logits_indices = [], [0], [], []
-        for s in scheduler_output.scheduled:
-            input_ids.extend(s.token_ids)
-            pos = range(s.start_pos, s.seq_len)
-            positions.extend(pos)
-            slots.extend(s.block_ids[p // block_size] * block_size + p % block_size for p in pos)
-            block_tables.append(s.block_ids)
-            starts.append(starts[-1] + s.num_new_tokens)
-            seq_lens.append(s.seq_len)
-            if s.sample:
-                logits_indices.append(starts[-1] - 1)
-        width = max(len(b) for b in block_tables)
-        padded = [b + [0] * (width - len(b)) for b in block_tables]
+    def build(cls, scheduler_output: SchedulerOutput, block_size: int, device: torch.device | str = "cpu",
+              block_table: BlockTable | None = None, for_triton: bool = False) -> ForwardBatch:
+        """Flatten a (non-empty) step.
 
-        def t(x, dtype):
-            return torch.tensor(x, dtype=dtype, device=device)
+        Args:
+            scheduler_output: the step.
+            block_size: tokens per KV block.
+            device: where the tensors go.
+            block_table: the runner's persistent ``BlockTable`` (updated here); None builds a throwaway one.
+            for_triton: build ``block_tables`` for the Triton kernel instead of the torch attention's groups.
+        """
+        scheduled = scheduler_output.scheduled
+        if block_table is None:
+            block_table = BlockTable()
+        rows = block_table.update(scheduler_output)
+        num_reqs = len(scheduled)
+        q_lens = np.fromiter((len(s.token_ids) for s in scheduled), np.int64, num_reqs)
+        starts = np.fromiter((s.start_pos for s in scheduled), np.int64, num_reqs)
+        sample = np.fromiter((s.sample for s in scheduled), np.bool_, num_reqs)
+        blocks_needed = -(-(starts + q_lens) // block_size)
 
-        single = [i for i, s in enumerate(scheduler_output.scheduled) if s.num_new_tokens == 1]
-        multi = [i for i, s in enumerate(scheduler_output.scheduled) if s.num_new_tokens > 1]
-        single_slots, single_mask = cls._single_query_slots(
-            [block_tables[i] for i in single], [seq_lens[i] for i in single], block_size, device)
-        return cls(
-            input_ids=t(input_ids, torch.long), positions=t(positions, torch.long), slot_mapping=t(slots, torch.long),
-            block_tables=t(padded, torch.int32), query_start_loc=t(starts, torch.int32),
-            seq_lens=t(seq_lens, torch.int32), logits_indices=t(logits_indices, torch.long),
-            block_tables_list=block_tables, query_start_loc_list=starts, seq_lens_list=seq_lens,
-            single_query_rows=t([starts[i] for i in single], torch.long), single_query_slots=single_slots,
-            single_query_mask=single_mask, multi_query_requests=multi,
-        )
+        # Batch order: decodes by blocks needed (descending), then prefill chunks grouped by (q_len, seq_len).
+        decodes = np.flatnonzero(q_lens == 1)
+        decodes = decodes[np.argsort(-blocks_needed[decodes], kind="stable")]
+        prefills = np.flatnonzero(q_lens > 1)
+        prefills = prefills[np.lexsort((starts[prefills] + q_lens[prefills], q_lens[prefills]))]
+        order = np.concatenate([decodes, prefills])
+        q_lens, starts, rows, blocks_needed = q_lens[order], starts[order], rows[order], blocks_needed[order]
+        seq_lens = starts + q_lens
 
-    @staticmethod
-    def _single_query_slots(block_tables: list[list[int]], seq_lens: list[int], block_size: int,
-                            device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slots of every key position 0..L-1 of each request ([N, L] int64) and the mask of real keys."""
-        if not block_tables:
-            return (torch.zeros((0, 0), dtype=torch.long, device=device),
-                    torch.zeros((0, 0), dtype=torch.bool, device=device))
-        max_len = max(seq_lens)
-        width = -(-max_len // block_size)
-        tables = torch.tensor([b[:width] + [0] * (width - len(b[:width])) for b in block_tables], dtype=torch.long,
-                              device=device)
-        pos = torch.arange(max_len, device=device)
-        slots = tables[:, pos // block_size] * block_size + pos % block_size
-        mask = pos[None, :] < torch.tensor(seq_lens, device=device)[:, None]
-        return slots, mask
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
+        np.cumsum(q_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        input_ids = np.fromiter(chain.from_iterable(scheduled[i].token_ids for i in order.tolist()), np.int64,
+                                num_tokens)
+        # Per token: its request, then its position = the request's start + its offset in the request's chunk.
+        req_of_token = np.repeat(np.arange(num_reqs), q_lens)
+        positions = np.arange(num_tokens) + np.repeat(starts - query_start_loc[:-1], q_lens)
+        table = block_table.table
+        slot_mapping = (table[rows[req_of_token], positions // block_size].astype(np.int64) * block_size
+                        + positions % block_size)
+        # The sampling requests in the scheduler's order -> the row of their last token in batch order.
+        where = np.empty(num_reqs, dtype=np.int64)
+        where[order] = np.arange(num_reqs)
+        logits_indices = query_start_loc[where[np.flatnonzero(sample)] + 1] - 1
+
+        def t(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
+
+        batch = cls(input_ids=t(input_ids, torch.long), positions=t(positions, torch.long),
+                    slot_mapping=t(slot_mapping, torch.long), query_start_loc=t(query_start_loc, torch.int32),
+                    seq_lens=t(seq_lens, torch.int32), logits_indices=t(logits_indices, torch.long),
+                    batch_order=order, first_rows=query_start_loc[where], block_size=block_size,
+                    num_decodes=len(decodes))
+        tables = table[rows, :int(blocks_needed.max())]
+        if for_triton:
+            batch.block_tables = t(tables, torch.int32)
+        else:
+            batch.decode_groups = _decode_groups(len(decodes), seq_lens, tables, blocks_needed, block_size, t)
+            batch.prefill_groups = _prefill_groups(len(decodes), q_lens, seq_lens, query_start_loc, tables,
+                                                   blocks_needed, t)
+        return batch
+
+
+def plan_decode_groups(num_blocks_desc: np.ndarray, block_size: int, min_fill: float = DECODE_GROUP_MIN_FILL,
+                       max_keys: int = DECODE_GROUP_MAX_KEYS) -> list[tuple[int, int]]:
+    """Cut requests sorted by blocks needed (descending) into [start, end) groups.
+
+    A group starts at its longest request and takes the following ones while they need at least
+    ``min_fill`` of its blocks and the group's padded keys stay within ``max_keys`` (at least one request
+    per group). O(groups) numpy searches, not a loop over requests.
+    """
+    groups, start, n = [], 0, len(num_blocks_desc)
+    ascending = num_blocks_desc[::-1]
+    while start < n:
+        longest = int(num_blocks_desc[start])
+        # Requests needing >= min_fill * longest blocks: a prefix of the descending order.
+        fits = n - int(np.searchsorted(ascending, min_fill * longest, side="left"))
+        cap = max(1, max_keys // (longest * block_size))
+        end = max(min(fits, start + cap), start + 1)
+        groups.append((start, end))
+        start = end
+    return groups
+
+
+def _decode_groups(num_decodes, seq_lens, tables, blocks_needed, block_size, t):
+    groups = []
+    for start, end in plan_decode_groups(blocks_needed[:num_decodes], block_size):
+        width = int(blocks_needed[start])
+        keys = np.arange(width * block_size)
+        groups.append(DecodeGroup(first_row=start, num_requests=end - start,
+                                  block_ids=t(tables[start:end, :width].reshape(-1), torch.long), num_blocks=width,
+                                  key_mask=t(keys[None, None, None, :] < seq_lens[start:end, None, None, None],
+                                             torch.bool)))
+    return groups
+
+
+def _prefill_groups(num_decodes, q_lens, seq_lens, query_start_loc, tables, blocks_needed, t):
+    groups = []
+    i, num_reqs = num_decodes, len(q_lens)
+    while i < num_reqs:  # requests of one shape are adjacent in batch order
+        q_len, seq_len = int(q_lens[i]), int(seq_lens[i])
+        end = i + 1
+        while end < num_reqs and q_lens[end] == q_len and seq_lens[end] == seq_len:
+            end += 1
+        block_ids = mask = None
+        if q_len != seq_len:
+            width = int(blocks_needed[i])
+            block_ids = t(tables[i:end, :width].reshape(-1), torch.long)
+            # Query j sits at position seq_len - q_len + j and sees keys 0..that position.
+            mask = t(np.arange(seq_len)[None, :] <= np.arange(seq_len - q_len, seq_len)[:, None], torch.bool)
+        groups.append(PrefillGroup(first_row=int(query_start_loc[i]), num_requests=end - i, q_len=q_len,
+                                   seq_len=seq_len, block_ids=block_ids, mask=mask))
+        i = end
+    return groups

@@ -6,7 +6,9 @@ import torch
 
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.models.llama import LlamaForCausalLM
+from minengine.worker.block_table import BlockTable
 from minengine.worker.forward_batch import ForwardBatch
+from minengine.worker.host_memory import retain_freed_memory
 from minengine.worker.sampler import Sampler, TokenLogprobs, compute_prompt_logprobs
 from minengine.worker.swap import CpuSwapSpace
 
@@ -26,20 +28,33 @@ class ModelRunner:
             [num_blocks, block_size, Hkv, D] in the model's dtype.
         seed: seed of the sampler's shared generator.
         num_swap_blocks: CPU swap-space blocks for swap preemption (0 = none).
+        attention_backend: "triton" (the paged-attention kernel; the default on CUDA when Triton is
+            installed) or "torch" (``paged_attention_reference``; the default elsewhere). None picks the default.
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
         last_logprobs: {request_id: TokenLogprobs} of the tokens the last ``execute`` sampled, for requests
             with ``logprobs``; last_prompt_logprobs: {request_id: (first prompt index, [TokenLogprobs])} of
             the prompt tokens its prefill chunks scored, for requests with ``prompt_logprobs``.
+        block_table: the running requests' block tables, kept between steps (``BlockTable``).
     """
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
-                 num_swap_blocks: int = 0):
+                 num_swap_blocks: int = 0, attention_backend: str | None = None):
         self.model = model
         self.block_size = block_size
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        if attention_backend is None:
+            from minengine.layers.triton_attention import triton_available
+
+            attention_backend = "triton" if self.device.type == "cuda" and triton_available() else "torch"
+        if attention_backend not in ("torch", "triton"):
+            raise ValueError(f"attention_backend must be 'torch' or 'triton', got {attention_backend!r}")
+        self.attention_backend = attention_backend
+        if self.device.type == "cpu":
+            retain_freed_memory()  # per-step temporaries would otherwise page-fault (worker/host_memory.py)
+        self.block_table = BlockTable()
         shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
@@ -62,11 +77,11 @@ class ModelRunner:
         self.last_logprobs, self.last_prompt_logprobs = {}, {}
         if scheduler_output.is_empty:
             return {}
-        batch = ForwardBatch.build(scheduler_output, self.block_size, self.device)
+        batch = self.prepare_inputs(scheduler_output)
         hidden = self.model(batch, self.kv_caches)
         if any(s.sampling_params.prompt_logprobs is not None for s in scheduler_output.scheduled):
             self.last_prompt_logprobs = compute_prompt_logprobs(
-                self.model.compute_logits, hidden, batch.query_start_loc_list[:-1], scheduler_output.scheduled)
+                self.model.compute_logits, hidden, batch.first_rows.tolist(), scheduler_output.scheduled)
         sampling = [s for s in scheduler_output.scheduled if s.sample]
         if not sampling:
             return {}
@@ -74,3 +89,8 @@ class ModelRunner:
         tokens = self.sampler(logits, sampling)
         self.last_logprobs = self.sampler.last_logprobs
         return {s.request_id: t for s, t in zip(sampling, tokens)}
+
+    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ForwardBatch:
+        """The step's ``ForwardBatch`` (host-side input preparation; updates the persistent block table)."""
+        return ForwardBatch.build(scheduler_output, self.block_size, self.device, self.block_table,
+                                  for_triton=self.attention_backend == "triton")
