@@ -118,34 +118,60 @@ def step_work(shape: ModelShape, chunks: list[tuple[int, int, bool]]) -> tuple[f
     return float(flops), float(weights + kv_read + kv_write + embed_rows)
 
 
-def run_work(shape: ModelShape, traces) -> tuple[float, float]:
-    """Total FLOPs and bytes of the steps an engine ran (its ``StepTrace`` list)."""
+def run_work(shape: ModelShape, traces, gflops: float | None = None,
+             gbytes_per_s: float | None = None) -> tuple[float, float, float | None]:
+    """Total FLOPs and bytes of the steps an engine ran (its ``StepTrace`` list), and, given the machine's
+    compute rate (GFLOP/s) and memory bandwidth (GB/s), the roofline time in seconds: the sum over steps of
+    max(FLOPs / rate, bytes / bandwidth) (Williams et al., "Roofline", CACM 2009), the least time the steps
+    could take on this machine."""
     flops = nbytes = 0.0
+    bound = 0.0 if gflops and gbytes_per_s else None
     for t in traces:
         f, b = step_work(shape, [(c.start_pos, c.num_tokens, c.sampled) for c in t.chunks])
         flops, nbytes = flops + f, nbytes + b
-    return flops, nbytes
+        if bound is not None:
+            bound += max(f / (gflops * 1e9), b / (gbytes_per_s * 1e9))
+    return flops, nbytes, bound
 
 
-def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 7) -> float:
-    """GFLOP/s of ``x @ w.T`` (what ``nn.Linear`` runs) on [rows, in] x the model's own weight shapes (one decoder
-    layer and the LM head) at the current thread count: each shape's median over ``repeats`` timed calls,
-    combined FLOP-weighted (total FLOPs / total median time)."""
+def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 5, min_batch_s: float = 0.03) -> float:
+    """GFLOP/s of ``x @ w.T`` (what ``nn.Linear`` runs) on [rows, in] x the model's own weight shapes (one
+    decoder layer and the LM head) at the current thread count. Each shape is timed in batches of calls that
+    last >= ``min_batch_s`` (so a descheduled thread on a shared machine is averaged over, not sampled), the
+    median of ``repeats`` batches is taken, and the shapes are combined FLOP-weighted (total FLOPs / total
+    median time)."""
     total_flops = total_time = 0.0
     for fan_in, fan_out in shape.linear_shapes() + [(shape.hidden, shape.vocab)]:
-        x = torch.randn(rows, fan_in)
-        w = torch.randn(fan_out, fan_in)
+        x, w = torch.randn(rows, fan_in), torch.randn(fan_out, fan_in)
         out = torch.empty(rows, fan_out)
-        for _ in range(3):
+        start = time.perf_counter()
+        calls = 0
+        while time.perf_counter() - start < min_batch_s or calls < 3:  # warm-up, and calibrates the batch
             torch.matmul(x, w.t(), out=out)
-        times = []
+            calls += 1
+        per_call = []
         for _ in range(repeats):
             t = time.perf_counter()
-            torch.matmul(x, w.t(), out=out)
-            times.append(time.perf_counter() - t)
+            for _ in range(calls):
+                torch.matmul(x, w.t(), out=out)
+            per_call.append((time.perf_counter() - t) / calls)
         total_flops += 2.0 * rows * fan_in * fan_out
-        total_time += statistics.median(times)
+        total_time += statistics.median(per_call)
     return total_flops / total_time / 1e9
+
+
+def measure_copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """GB/s of a large tensor copy (bytes read + bytes written per second) at the current thread count,
+    median of ``repeats`` (the memory roof of the roofline; a STREAM-copy-like number)."""
+    src = torch.ones(megabytes * 2**20 // 4)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # fault the pages in
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
 # ---- the systems ----------------------------------------------------------------------------------------
@@ -159,17 +185,18 @@ def engine_kwargs(threads: int | None) -> dict:
 
 def run_minengine(model: str, work, max_num_batched_tokens: int, threads: int | None = None):
     """A fresh engine (so no prefix-cache hits from an earlier repeat), a 2-request warm-up, then the workload.
-    Returns (seconds, output token ids per request, the engine's step traces of the timed run)."""
+    Returns (wall seconds, process CPU seconds, output token ids per request, the engine's step traces of
+    the timed run)."""
     llm = LLM(model, max_model_len=1024, max_num_seqs=len(work), max_num_batched_tokens=max_num_batched_tokens,
               **engine_kwargs(threads))
     prompts = [{"prompt_token_ids": p} for p, _ in work]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
     llm.llm_engine.reset_stats()
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - t
-    return elapsed, [o.outputs[0].token_ids for o in outs], list(llm.llm_engine.traces)
+    elapsed, cpu = time.perf_counter() - t, time.process_time() - c
+    return elapsed, cpu, [o.outputs[0].token_ids for o in outs], list(llm.llm_engine.traces)
 
 
 def load_hf(model_dir: str):
@@ -178,13 +205,14 @@ def load_hf(model_dir: str):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def run_hf_static(model, work, batch_size: int) -> tuple[float, list[list[int]]]:
+def run_hf_static(model, work, batch_size: int) -> tuple[float, float, list[list[int]]]:
     """transformers ``generate`` on left-padded batches; each batch runs to its longest max_tokens and each
-    request keeps only its own first max_tokens tokens (the rest is the waste static batching pays)."""
+    request keeps only its own first max_tokens tokens (the rest is the waste static batching pays).
+    Returns (wall seconds, process CPU seconds, output token ids per request)."""
     outs: list[list[int]] = []
     with torch.no_grad():  # warm-up
         model.generate(torch.tensor([work[0][0][:8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     for i in range(0, len(work), batch_size):
         chunk = work[i:i + batch_size]
         width = max(len(p) for p, _ in chunk)
@@ -194,7 +222,7 @@ def run_hf_static(model, work, batch_size: int) -> tuple[float, list[list[int]]]
             gen = model.generate(ids, attention_mask=mask, max_new_tokens=max(n for _, n in chunk), do_sample=False,
                                  eos_token_id=None, pad_token_id=0)
         outs += [gen[j, width:width + n].tolist() for j, (_, n) in enumerate(chunk)]
-    return time.perf_counter() - t, outs
+    return time.perf_counter() - t, time.process_time() - c, outs
 
 
 def run_hf_continuous(model, work) -> tuple[float, list[list[int]]]:
@@ -293,21 +321,24 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for threads in a.threads:
         torch.set_num_threads(threads)
-        roof = measure_matmul_roof(shape, a.max_num_batched_tokens)
-        me_times, hf_times = [], []
-        for _ in range(a.repeats):
-            t, me, traces = run_minengine(model_dir, work, a.max_num_batched_tokens, threads)
-            me_times.append(t)
-            t, st = run_hf_static(hf, work, a.static_batch_size)
-            hf_times.append(t)
-        flops, nbytes = run_work(shape, traces)
-        me_t, hf_t = statistics.median(me_times), statistics.median(hf_times)
-        row = {"threads": threads, "roof_gflops": roof, "minengine_s": me_t, "minengine_tok_s": n_out / me_t,
-               "minengine_runs_s": me_times, "hf_static_s": hf_t, "hf_static_tok_s": n_out / hf_t,
-               "hf_static_runs_s": hf_times, "speedup_vs_hf_static": hf_t / me_t,
-               "outputs_equal": sum(o == m for o, m in zip(st, me)), "num_requests": len(work),
-               "gflop": flops / 1e9, "gbytes": nbytes / 1e9, "achieved_gflops": flops / me_t / 1e9,
-               "roof_fraction": flops / me_t / 1e9 / roof, "num_steps": len(traces)}
+        roof, bandwidth = measure_matmul_roof(shape, a.max_num_batched_tokens), measure_copy_bandwidth()
+        me_runs, hf_runs = [], []
+        for _ in range(a.repeats):  # alternate, so that a burst of load on the machine hits both
+            t, cpu, me, traces = run_minengine(model_dir, work, a.max_num_batched_tokens, threads)
+            me_runs.append((t, cpu))
+            t, cpu, st = run_hf_static(hf, work, a.static_batch_size)
+            hf_runs.append((t, cpu))
+        flops, nbytes, bound = run_work(shape, traces, roof, bandwidth)
+        me_t, hf_t = statistics.median(t for t, _ in me_runs), statistics.median(t for t, _ in hf_runs)
+        me_cpu, hf_cpu = statistics.median(c for _, c in me_runs), statistics.median(c for _, c in hf_runs)
+        row = {"threads": threads, "roof_gflops": roof, "copy_gbytes_per_s": bandwidth,
+               "minengine_s": me_t, "minengine_cpu_s": me_cpu, "minengine_tok_s": n_out / me_t,
+               "minengine_runs_s": [t for t, _ in me_runs], "hf_static_s": hf_t, "hf_static_cpu_s": hf_cpu,
+               "hf_static_tok_s": n_out / hf_t, "hf_static_runs_s": [t for t, _ in hf_runs],
+               "speedup_vs_hf_static": hf_t / me_t, "outputs_equal": sum(o == m for o, m in zip(st, me)),
+               "num_requests": len(work), "gflop": flops / 1e9, "gbytes": nbytes / 1e9,
+               "achieved_gflops": flops / me_t / 1e9, "roof_fraction": flops / me_t / 1e9 / roof,
+               "roofline_s": bound, "roofline_fraction": bound / me_t, "num_steps": len(traces)}
         if not a.skip_continuous and threads == a.threads[0]:
             try:
                 t, cb = run_hf_continuous(hf, work)
@@ -317,16 +348,20 @@ def main(argv: list[str] | None = None) -> dict:
                 print(f"transformers continuous batching failed: {type(exc).__name__}: {exc}")
         rows.append(row)
 
-    print(f"\n{'threads':>7} {'roof GFLOP/s':>12} {'minengine tok/s':>15} {'hf static tok/s':>15} {'ratio':>6} "
-          f"{'equal':>7} {'GFLOP':>7} {'GB':>6} {'GFLOP/s':>8} {'of roof':>7}")
+    print(f"\n{'threads':>7} {'roof GFLOP/s':>12} {'copy GB/s':>9} {'minengine tok/s':>15} {'hf static tok/s':>15} "
+          f"{'ratio':>6} {'equal':>7} {'GFLOP':>7} {'GB':>6} {'GFLOP/s':>8} {'of roof':>7} {'of roofline':>11}")
     for r in rows:
-        print(f"{r['threads']:>7} {r['roof_gflops']:>12.1f} {r['minengine_tok_s']:>15.1f} {r['hf_static_tok_s']:>15.1f} "
-              f"{r['speedup_vs_hf_static']:>5.2f}x {r['outputs_equal']:>3}/{r['num_requests']:<3} {r['gflop']:>7.1f} "
-              f"{r['gbytes']:>6.2f} {r['achieved_gflops']:>8.1f} {100 * r['roof_fraction']:>6.1f}%")
+        print(f"{r['threads']:>7} {r['roof_gflops']:>12.1f} {r['copy_gbytes_per_s']:>9.1f} "
+              f"{r['minengine_tok_s']:>15.1f} {r['hf_static_tok_s']:>15.1f} {r['speedup_vs_hf_static']:>5.2f}x "
+              f"{r['outputs_equal']:>3}/{r['num_requests']:<3} {r['gflop']:>7.1f} {r['gbytes']:>6.2f} "
+              f"{r['achieved_gflops']:>8.1f} {100 * r['roof_fraction']:>6.1f}% "
+              f"{100 * r['roofline_fraction']:>10.1f}%")
         if "hf_continuous_s" in r:
             print(f"{'':>7} transformers continuous batching: {r['hf_continuous_tok_s']:.1f} tok/s (minengine "
                   f"{r['speedup_vs_hf_continuous']:.2f}x), outputs equal {r['continuous_outputs_equal']}/{len(work)}")
-    print(f"(medians of {a.repeats} alternating runs; load average at the end {machine_info()['load_average']})")
+    print(f"(medians of {a.repeats} alternating runs; 'of roof' = achieved GFLOP/s / the matmul roof; 'of roofline' ="
+          f" the steps' roofline time (max of FLOPs/roof, bytes/copy bandwidth per step) / the measured time; "
+          f"load average at the end {machine_info()['load_average']})")
     result = {"model": a.model or "bundled", "machine": info, "malloc_tuned": malloc_tuned,
               "settings": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(a).items()},
               "num_output_tokens": n_out, "rows": rows}
