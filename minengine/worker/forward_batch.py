@@ -202,14 +202,18 @@ def plan_decode_groups(num_blocks_desc: np.ndarray, block_size: int, min_fill: f
 
 
 def _decode_groups(num_decodes, seq_lens, tables, blocks_needed, block_size, t):
+    if num_decodes == 0:
+        return []
+    # One conversion for all decodes; each group is then a slice (the mask a strided view, no copy).
+    width = int(blocks_needed[0])  # the longest decode comes first
+    block_ids = t(tables[:num_decodes, :width], torch.long)
+    key_mask = t(np.arange(width * block_size)[None, :] < seq_lens[:num_decodes, None], torch.bool)
     groups = []
     for start, end in plan_decode_groups(blocks_needed[:num_decodes], block_size):
-        width = int(blocks_needed[start])
-        keys = np.arange(width * block_size)
+        w = int(blocks_needed[start])
         groups.append(DecodeGroup(first_row=start, num_requests=end - start,
-                                  block_ids=t(tables[start:end, :width].reshape(-1), torch.long), num_blocks=width,
-                                  key_mask=t(keys[None, None, None, :] < seq_lens[start:end, None, None, None],
-                                             torch.bool)))
+                                  block_ids=block_ids[start:end, :w].reshape(-1), num_blocks=w,
+                                  key_mask=key_mask[start:end, None, None, :w * block_size]))
     return groups
 
 
