@@ -129,7 +129,7 @@ class LLMEngine:
                                    policy_settings=settings, preemption_mode=config.preemption_mode,
                                    swap_space_blocks=swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks)
         self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
-                                  num_swap_blocks=swap_blocks)
+                                  num_swap_blocks=swap_blocks, max_num_seqs=config.max_num_seqs)
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
         self._past_metrics: list[RequestMetrics] = []  # finished requests whose id was used again

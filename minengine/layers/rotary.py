@@ -29,7 +29,10 @@ def rope_inv_freq(hf_config) -> tuple[torch.Tensor, float]:
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"unknown rope_type {rope_type!r}")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    # On CPU even when the model is being built under ``torch.device("meta")`` (the loader does): the
+    # initialisers compute with real numbers and would fail on meta tensors.
+    with torch.device("cpu"):
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
     return inv_freq.float(), float(scaling)
 
 

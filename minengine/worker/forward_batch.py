@@ -213,7 +213,7 @@ def _decode_groups(num_decodes, seq_lens, tables, blocks_needed, block_size, t):
         w = int(blocks_needed[start])
         groups.append(DecodeGroup(first_row=start, num_requests=end - start,
                                   block_ids=block_ids[start:end, :w].reshape(-1), num_blocks=w,
-                                  key_mask=key_mask[start:end, None, None, :w * block_size]))
+                                  key_mask=key_mask[start:end, None, None, :w * block_size].contiguous()))
     return groups
 
 

@@ -7,6 +7,7 @@ import torch
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.models.llama import LlamaForCausalLM
 from minengine.worker.block_table import BlockTable
+from minengine.worker.cuda_graphs import DecodeGraphs, capture_sizes_for
 from minengine.worker.forward_batch import ForwardBatch
 from minengine.worker.host_memory import retain_freed_memory
 from minengine.worker.sampler import Sampler, TokenLogprobs, compute_prompt_logprobs
@@ -25,11 +26,15 @@ class ModelRunner:
     Args:
         model: the loaded model.
         num_blocks, block_size: shape of the KV pool; each layer gets a K and a V tensor of
-            [num_blocks, block_size, Hkv, D] in the model's dtype.
+            [num_blocks, block_size, Hkv, D] in the model's dtype (one block more with ``cuda_graphs``).
         seed: seed of the sampler's shared generator.
         num_swap_blocks: CPU swap-space blocks for swap preemption (0 = none).
         attention_backend: "triton" (the paged-attention kernel; the default on CUDA when Triton is
             installed) or "torch" (``paged_attention_reference``; the default elsewhere). None picks the default.
+        cuda_graphs: replay decode-only steps from CUDA graphs (``worker/cuda_graphs.py``); None = on for CUDA
+            with the Triton attention. True on a CPU runs the same padded static-buffer path eagerly (tests).
+            Needs the Triton attention; one extra KV block is allocated as the padding rows' sink.
+        max_num_seqs: the largest decode batch a graph is captured for (larger steps run eagerly).
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
@@ -40,7 +45,8 @@ class ModelRunner:
     """
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
-                 num_swap_blocks: int = 0, attention_backend: str | None = None):
+                 num_swap_blocks: int = 0, attention_backend: str | None = None, cuda_graphs: bool | None = None,
+                 max_num_seqs: int = 512):
         self.model = model
         self.block_size = block_size
         p = next(model.parameters())
@@ -55,7 +61,12 @@ class ModelRunner:
         if self.device.type == "cpu":
             retain_freed_memory()  # per-step temporaries would otherwise page-fault (worker/host_memory.py)
         self.block_table = BlockTable()
-        shape = (num_blocks, block_size, model.num_kv_heads, model.head_dim)
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda" and attention_backend == "triton"
+        if cuda_graphs and attention_backend != "triton":
+            raise ValueError("cuda_graphs needs attention_backend='triton'")
+        # The graphs' padding rows write into one extra block that the scheduler never hands out.
+        shape = (num_blocks + (1 if cuda_graphs else 0), block_size, model.num_kv_heads, model.head_dim)
         self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                            torch.zeros(shape, dtype=self.dtype, device=self.device))
                           for _ in model.model.layers]
@@ -65,6 +76,12 @@ class ModelRunner:
         self.last_swap_time_s = 0.0
         self.last_logprobs: dict[str, TokenLogprobs] = {}
         self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
+        self.graphs = None
+        if cuda_graphs:
+            max_blocks = min(num_blocks, -(-model.config.max_position_embeddings // block_size))
+            self.graphs = DecodeGraphs(model, self.kv_caches, block_size, max_blocks, pad_block=num_blocks,
+                                       sizes=capture_sizes_for(max_num_seqs), capture=self.device.type == "cuda")
+            self.graphs.capture_all()  # at start-up, not in the middle of serving (a no-op without CUDA)
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
@@ -78,7 +95,12 @@ class ModelRunner:
         if scheduler_output.is_empty:
             return {}
         batch = self.prepare_inputs(scheduler_output)
-        hidden = self.model(batch, self.kv_caches)
+        if self.graphs is not None and self.graphs.supports(batch):
+            hidden = self.graphs.run(batch)
+        else:
+            if self.graphs is not None:
+                self.graphs.num_eager_fallbacks += 1
+            hidden = self.model(batch, self.kv_caches)
         if any(s.sampling_params.prompt_logprobs is not None for s in scheduler_output.scheduled):
             self.last_prompt_logprobs = compute_prompt_logprobs(
                 self.model.compute_logits, hidden, batch.first_rows.tolist(), scheduler_output.scheduled)
