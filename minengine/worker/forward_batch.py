@@ -126,8 +126,13 @@ class ForwardBatch:
             device: where the tensors go.
             block_table: the runner's persistent ``BlockTable`` (updated here); None builds a throwaway one.
             for_triton: build ``block_tables`` for the Triton kernel instead of the torch attention's groups.
+
+        Raises:
+            ValueError: an empty step (the runner skips those).
         """
         scheduled = scheduler_output.scheduled
+        if not scheduled:
+            raise ValueError("ForwardBatch.build needs a step with at least one scheduled request")
         if block_table is None:
             block_table = BlockTable()
         rows = block_table.update(scheduler_output)
