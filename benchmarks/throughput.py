@@ -26,7 +26,6 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,6 +34,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks.*` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minengine import LLM, SamplingParams  # noqa: E402
+from minengine.timing import Hardware, ModelShape, StepCostModel, StepWork  # noqa: E402
 from minengine.worker.host_memory import retain_freed_memory  # noqa: E402
 
 
@@ -60,78 +60,35 @@ def make_workload(vocab: int, n: int, seed: int, prompt_lens: tuple[int, int] = 
 
 
 # ---- counting the work ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelShape:
-    """The dimensions that set a Llama-family step's FLOPs and bytes."""
-
-    layers: int
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    itemsize: int = 4  # float32
-
-    @classmethod
-    def from_hf_config(cls, cfg, itemsize: int = 4) -> ModelShape:
-        heads = cfg.num_attention_heads
-        return cls(layers=cfg.num_hidden_layers, hidden=cfg.hidden_size, intermediate=cfg.intermediate_size,
-                   heads=heads, kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads, vocab=cfg.vocab_size,
-                   itemsize=itemsize)
-
-    def linear_shapes(self) -> list[tuple[int, int]]:
-        """(in_features, out_features) of one decoder layer's projections: q, k, v, o, gate, up, down."""
-        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
-        return [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
-
-    @property
-    def layer_params(self) -> int:
-        return sum(a * b for a, b in self.linear_shapes())
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """K and V of one token in all layers."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.itemsize
+# FLOPs and bytes per step come from the step cost model (minengine/timing/cost_model.py): linear layers for
+# every new token, causal attention pairs, the LM head for sampling rows only; weights read once per step, K/V
+# read for every visible key and written for every new token. Given this machine's measured matmul rate and
+# copy bandwidth as a ``Hardware`` (efficiencies 1, no overhead), its ``time_s`` is the step's roofline time.
+def model_shape(model_dir: str, dtype_bytes: int = 4) -> ModelShape:
+    return ModelShape.from_hf_config(model_dir, dtype_bytes=dtype_bytes)
 
 
-def step_work(shape: ModelShape, chunks: list[tuple[int, int, bool]]) -> tuple[float, float]:
-    """FLOPs and bytes of one step that computes ``chunks`` = [(start_pos, num_new_tokens, sample)].
-
-    FLOPs (a multiply-add = 2): the decoder's projections for every new token, the LM head for sampling
-    requests only, and causal attention (QK^T and PV: 4 * Hq * D per visible key and layer; a token at
-    position p sees p + 1 keys). Norms, RoPE and the softmax are left out (a few % at these sizes).
-    Bytes (the roofline's minimum traffic): every weight once per step (the embedding: only the rows read),
-    every visible key and value once per request per layer, and this step's new K/V written once.
-    """
-    tokens = sum(n for _, n, _ in chunks)
-    sampled = sum(1 for _, _, s in chunks if s)
-    # sum over the new tokens of (p + 1) = keys seen, for p in [start, start + n)
-    keys_seen = sum(n * (2 * start + n + 1) // 2 for start, n, _ in chunks)
-    flops = (2 * tokens * shape.layers * shape.layer_params + 2 * sampled * shape.hidden * shape.vocab
-             + 4 * shape.heads * shape.head_dim * shape.layers * keys_seen)
-    weights = (shape.layers * shape.layer_params + shape.hidden * shape.vocab) * shape.itemsize
-    kv_read = sum(start + n for start, n, _ in chunks) * shape.kv_bytes_per_token
-    kv_write = tokens * shape.kv_bytes_per_token
-    embed_rows = tokens * shape.hidden * shape.itemsize
-    return float(flops), float(weights + kv_read + kv_write + embed_rows)
+def linear_shapes(shape: ModelShape) -> list[tuple[int, int]]:
+    """(in_features, out_features) of one decoder layer's projections (q, k, v, o, gate, up, down) and the
+    LM head: the GEMMs whose rate is this machine's roof for the model."""
+    h, i = shape.hidden_size, shape.intermediate_size
+    return [(h, shape.q_size), (h, shape.kv_size), (h, shape.kv_size), (shape.q_size, h), (h, i), (h, i), (i, h),
+            (h, shape.vocab_size)]
 
 
-def run_work(shape: ModelShape, traces, gflops: float | None = None,
-             gbytes_per_s: float | None = None) -> tuple[float, float, float | None]:
-    """Total FLOPs and bytes of the steps an engine ran (its ``StepTrace`` list), and, given the machine's
-    compute rate (GFLOP/s) and memory bandwidth (GB/s), the roofline time in seconds: the sum over steps of
-    max(FLOPs / rate, bytes / bandwidth) (Williams et al., "Roofline", CACM 2009), the least time the steps
-    could take on this machine."""
-    flops = nbytes = 0.0
-    bound = 0.0 if gflops and gbytes_per_s else None
-    for t in traces:
-        f, b = step_work(shape, [(c.start_pos, c.num_tokens, c.sampled) for c in t.chunks])
-        flops, nbytes = flops + f, nbytes + b
-        if bound is not None:
-            bound += max(f / (gflops * 1e9), b / (gbytes_per_s * 1e9))
-    return flops, nbytes, bound
+def measured_hardware(gflops: float, gbytes_per_s: float) -> Hardware:
+    return Hardware(name="this machine (measured)", peak_flops=gflops * 1e9, memory_bandwidth=gbytes_per_s * 1e9,
+                    mfu=1.0, mbu=1.0, step_overhead_s=0.0, combine="max",
+                    source="matmul roof and copy bandwidth measured in this run")
+
+
+def run_work(shape: ModelShape, traces, gflops: float, gbytes_per_s: float) -> tuple[float, float, float]:
+    """Total FLOPs and bytes of the steps an engine ran (its ``StepTrace`` list), and their roofline time in
+    seconds on this machine (per step max(FLOPs / rate, bytes / bandwidth); Williams et al., "Roofline",
+    CACM 2009): the least time these steps could take here."""
+    model = StepCostModel(measured_hardware(gflops, gbytes_per_s), shape)
+    costs = [model.cost(StepWork.from_step_trace(t)) for t in traces]
+    return sum(c.flops for c in costs), sum(c.bytes for c in costs), sum(c.time_s for c in costs)
 
 
 def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 5, min_batch_s: float = 0.03) -> float:
@@ -141,7 +98,7 @@ def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 5, min_batc
     median of ``repeats`` batches is taken, and the shapes are combined FLOP-weighted (total FLOPs / total
     median time)."""
     total_flops = total_time = 0.0
-    for fan_in, fan_out in shape.linear_shapes() + [(shape.hidden, shape.vocab)]:
+    for fan_in, fan_out in linear_shapes(shape):
         x, w = torch.randn(rows, fan_in), torch.randn(fan_out, fan_in)
         out = torch.empty(rows, fan_out)
         start = time.perf_counter()
@@ -184,14 +141,17 @@ def engine_kwargs(threads: int | None) -> dict:
 
 
 def run_minengine(model: str, work, max_num_batched_tokens: int, threads: int | None = None):
-    """A fresh engine (so no prefix-cache hits from an earlier repeat), a 2-request warm-up, then the workload.
+    """A fresh engine (no prefix-cache hits from an earlier repeat), a 2-request warm-up, then the workload.
     Returns (wall seconds, process CPU seconds, output token ids per request, the engine's step traces of
     the timed run)."""
     llm = LLM(model, max_model_len=1024, max_num_seqs=len(work), max_num_batched_tokens=max_num_batched_tokens,
               **engine_kwargs(threads))
     prompts = [{"prompt_token_ids": p} for p, _ in work]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
-    llm.generate(prompts[:2], params[:2], use_tqdm=False)  # warm-up
+    # Warm-up on prompts of the workload's lengths but other tokens: the workload's own would leave their
+    # blocks in the prefix cache and the timed run would skip their prefill.
+    warm = [{"prompt_token_ids": [1 + (t + 1) % 2 for t in p["prompt_token_ids"]]} for p in prompts[:2]]
+    llm.generate(warm, params[:2], use_tqdm=False)
     llm.llm_engine.reset_stats()
     t, c = time.perf_counter(), time.process_time()
     outs = llm.generate(prompts, params, use_tqdm=False)
@@ -309,11 +269,11 @@ def main(argv: list[str] | None = None) -> dict:
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model_dir)
-    shape = ModelShape.from_hf_config(cfg)
+    shape = model_shape(model_dir)
     work = make_workload(cfg.vocab_size, a.num_requests, a.seed, a.prompt_len, a.output_len)
     n_out = sum(n for _, n in work)
     info = machine_info()
-    print(f"model {a.model or 'bundled'} ({shape.layers * shape.layer_params / 1e6:.1f} M decoder params) | "
+    print(f"model {a.model or 'bundled'} ({shape.num_params / 1e6:.1f} M params) | "
           f"{a.num_requests} requests, prompts {a.prompt_len[0]}-{a.prompt_len[1]}, outputs "
           f"{a.output_len[0]}-{a.output_len[1]} ({n_out} output tokens) | {info['cpu']}, {info['cores']} cores, "
           f"torch {info['torch']} | malloc retains freed memory: {malloc_tuned} | load average {info['load_average']}")

@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.throughput import ModelShape, make_workload, step_work  # noqa: E402
+from benchmarks.throughput import make_workload, measured_hardware  # noqa: E402
 from minengine import LLM, SamplingParams  # noqa: E402
+from minengine.timing import ModelShape, StepCostModel, StepWork  # noqa: E402
 
 # Shapes from the public configs (hidden sizes, heads, layers, vocab, RoPE); the weights are random.
 SHAPES = {
@@ -211,7 +212,7 @@ def triton_check(shape: ModelShape, dtype: torch.dtype, device: str, seed: int, 
     from minengine.layers.triton_attention import triton_paged_attention
 
     gen = torch.Generator().manual_seed(seed)
-    bs = 16
+    bs, heads, kv_heads, head_dim = 16, shape.num_heads, shape.num_kv_heads, shape.head_dim
     requests = [(0, 17), (40, 1), (33, 9), (0, 1), (130, 1), (16, 16)] if tiny else \
         [(0, 300), (1000, 1), (500, 64), (0, 1), (2047, 1), (64, 128)] + [(int(x), 1) for x in
                                                                           torch.randint(1, 3000, (32,), generator=gen)]
@@ -224,13 +225,13 @@ def triton_check(shape: ModelShape, dtype: torch.dtype, device: str, seed: int, 
     for i, n in enumerate(nblocks):
         tables[i, :n] = perm[at:at + n].to(torch.int32)
         at += n
-    k_cache = torch.randn(pool, bs, shape.kv_heads, shape.head_dim, generator=gen).to(dtype)
-    v_cache = torch.randn(pool, bs, shape.kv_heads, shape.head_dim, generator=gen).to(dtype)
+    k_cache = torch.randn(pool, bs, kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(pool, bs, kv_heads, head_dim, generator=gen).to(dtype)
     q_lens = [q for _, q in requests]
-    query = torch.randn(sum(q_lens), shape.heads, shape.head_dim, generator=gen).to(dtype)
+    query = torch.randn(sum(q_lens), heads, head_dim, generator=gen).to(dtype)
     qsl = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     args = [x.to(device) for x in (query, k_cache, v_cache, tables, qsl, torch.tensor(seq, dtype=torch.int32))]
-    scale = shape.head_dim ** -0.5
+    scale = head_dim ** -0.5
     out = triton_paged_attention(*args, scale)
     ref = reference_attention(*args, scale)
     return float((out.double() - ref).abs().max())
@@ -256,7 +257,8 @@ def decode_sweep(name: str, path: str, a, device: str, bandwidth: float) -> list
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(path)
-    shape = ModelShape.from_hf_config(cfg, itemsize=2)
+    # Bytes per step from the step cost model (bf16 weights and KV); only the bandwidth side matters here.
+    cost_model = StepCostModel(measured_hardware(1e6, bandwidth), ModelShape.from_hf_config(path, dtype_bytes=2))
     max_b = max(a.batch_sizes)
     context = a.decode_context
     max_len = context + a.decode_steps + 64
@@ -288,11 +290,10 @@ def decode_sweep(name: str, path: str, a, device: str, bandwidth: float) -> list
                 t = time.perf_counter()
                 engine.step()  # ends with the sampled tokens on the host: a device sync
                 times.append(time.perf_counter() - t)
-                work.append(step_work(shape, [(c.start_pos, c.num_tokens, c.sampled)
-                                              for c in engine.traces[-1].chunks]))
+                work.append(cost_model.cost(StepWork.from_step_trace(engine.traces[-1])).bytes)
             engine.abort_request(ids)
             step_s = statistics.median(times)
-            nbytes = statistics.median(b_ for _, b_ in work)
+            nbytes = statistics.median(work)
             rows.append({"model": name, "batch": b, "mode": mode, "context": context, "step_ms": 1e3 * step_s,
                          "tok_s": b / step_s, "bytes_per_step": nbytes, "roofline_ms": 1e3 * nbytes / bandwidth / 1e9,
                          "roofline_fraction": nbytes / bandwidth / 1e9 / step_s})
@@ -388,12 +389,10 @@ def main(argv: list[str] | None = None) -> dict:
         paths[name] = make_model(name, spec, Path(tmp.name), device)
         log(f"built {name} in {time.perf_counter() - t:.1f} s")
 
-    from transformers import AutoConfig
-
     for name, path in paths.items():
         result["correctness"].append(correctness(name, path, a, device))
         log(f"correctness {name}: {result['correctness'][-1]}")
-        shape = ModelShape.from_hf_config(AutoConfig.from_pretrained(path))
+        shape = ModelShape.from_hf_config(path)
         for dtype in (torch.float32, torch.bfloat16):
             err = triton_check(shape, dtype, device, seed=3, tiny=a.tiny)
             result["triton"].append({"model": name, "dtype": str(dtype).removeprefix("torch."), "max_abs_err": err})
