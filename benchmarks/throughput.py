@@ -91,13 +91,15 @@ def run_work(shape: ModelShape, traces, gflops: float, gbytes_per_s: float) -> t
     return sum(c.flops for c in costs), sum(c.bytes for c in costs), sum(c.time_s for c in costs)
 
 
-def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 5, min_batch_s: float = 0.03) -> float:
+def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 7,
+                        min_batch_s: float = 0.03) -> tuple[float, float]:
     """GFLOP/s of ``x @ w.T`` (what ``nn.Linear`` runs) on [rows, in] x the model's own weight shapes (one
     decoder layer and the LM head) at the current thread count. Each shape is timed in batches of calls that
     last >= ``min_batch_s`` (so a descheduled thread on a shared machine is averaged over, not sampled), the
     median of ``repeats`` batches is taken, and the shapes are combined FLOP-weighted (total FLOPs / total
-    median time)."""
-    total_flops = total_time = 0.0
+    median time). Returns (per wall second, per second of this process's CPU time): the second holds still
+    when other processes take turns on the cores."""
+    total_flops = total_wall = total_cpu = 0.0
     for fan_in, fan_out in linear_shapes(shape):
         x, w = torch.randn(rows, fan_in), torch.randn(fan_out, fan_in)
         out = torch.empty(rows, fan_out)
@@ -106,15 +108,17 @@ def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 5, min_batc
         while time.perf_counter() - start < min_batch_s or calls < 3:  # warm-up, and calibrates the batch
             torch.matmul(x, w.t(), out=out)
             calls += 1
-        per_call = []
+        wall, cpu = [], []
         for _ in range(repeats):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 torch.matmul(x, w.t(), out=out)
-            per_call.append((time.perf_counter() - t) / calls)
+            wall.append((time.perf_counter() - t) / calls)
+            cpu.append((time.process_time() - c) / calls)
         total_flops += 2.0 * rows * fan_in * fan_out
-        total_time += statistics.median(per_call)
-    return total_flops / total_time / 1e9
+        total_wall += statistics.median(wall)
+        total_cpu += statistics.median(cpu)
+    return total_flops / total_wall / 1e9, total_flops / total_cpu / 1e9
 
 
 def measure_copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
@@ -281,7 +285,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = []
     for threads in a.threads:
         torch.set_num_threads(threads)
-        roof, bandwidth = measure_matmul_roof(shape, a.max_num_batched_tokens), measure_copy_bandwidth()
+        (roof, roof_cpu), bandwidth = measure_matmul_roof(shape, a.max_num_batched_tokens), measure_copy_bandwidth()
         me_runs, hf_runs = [], []
         for _ in range(a.repeats):  # alternate, so that a burst of load on the machine hits both
             t, cpu, me, traces = run_minengine(model_dir, work, a.max_num_batched_tokens, threads)
@@ -298,6 +302,7 @@ def main(argv: list[str] | None = None) -> dict:
                "speedup_vs_hf_static": hf_t / me_t, "outputs_equal": sum(o == m for o, m in zip(st, me)),
                "num_requests": len(work), "gflop": flops / 1e9, "gbytes": nbytes / 1e9,
                "achieved_gflops": flops / me_t / 1e9, "roof_fraction": flops / me_t / 1e9 / roof,
+               "roof_cpu_gflops": roof_cpu, "roof_fraction_cpu_time": flops / me_cpu / 1e9 / roof_cpu,
                "roofline_s": bound, "roofline_fraction": bound / me_t, "num_steps": len(traces)}
         if not a.skip_continuous and threads == a.threads[0]:
             try:
@@ -309,19 +314,22 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append(row)
 
     print(f"\n{'threads':>7} {'roof GFLOP/s':>12} {'copy GB/s':>9} {'minengine tok/s':>15} {'hf static tok/s':>15} "
-          f"{'ratio':>6} {'equal':>7} {'GFLOP':>7} {'GB':>6} {'GFLOP/s':>8} {'of roof':>7} {'of roofline':>11}")
+          f"{'ratio':>6} {'equal':>7} {'GFLOP':>7} {'GB':>6} {'GFLOP/s':>8} {'of roof':>7} {'of roofline':>11} "
+          f"{'CPU-time ratio':>14} {'of roof (CPU time)':>18}")
     for r in rows:
         print(f"{r['threads']:>7} {r['roof_gflops']:>12.1f} {r['copy_gbytes_per_s']:>9.1f} "
               f"{r['minengine_tok_s']:>15.1f} {r['hf_static_tok_s']:>15.1f} {r['speedup_vs_hf_static']:>5.2f}x "
               f"{r['outputs_equal']:>3}/{r['num_requests']:<3} {r['gflop']:>7.1f} {r['gbytes']:>6.2f} "
               f"{r['achieved_gflops']:>8.1f} {100 * r['roof_fraction']:>6.1f}% "
-              f"{100 * r['roofline_fraction']:>10.1f}%")
+              f"{100 * r['roofline_fraction']:>10.1f}% {r['hf_static_cpu_s'] / r['minengine_cpu_s']:>13.2f}x "
+              f"{100 * r['roof_fraction_cpu_time']:>17.1f}%")
         if "hf_continuous_s" in r:
             print(f"{'':>7} transformers continuous batching: {r['hf_continuous_tok_s']:.1f} tok/s (minengine "
                   f"{r['speedup_vs_hf_continuous']:.2f}x), outputs equal {r['continuous_outputs_equal']}/{len(work)}")
     print(f"(medians of {a.repeats} alternating runs; 'of roof' = achieved GFLOP/s / the matmul roof; 'of roofline' ="
-          f" the steps' roofline time (max of FLOPs/roof, bytes/copy bandwidth per step) / the measured time; "
-          f"load average at the end {machine_info()['load_average']})")
+          f" the steps' roofline time (max of FLOPs/roof, bytes/copy bandwidth per step) / the measured time; the "
+          f"CPU-time columns use this process's CPU seconds instead of wall seconds; load average at the end "
+          f"{machine_info()['load_average']})")
     result = {"model": a.model or "bundled", "machine": info, "malloc_tuned": malloc_tuned,
               "settings": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(a).items()},
               "num_output_tokens": n_out, "rows": rows}
