@@ -389,6 +389,11 @@ def main(argv: list[str] | None = None) -> dict:
         paths[name] = make_model(name, spec, Path(tmp.name), device)
         log(f"built {name} in {time.perf_counter() - t:.1f} s")
 
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every section, so a run cut short still leaves what it measured
+        a.out.write_text(json.dumps(result, indent=2))
+
     for name, path in paths.items():
         result["correctness"].append(correctness(name, path, a, device))
         log(f"correctness {name}: {result['correctness'][-1]}")
@@ -396,15 +401,15 @@ def main(argv: list[str] | None = None) -> dict:
         for dtype in (torch.float32, torch.bfloat16):
             err = triton_check(shape, dtype, device, seed=3, tiny=a.tiny)
             result["triton"].append({"model": name, "dtype": str(dtype).removeprefix("torch."), "max_abs_err": err})
+        save()
     bandwidth = copy_bandwidth(device, 64 if a.tiny else 1024)
     result["copy_gbytes_per_s"] = bandwidth
     first = next(iter(paths))
     result["decode"] = decode_sweep(first, paths[first], a, device, bandwidth)
+    save()
     result["throughput"] = throughput(first, paths[first], a, device)
-
+    save()
     print_table(result)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=2))
     log(f"wrote {a.out}")
     return result
 
