@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> dict:
             except Exception as exc:  # report, do not hide, a peer that failed to run
                 print(f"transformers continuous batching failed: {type(exc).__name__}: {exc}")
         rows.append(row)
+        if a.json:  # after every thread count, so a long sweep cut short keeps what it measured
+            a.json.write_text(json.dumps({"model": a.model or "bundled", "machine": info, "rows": rows}, indent=2))
 
     print(f"\n{'threads':>7} {'roof GFLOP/s':>12} {'copy GB/s':>9} {'minengine tok/s':>15} {'hf static tok/s':>15} "
           f"{'ratio':>6} {'equal':>7} {'GFLOP':>7} {'GB':>6} {'GFLOP/s':>8} {'of roof':>7} {'of roofline':>11} "
