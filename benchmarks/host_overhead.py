@@ -103,19 +103,22 @@ def make_figure(rows: list[dict]):
 
     fig = go.Figure()
     contexts = sorted({r["context"] for r in rows})
-    for context in contexts:
+    colors = ["#1f77b4", "#2ca02c", "#ff7f0e", "#d62728", "#9467bd", "#8c564b"]
+    for context, color in zip(contexts, colors * len(contexts)):
         rs = sorted((r for r in rows if r["context"] == context), key=lambda r: r["num_requests"])
         n = [r["num_requests"] for r in rs]
         fig.add_scatter(x=n, y=[r["schedule_update_ms"] for r in rs], mode="lines+markers",
-                        name=f"schedule + update, C={context}", line=dict(dash="solid"))
+                        name=f"schedule + update, C={context}", line=dict(dash="solid", color=color))
         fig.add_scatter(x=n, y=[r["prepare_torch_ms"] for r in rs], mode="lines+markers",
-                        name=f"input prep (torch), C={context}", line=dict(dash="dot"))
+                        name=f"input prep, CPU attention, C={context}", line=dict(dash="dot", color=color))
+        fig.add_scatter(x=n, y=[r["prepare_triton_ms"] for r in rs], mode="lines+markers",
+                        name=f"input prep, GPU (Triton), C={context}", line=dict(dash="dash", color=color))
     for n_ref, ms in ((256, 1.0), (1024, 4.0)):
         fig.add_scatter(x=[n_ref], y=[ms], mode="markers", marker=dict(symbol="x", size=12, color="black"),
                         name=f"target: {ms:g} ms at N={n_ref}")
     fig.update_layout(title="Host time per decode step vs running requests (1 thread)",
                       xaxis=dict(title="running decode requests N", type="log"),
-                      yaxis=dict(title="ms per step", type="log"), width=900, height=560)
+                      yaxis=dict(title="ms per step", type="log"), width=1000, height=600)
     return fig
 
 
