@@ -155,3 +155,29 @@ def test_empty_request_list_is_rejected_by_build():
 
     with pytest.raises(ValueError):
         ForwardBatch.build(SchedulerOutput(), BS)
+
+
+def test_prompt_logprobs_rows_follow_the_scheduler_order(bundled_model, bundled_prompts):
+    """A long prompt with prompt_logprobs prefills in chunks while a short request decodes in the same steps:
+    the decode goes first in batch order, so the chunk's rows must be mapped back (ForwardBatch.first_rows)."""
+    import torch
+
+    from minengine import LLM
+    from tests.conftest import hf_model
+
+    short, long = bundled_prompts[0][:3], bundled_prompts[-1][:60]
+    # The long prompt is admitted first and gets 8 tokens a step, so the short one is admitted beside it and
+    # decodes while the long one is still in its chunks: scheduler order [long chunk, short decode].
+    llm = LLM(bundled_model, max_model_len=256, max_num_batched_tokens=16, long_prefill_token_threshold=8,
+              enable_prefix_caching=False)
+    outs = llm.generate([{"prompt_token_ids": long}, {"prompt_token_ids": short}],
+                        [SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1),
+                         SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)], use_tqdm=False)
+    outs = outs[::-1]
+    assert any(t.chunks[0].num_tokens > 1 and t.num_decode_tokens for t in llm.llm_engine.traces)
+    with torch.no_grad():
+        logits = hf_model(bundled_model)(torch.tensor([long])).logits[0].float()
+    ref = torch.log_softmax(logits, -1)
+    pl = outs[1].prompt_logprobs
+    for i in range(1, len(long)):
+        assert pl[i][long[i]].logprob == pytest.approx(ref[i - 1, long[i]].item(), abs=1e-4)

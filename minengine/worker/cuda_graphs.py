@@ -93,7 +93,7 @@ class DecodeGraphs:
             self._batches[size] = ForwardBatch(
                 input_ids=self.input_ids[:size], positions=self.positions[:size],
                 slot_mapping=self.slot_mapping[:size], query_start_loc=self.query_start_loc[:size + 1],
-                seq_lens=self.seq_lens[:size], logits_indices=torch.arange(size), batch_order=None,
+                seq_lens=self.seq_lens[:size], logits_indices=torch.arange(size), batch_order=None, first_rows=None,
                 block_size=self.block_size, block_tables=self.block_tables[:size], num_decodes=size)
         return self._batches[size]
 
