@@ -4,8 +4,10 @@ For N running requests that all decode (contexts of C tokens), it times, per ste
   - ``Scheduler.schedule()`` + ``Scheduler.update_from_output()`` (the scheduler's host time; fake sampled tokens),
   - input preparation: ``ForwardBatch.build`` with the runner's persistent ``BlockTable``, for the torch attention
     (decode groups) and for the Triton kernel (block tables),
-median over ``--steps`` steps after warm-up, 1 thread. It prints a table, and writes a markdown table, a JSON and
-a plotly figure (cost vs N per context; HTML, and PNG when kaleido is installed) to ``--out``.
+median over ``--steps`` steps after warm-up, 1 thread, in this process's CPU time (``time.process_time``: on a
+shared machine wall time also counts the turns other processes take on the core). It prints a table, and writes
+a markdown table, a JSON and a plotly figure (cost vs N per context; HTML, and PNG when kaleido is installed) to
+``--out``.
 
     python benchmarks/host_overhead.py                          # N = 1..1024, C = 128..8192
     python benchmarks/host_overhead.py --num-requests 1,256 --contexts 512 --steps 10
@@ -61,19 +63,19 @@ def make_decoding_scheduler(num_requests: int, context: int, extra_tokens: int,
 
 
 def time_steps(sched: Scheduler, steps: int, warmup: int = 3) -> dict[str, float]:
-    """Median milliseconds per decode step of the scheduler's side and of the two input preparations."""
+    """Median CPU milliseconds per decode step of the scheduler's side and of the two input preparations."""
     tables = {"torch": BlockTable(), "triton": BlockTable()}
     timings: dict[str, list[float]] = {"schedule_update_ms": [], "prepare_torch_ms": [], "prepare_triton_ms": []}
     for i in range(warmup + steps):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         out = sched.schedule()
-        t1 = time.perf_counter()
+        t1 = time.process_time()
         ForwardBatch.build(out, BLOCK_SIZE, "cpu", tables["torch"])
-        t2 = time.perf_counter()
+        t2 = time.process_time()
         ForwardBatch.build(out, BLOCK_SIZE, "cpu", tables["triton"], for_triton=True)
-        t3 = time.perf_counter()
+        t3 = time.process_time()
         sched.update_from_output(out, {s.request_id: 5 for s in out.scheduled if s.sample})
-        t4 = time.perf_counter()
+        t4 = time.process_time()
         if len(out.scheduled) != sched.num_running or any(s.num_new_tokens != 1 for s in out.scheduled):
             raise RuntimeError("expected a pure decode step")
         if i >= warmup:

@@ -181,3 +181,22 @@ def test_prompt_logprobs_rows_follow_the_scheduler_order(bundled_model, bundled_
     pl = outs[1].prompt_logprobs
     for i in range(1, len(long)):
         assert pl[i][long[i]].logprob == pytest.approx(ref[i - 1, long[i]].item(), abs=1e-4)
+
+
+def test_block_table_follows_a_rolled_back_step():
+    """Scheduler.rollback truncates the blocks a failed step appended; the next step may append other ones,
+    even ending on the same block id: the row must follow."""
+    from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+    def step(blocks, admitted=()):
+        s = ScheduledRequest("a", [1] * 5, 3, blocks, True, True, SamplingParams(), 0)
+        return SchedulerOutput(scheduled=[s], admitted_ids=list(admitted))
+
+    table = BlockTable()
+    table.update(step([4], admitted=["a"]))
+    row = table.update(step([4, 7, 9]))[0]  # the failed step appended 7 and 9; it is rolled back
+    assert table.table[row, :3].tolist() == [4, 7, 9]
+    row = table.update(step([4, 8, 9]))[0]  # rescheduled: other blocks, the same last one
+    assert table.table[row, :3].tolist() == [4, 8, 9]
+    row = table.update(step([4, 8]))[0]  # rolled back again and rescheduled shorter
+    assert table.table[row, :2].tolist() == [4, 8] and table.num_blocks[row] == 2

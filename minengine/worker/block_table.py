@@ -31,7 +31,9 @@ class BlockTable:
         self.num_blocks = np.zeros(max_rows, dtype=np.int32)
         self._row: dict[str, int] = {}  # request id -> row
         self._owner: list[str | None] = [None] * max_rows
-        self._last_block: list[int] = [-1] * max_rows  # the row's last valid block id (a cheap staleness check)
+        # Where the row's last update started writing: a failed step rolled back (``Scheduler.rollback``) can
+        # only have changed the blocks that step appended, so the next update re-checks exactly those.
+        self._written_from: list[int] = [0] * max_rows
         self._free: list[int] = list(range(max_rows - 1, -1, -1))
 
     @property
@@ -46,7 +48,8 @@ class BlockTable:
 
         Per request this costs O(1) plus the blocks added since its last step (a decode adds one block every
         ``block_size`` steps). A request admitted this step (new, resumed after preemption, swapped in) or
-        without a row gets its whole table written. Rows of preempted requests are released; rows of finished
+        without a row gets its whole table written; after a rolled-back step the blocks it had appended are
+        compared and rewritten. Rows of preempted requests are released; rows of finished
         requests (which the runner is not told about) are reclaimed when the rows run out.
         """
         for rid in scheduler_output.preempted_ids:
@@ -73,13 +76,16 @@ class BlockTable:
                 stored = 0
             else:
                 stored = int(self.num_blocks[row])
-                # Append-only between admissions; rebuild if the table was replaced anyway.
-                if len(ids) < stored or (stored and ids[stored - 1] != self._last_block[row]):
-                    stored = 0
+                # Append-only between admissions, except after a rolled-back step: re-check what the last update
+                # appended (usually nothing or one block) and rewrite from there if it changed.
+                start = self._written_from[row]
+                changed = start < stored and ids[start:stored] != self.table[row, start:stored].tolist()
+                if len(ids) < stored or changed:
+                    stored = min(start, len(ids))
             if len(ids) > stored:
                 self.table[row, stored:len(ids)] = ids[stored:]
             self.num_blocks[row] = len(ids)
-            self._last_block[row] = ids[-1] if ids else -1
+            self._written_from[row] = stored
             rows[i] = row
         return rows
 
@@ -88,7 +94,7 @@ class BlockTable:
         if row is not None:
             self._owner[row] = None
             self.num_blocks[row] = 0
-            self._last_block[row] = -1
+            self._written_from[row] = 0
             self._free.append(row)
 
     def _reclaim(self, step_ids: set[str]) -> None:
@@ -112,5 +118,5 @@ class BlockTable:
         num_blocks[:old_rows] = self.num_blocks
         self.table, self.num_blocks = table, num_blocks
         self._owner += [None] * (rows - old_rows)
-        self._last_block += [-1] * (rows - old_rows)
+        self._written_from += [0] * (rows - old_rows)
         self._free += list(range(rows - 1, old_rows - 1, -1))
