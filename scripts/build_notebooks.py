@@ -1,7 +1,8 @@
-"""Build notebooks/00_tour.ipynb ... 08_interview.ipynb from the chapter sources in scripts/course/.
+"""Build notebooks/NN_name.ipynb from the chapter sources scripts/course/chNN_name.py (every chapter found there).
 
 The notebooks are written without outputs; edit the chapter sources and re-run:
-    python scripts/build_notebooks.py
+    python scripts/build_notebooks.py            # every chapter
+    python scripts/build_notebooks.py 04_chunked_prefill
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = ["00_tour", "01_prefill_decode", "02_paged_attention", "03_continuous_batching",
-            "04_chunked_prefill", "05_prefix_caching", "06_admission_preemption", "07_scheduler_slos",
-            "08_interview"]
+COURSE_DIR = ROOT / "scripts" / "course"
+CHAPTERS = sorted(p.stem[2:] for p in COURSE_DIR.glob("ch[0-9][0-9]_*.py"))
 
 
 def build(chapter: str) -> nbformat.NotebookNode:
@@ -31,7 +31,7 @@ def build(chapter: str) -> nbformat.NotebookNode:
 
 
 def main(argv: list[str]) -> None:
-    sys.path.insert(0, str(ROOT / "scripts" / "course"))
+    sys.path.insert(0, str(COURSE_DIR))
     wanted = argv or CHAPTERS
     for chapter in wanted:
         if chapter not in CHAPTERS:

@@ -1,16 +1,21 @@
 """The notebook course: structure of every chapter, and every chapter executed top to bottom.
 
-Structure (fast): learning goals, 2-4 exercises each with an answer placeholder, a PASS/FAIL check and a
-revealable solution, an ipywidgets control, a summary, a bilingual glossary, no stored outputs.
+Structure (fast): learning goals, 2-4 exercises each with an answer placeholder, typical wrong answers, a
+PASS/FAIL check and a revealable solution, open "why / what if" questions with model answers, conclusion cells,
+an ipywidgets control, a summary, a bilingual glossary, no stored outputs.
 
-Execution (nbclient, kernel python3, ``MINENGINE_FAST=1``): each exercise's answer cell is replaced by the
-solution shown to the learner, so the run proves that the solutions are right and the checks print PASS; each
-widget's callback is called once with its defaults; any error output, in a cell or inside a widget's output,
-fails the test.
+Execution (nbclient, kernel python3, ``MINENGINE_FAST=1``, one kernel per chapter): each exercise's answer cell is
+replaced by the solution shown to the learner and its check must print PASS; then each typical wrong answer is
+submitted to a copy of the check, which must print FAIL (so a check cannot accept the mistakes it is there to
+catch), and the solution is run again; each widget's callback is called once with its defaults; every conclusion
+cell must render its sentence (a ``show`` hidden inside an ``if`` renders nothing), and a conclusion whose numbers
+contradict it raises ``ConclusionError``; any error output, in a cell or inside a widget's output, fails the test.
+The whole course must run in fast mode within ``COURSE_BUDGET_S``.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import time
@@ -21,13 +26,13 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
-CHAPTERS = ["00_tour", "01_prefill_decode", "02_paged_attention", "03_continuous_batching",
-            "04_chunked_prefill", "05_prefix_caching", "06_admission_preemption", "07_scheduler_slos",
-            "08_interview"]
+CHAPTERS = sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT_S = 600
+COURSE_BUDGET_S = 600  # the issue's bound for the whole course in fast mode on the CI machine
 SOLUTION_RE = re.compile(r"```python\n(.*?)\n```", re.S)
 CJK_RE = re.compile(r"[\u4e00-\u9fff]")
 WIDGET_RE = re.compile(r"interact_manual\((\w+)")
+DURATIONS: dict[str, float] = {}
 
 
 def load(chapter: str):
@@ -51,23 +56,36 @@ def exercises(nb) -> list[tuple[int, int, int]]:
     return out
 
 
-def with_solutions(nb):
-    """A copy of ``nb`` whose answer cells hold the solution code from the solution cells."""
-    nb = nbformat.from_dict(nb)
-    for answer, _, solution in exercises(nb):
-        match = SOLUTION_RE.search(nb.cells[solution].source)
-        assert match, f"solution cell {solution} has no ```python block"
-        nb.cells[answer].source = match.group(1)
-    return nb
+def wrong_answers(cell) -> list[str]:
+    return cell.get("metadata", {}).get("minengine", {}).get("wrong_answers", [])
 
 
-def with_widget_calls(nb):
-    """A copy of ``nb`` where each ``interact_manual(fn, ...)`` cell is followed by a cell calling ``fn()`` with its
-    defaults: under nbclient nobody presses *Run*, so this is how the widgets' experiments get executed."""
+def solution_source(nb, solution: int) -> str:
+    match = SOLUTION_RE.search(nb.cells[solution].source)
+    assert match, f"solution cell {solution} has no ```python block"
+    return match.group(1)
+
+
+def instrumented(nb):
+    """A copy of ``nb`` to execute: answers hold the solutions; after each check, every wrong answer followed by
+    a copy of the check (tag ``test-wrong``), then the solution again; after each ``interact_manual(fn, ...)``
+    cell, a call ``fn()`` with its defaults (under nbclient nobody presses *Run*)."""
     nb = nbformat.from_dict(nb)
+    found = exercises(nb)
+    solution_of = {check: solution_source(nb, solution) for _, check, solution in found}
+    wrong_of = {check: wrong_answers(nb.cells[answer]) for answer, check, _ in found}
+    for answer, _, solution in found:
+        nb.cells[answer].source = solution_source(nb, solution)
     cells = []
-    for cell in nb.cells:
+    for i, cell in enumerate(nb.cells):
         cells.append(cell)
+        if i in solution_of:
+            for wrong in wrong_of[i]:
+                cells.append(nbformat.v4.new_code_cell(wrong, metadata={"tags": ["test-wrong-answer"]}))
+                probe = nbformat.v4.new_code_cell(cell.source, metadata={"tags": ["test-wrong"]})
+                probe.metadata["wrong"] = {"check": i, "answer": wrong}
+                cells.append(probe)
+            cells.append(nbformat.v4.new_code_cell(solution_of[i], metadata={"tags": ["test-restore"]}))
         match = WIDGET_RE.search(cell.source) if cell.cell_type == "code" else None
         if match:
             cells.append(nbformat.v4.new_code_cell(f"{match.group(1)}()  # test: the widget's experiment"))
@@ -92,6 +110,10 @@ def output_text(output) -> str:
     return data.get("text/plain", "") + data.get("text/markdown", "")
 
 
+def cell_text(cell) -> str:
+    return "".join(output_text(o) for o in cell.get("outputs", []))
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_structure(chapter):
     nb = load(chapter)
@@ -106,14 +128,35 @@ def test_structure(chapter):
     assert 2 <= len(found) <= 4, f"{len(found)} exercises, want 2-4"
     for answer, check, solution in found:
         assert "= None" in nb.cells[answer].source, "an answer cell must start as a None placeholder"
-        assert re.search(r"\bcheck(_close)?\(", nb.cells[check].source), "a check cell must call check()"
+        assert re.search(r"\bcheck(_close|_function)?\(", nb.cells[check].source), "a check cell must call check()"
         assert "<details>" in nb.cells[solution].source and SOLUTION_RE.search(nb.cells[solution].source)
         assert "<details><summary>Hint" in nb.cells[answer - 1].source, "each exercise needs a hint"
+        assert wrong_answers(nb.cells[answer]), f"exercise at cell {answer} lists no typical wrong answer"
+    questions = [c for c in nb.cells if "question" in tags(c)]
+    assert len(questions) >= 2, "want at least 2 open 'why / what if' questions"
+    for q in questions:
+        assert "<details><summary>Model answer" in q.source, "an open question needs a revealable model answer"
+    conclusions = [c for c in nb.cells if "conclusion" in tags(c)]
+    assert conclusions, "no conclusion cell (tag 'conclusion')"
+    for c in conclusions:  # its sentence must be the cell's value: a show() inside an if renders nothing
+        last = ast.parse(c.source).body[-1]
+        ends_with_sentence = isinstance(last, ast.Expr) and isinstance(last.value, ast.Call) and getattr(
+            last.value.func, "id", "") in ("conclude", "show")
+        assert ends_with_sentence, f"a conclusion cell must end with conclude(...) at top level: {c.source}"
     assert any("ipywidgets" in s and WIDGET_RE.search(s) for s in code), "no ipywidgets control (interact_manual)"
     assert any("viz." in s for s in code), "no figure from minengine.viz"
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, "notebooks are committed without outputs"
+
+
+def test_chinese_terms_follow_the_glossary_rules():
+    """令牌 is not the Chinese for token (词元 is, or "token"); chunk is 分块 (块 alone is the KV block)."""
+    for chapter in CHAPTERS:
+        text = "\n".join(c.source for c in load(chapter).cells if c.cell_type == "markdown")
+        assert "令牌" not in text, f"{chapter}: 令牌 -> 词元"
+        for row in re.findall(r"^\| chunk[^|]*\|([^|]*)\|", text, re.M):
+            assert "分块" in row and "块 /" not in row, f"{chapter}: chunk -> 分块, got {row!r}"
 
 
 I18N_TERMS = ["chunked_prefill", "head_of_line_blocking", "admission", "victim", "sequence_slot", "prefill", "decode",
@@ -122,10 +165,11 @@ I18N_TERMS = ["chunked_prefill", "head_of_line_blocking", "admission", "victim",
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_glossary_matches_dashboard_terms(chapter):
-    """A glossary term that the dashboard also names gets the same Chinese term (minengine.viz.i18n)."""
+    """A glossary term that the dashboard also names gets the same Chinese term (minengine.viz.i18n), read with
+    the course's rule that token is 词元 (the dashboard's strings may still say 令牌)."""
     from minengine.viz.i18n import t
 
-    terms = {t(key, "en"): t(key, "zh") for key in I18N_TERMS}
+    terms = {t(key, "en"): t(key, "zh").replace("令牌", "词元") for key in I18N_TERMS}
     glossary = next(c.source for c in load(chapter).cells
                     if c.cell_type == "markdown" and c.source.startswith("## Glossary"))
     for row in glossary.splitlines()[4:]:
@@ -137,16 +181,44 @@ def test_glossary_matches_dashboard_terms(chapter):
 
 def test_placeholder_answers_fail(capsys):
     """The checks the exercises use really fail on an unanswered or wrong answer."""
-    from minengine.course import check, check_close
+    from minengine.course import check, check_close, check_function
 
     assert not check("x", None, 3) and not check("x", 4, 3) and check("x", 3, 3)
     assert not check_close("x", 1.1, 1.0) and check_close("x", 1.01, 1.0)
+    cases = [((8, 4), 2), ((9, 4), 3)]
+    assert check_function("f", lambda a, b: -(-a // b), cases)
+    assert not check_function("f", lambda a, b: a // b, cases)  # right on the first case only
+    assert not check_function("f", None, cases) and not check_function("f", 3, cases)
+    assert not check_function("f", lambda a, b: 1 / 0, cases)  # an exception is a FAIL, not a crash
     out = capsys.readouterr().out
-    assert out.count("FAIL") == 3 and out.count("PASS") == 2
+    assert out.count("FAIL") == 7 and out.count("PASS") == 3
+    assert "wrong for (9, 4): got 2\n" in out  # names the input, not the expected value
+
+
+def test_conclusions_raise_when_their_numbers_disagree():
+    from minengine.course import ConclusionError, claim, conclude
+
+    assert conclude("it holds", [("1 < 2", 1 < 2)]).data == "it holds"
+    with pytest.raises(ConclusionError, match="chunking cut the worst gap"):
+        conclude("chunking cut the worst gap", [("chunking cut the worst gap", 3.0 < 2.0)])
+    with pytest.raises(ValueError, match="must be a bool"):
+        claim("a number is not a check", 0.5)
+
+
+def test_instrumented_notebook_submits_every_wrong_answer():
+    """The executed copy really runs each wrong answer before a copy of its check, then restores the solution."""
+    nb = load(CHAPTERS[0])
+    inst = instrumented(nb)
+    n_wrong = sum(len(wrong_answers(nb.cells[a])) for a, _, _ in exercises(nb))
+    probes = [c for c in inst.cells if "test-wrong" in tags(c)]
+    assert len(probes) == n_wrong > 0
+    for i, cell in enumerate(inst.cells):
+        if "test-wrong" in tags(cell):
+            assert inst.cells[i - 1].source == cell.metadata["wrong"]["answer"]
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_executes_with_solutions(chapter, monkeypatch):
+def test_executes_with_solutions_and_rejects_wrong_answers(chapter, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     pytest.importorskip("ipywidgets")
@@ -156,17 +228,41 @@ def test_executes_with_solutions(chapter, monkeypatch):
         pytest.fail("bundled model missing: run scripts/train_tiny_model.py or set MINENGINE_MODEL")
     monkeypatch.setenv("MINENGINE_FAST", "1")
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-    nb = with_widget_calls(with_solutions(load(chapter)))
+    nb = instrumented(load(chapter))
     start = time.perf_counter()
     nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
-    print(f"{chapter}: {time.perf_counter() - start:.1f} s")
+    DURATIONS[chapter] = time.perf_counter() - start
+    print(f"{chapter}: {DURATIONS[chapter]:.1f} s")
     outputs = list(all_outputs(nb))
     errors = [o for o in outputs if o.get("output_type") == "error"]
     assert not errors, f"error outputs: {[e.get('ename') + ': ' + e.get('evalue', '') for e in errors]}"
-    for _, check, _ in exercises(nb):
-        text = "".join(output_text(o) for o in nb.cells[check].outputs)
-        assert "PASS" in text and "FAIL" not in text, f"check cell {check} with the solution printed: {text!r}"
+    checks = {check for _, check, _ in exercises(load(chapter))}
+    solved = [c for i, c in enumerate(load(chapter).cells) if i in checks]
+    executed_checks = [c for c in nb.cells if "check" in tags(c)]
+    assert len(executed_checks) == len(solved)
+    for cell in executed_checks:
+        text = cell_text(cell)
+        assert "PASS" in text and "FAIL" not in text, f"check with the solution printed: {text!r}"
+    for cell in nb.cells:
+        if "test-wrong" in tags(cell):
+            text = cell_text(cell)
+            assert "FAIL" in text and "PASS" not in text, (
+                f"the check accepted the wrong answer {cell.metadata['wrong']['answer']!r}: {text!r}")
+    for cell in nb.cells:
+        if "conclusion" in tags(cell):
+            rendered = [o for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")
+                        and ("text/markdown" in o.get("data", {}) or "text/html" in o.get("data", {}))]
+            assert rendered, f"a conclusion cell rendered nothing: {cell.source[:120]!r}"
+
+
+def test_whole_course_within_budget():
+    """All chapters together, as executed above (fast mode), within COURSE_BUDGET_S."""
+    if set(DURATIONS) != set(CHAPTERS):
+        pytest.skip("not every chapter was executed in this session")
+    total = sum(DURATIONS.values())
+    print(f"whole course: {total:.1f} s ({', '.join(f'{k} {v:.0f} s' for k, v in DURATIONS.items())})")
+    assert total < COURSE_BUDGET_S, f"the course took {total:.0f} s in fast mode, over {COURSE_BUDGET_S} s"
 
 
 class _CountdownEngine:
@@ -210,10 +306,14 @@ def test_run_with_arrivals_adds_requests_before_their_step():
         run_with_arrivals(_CountdownEngine(), [(0, "slow", None, 10)], max_steps=3)
 
 
-def test_pick_and_check_close_validate():
-    from minengine.course import check_close, pick
+def test_pick_median_and_check_close_validate():
+    from minengine.course import check_close, median_of, pick
 
     assert pick("full", "fast", fast_mode=False) == "full" and pick("full", "fast", fast_mode=True) == "fast"
+    calls = iter([100.0, 3.0, 1.0, 2.0])  # the first is the warm-up, thrown away
+    assert median_of(lambda: next(calls), repeats=3, warmup=1) == 2.0
+    with pytest.raises(ValueError, match="repeats"):
+        median_of(lambda: 1.0, repeats=0)
     with pytest.raises(ValueError, match="rel_tol"):
         check_close("x", 1.0, 1.0, rel_tol=-1)
     with pytest.raises(ValueError, match="expected"):

@@ -9,12 +9,40 @@ from __future__ import annotations
 import math
 
 
-def _fail(name: str, reason: str, hint: str | None) -> bool:
+class Verdict:
+    """What a check returns: true for PASS, false for FAIL (``bool(verdict)``). It displays nothing in a notebook
+    (the check already printed PASS or FAIL), so a check as a cell's last line adds no stray ``True``."""
+
+    def __init__(self, passed: bool):
+        self.passed = bool(passed)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __eq__(self, other) -> bool:
+        return bool(self) == bool(other)
+
+    def __hash__(self) -> int:
+        return hash(self.passed)
+
+    def __repr__(self) -> str:
+        return "PASS" if self.passed else "FAIL"
+
+    def _ipython_display_(self) -> None:
+        pass
+
+
+def _fail(name: str, reason: str, hint: str | None) -> Verdict:
     print(f"FAIL  {name}: {reason}" + (f"\n      hint: {hint}" if hint else ""))
-    return False
+    return Verdict(False)
 
 
-def check(name: str, answer, expected, hint: str | None = None) -> bool:
+def _pass(name: str, detail: str = "") -> Verdict:
+    print(f"PASS  {name}{detail}")
+    return Verdict(True)
+
+
+def check(name: str, answer, expected, hint: str | None = None) -> Verdict:
     """Exact check (``answer == expected``); prints ``PASS  name`` or ``FAIL  name: ...`` and returns the result.
 
     An answer left as ``None`` (the exercise placeholder) fails with "not answered yet". Strings are compared
@@ -28,13 +56,12 @@ def check(name: str, answer, expected, hint: str | None = None) -> bool:
     else:
         ok = answer == expected
     if ok:
-        print(f"PASS  {name}")
-        return True
+        return _pass(name)
     return _fail(name, f"got {answer!r}", hint)
 
 
 def check_close(name: str, answer, expected: float, rel_tol: float = 0.02, abs_tol: float = 0.0,
-                hint: str | None = None) -> bool:
+                hint: str | None = None) -> Verdict:
     """Numeric check within ``rel_tol`` (fraction, default 2 %) or ``abs_tol`` (same unit as the answer).
 
     Raises:
@@ -51,6 +78,34 @@ def check_close(name: str, answer, expected: float, rel_tol: float = 0.02, abs_t
     except (TypeError, ValueError):
         return _fail(name, f"got {answer!r}, which is not a number", hint)
     if math.isclose(value, expected, rel_tol=rel_tol, abs_tol=abs_tol):
-        print(f"PASS  {name}")
-        return True
+        return _pass(name)
     return _fail(name, f"got {value:g}, not within {rel_tol:.0%} of the measured value", hint)
+
+
+def check_function(name: str, fn, cases, hint: str | None = None) -> Verdict:
+    """Call the learner's function ``fn`` on every ``(args, expected)`` of ``cases`` and compare exactly.
+
+    One exercise instance can hide a wrong formula (floor and ceiling agree when a length divides), so a
+    formula answered as a function is checked on several inputs, each with its expected value computed by
+    the notebook (from the engine or a trace). Prints PASS, or FAIL naming the first failing input (not its
+    expected value) and returns the result.
+
+    Raises:
+        ValueError: ``cases`` is empty.
+    """
+    cases = list(cases)
+    if not cases:
+        raise ValueError("check_function needs at least one (args, expected) case")
+    if fn is None:
+        return _fail(name, "not answered yet (replace None with your answer)", hint)
+    if not callable(fn):
+        return _fail(name, f"got {fn!r}, which is not a function", hint)
+    for args, expected in cases:
+        args = args if isinstance(args, tuple) else (args,)
+        try:
+            got = fn(*args)
+        except Exception as err:  # the learner's code: report, do not crash the check
+            return _fail(name, f"calling it with {args} raised {type(err).__name__}: {err}", hint)
+        if got != expected:
+            return _fail(name, f"wrong for {args}: got {got!r}", hint)
+    return _pass(name, f" ({len(cases)} cases)")

@@ -1,13 +1,14 @@
 # ruff: noqa: E501  (markdown tables and prose in cell sources are long by nature)
 """Chapter 0: tour of the engine, its vLLM names, and how to load a real Hugging Face model."""
 
-from cells import SETUP, code, exercise, glossary, header, md, summary
+from cells import SETUP, code, conclusion, exercise, glossary, header, md, question, summary
 
 CELLS = [
     *header(0, "Tour: the engine in ten lines", [
         "Run the course: `pip install -e .` then `jupyter lab notebooks/`; `MINENGINE_FAST=1` shrinks workloads.",
         "Generate text with the offline API `LLM.generate` and the online API `LLMEngine.add_request` + `step()`.",
         "Read what one engine step did from its `StepTrace` (chunks, tokens, blocks, queues).",
+        "Know the two clocks of the course: modelled time (an H100 running Llama-3-8B shapes) for every teaching figure, measured CPU time only where a chapter measures this machine on purpose.",
         "Map minengine's names onto vLLM's, so what you learn here transfers to the real thing.",
         "Load a real Hugging Face checkpoint (Llama or Qwen2) instead of the bundled tiny model.",
     ], ["vLLM docs, *Offline Inference* and *Engine Arguments* (docs.vllm.ai)",
@@ -22,6 +23,16 @@ CELLS = [
     Everything runs on a laptop CPU, offline, with the bundled model: a tiny Llama trained on Tiny Shakespeare
     (its size is printed below). It writes bad Shakespeare, fast, which is all a serving course needs: the
     scheduler does not care what the words mean.
+
+    **Time in this course.** A laptop CPU running a 3 M-parameter model is neither fast nor steady: other programs
+    steal cycles, the first steps of a process pay one-time costs (allocations, kernel choice), and the magnitudes
+    are nothing like a GPU's. So every teaching figure runs on the **modelled clock** (`minengine.timing`): each
+    engine step lasts what a roofline cost model says that step would take on an **H100 SXM running Llama-3-8B
+    shapes**, named under every figure. The tokens are still computed for real by the loaded model; only the
+    clock is modelled, so a figure is the same on every laptop, every run, at GPU magnitudes. Where a chapter
+    measures this CPU on purpose (chapter 1), it pins threads, warms up, takes medians and shows CPU and modelled
+    numbers side by side. Sentences that state a result are computed from the cell's numbers and *asserted*: if
+    an experiment stopped showing what the text says, the cell would fail instead of printing it.
     """),
     code(SETUP),
     md("""
@@ -53,7 +64,7 @@ CELLS = [
     samples one new token. This is iteration-level scheduling, from Orca (Yu et al., OSDI 2022).
     """),
     code("""
-    engine = LLMEngine.from_config(model=COURSE_MODEL, max_num_batched_tokens=64, block_size=16)
+    engine = modelled_engine(max_num_batched_tokens=64, block_size=16)   # LLMEngine on the modelled clock
     tokenizer = engine.get_tokenizer()
     for i, prompt in enumerate(SHAKESPEARE_OPENINGS[:3]):
         engine.add_request(f"req-{i}", prompt, SamplingParams(temperature=0.0, max_tokens=6))
@@ -61,13 +72,22 @@ CELLS = [
     for t in engine.traces:
         parts = ", ".join(f"{c.request_id}: {c.num_tokens} {'prefill' if c.is_prefill else 'decode'}"
                           f"{' +sample' if c.sampled else ''}" for c in t.chunks)
-        print(f"step {t.step:2d}  {t.num_scheduled_tokens:3d} tokens  [{parts}]")
+        print(f"step {t.step:2d}  {t.num_scheduled_tokens:3d} tokens  {t.duration * 1000:5.2f} ms  [{parts}]")
+    print("clock:", engine.clock.label)
     """),
-    code("""
-    first = engine.traces[0]
-    show(f"Step 0 computed **{first.num_scheduled_tokens}** prompt tokens of {len(first.chunks)} requests in one "
-         f"forward pass and took {first.duration * 1000:.1f} ms; the last step computed "
-         f"{engine.traces[-1].num_scheduled_tokens} decode tokens. The run needed **{len(engine.traces)}** steps.")
+    conclusion("""
+    first, last = engine.traces[0], engine.traces[-1]
+    prompt_tokens = sum(m.num_prompt_tokens for m in engine.request_metrics.values())
+    ratio = first.duration / last.duration
+    conclude(f"Step 0 computed **{first.num_scheduled_tokens}** prompt tokens of {len(first.chunks)} requests in one forward "
+             f"pass and took **{first.duration * 1000:.2f} ms**; the last step computed {last.num_scheduled_tokens} decode tokens in "
+             f"**{last.duration * 1000:.2f} ms** ({ratio:.2f}x). On an H100 both steps are bound by reading the weights once "
+             f"(chapter 1): {first.num_scheduled_tokens} tokens cost about what {last.num_scheduled_tokens} do. The run needed "
+             f"**{len(engine.traces)}** steps.",
+             [("step 0 prefilled every prompt token of the three requests", first.num_scheduled_tokens == prompt_tokens
+               and len(first.chunks) == 3 and all(c.is_prefill for c in first.chunks)),
+              ("the last step decodes one token per request", all(not c.is_prefill and c.num_tokens == 1 for c in last.chunks)),
+              ("the prefill step costs within 25 % of a decode step", 0.8 < ratio < 1.25)])
     """),
     md("""
     ### What the steps looked like
@@ -78,7 +98,7 @@ CELLS = [
     viz.batch_composition_figure(engine.traces).show()
     """),
     code("""
-    viz.token_timeline_figure(engine.request_metrics).show()
+    titled(viz.token_timeline_figure(engine.request_metrics), "When each request's tokens came out").show()
     print(engine.summary().as_table())
     """),
     md("""
@@ -141,7 +161,8 @@ CELLS = [
         "answer_1 = sum(len(o.outputs[0].token_ids) for o in outs.values())",
         """
         check("Exercise 1: total output tokens", answer_1, engine.summary().output_tokens)
-        """),
+        """, wrong=["answer_1 = len(outs)  # requests, not tokens", "answer_1 = len(engine.traces)  # steps",
+                    "answer_1 = engine.summary().prompt_tokens"]),
     *exercise(2, """
         What is the name of the `EngineConfig` field (vLLM's name too) that caps how many tokens, prefill and
         decode together, one step may compute? Give it as a string.
@@ -152,7 +173,7 @@ CELLS = [
 
         budget_field = next(f.name for f in fields(EngineConfig) if f.name.startswith("max_num_batched"))
         check("Exercise 2: the token budget's name", answer_2, budget_field)
-        """),
+        """, wrong=['answer_2 = "max_num_seqs"', 'answer_2 = "max_model_len"', 'answer_2 = "num_kv_blocks"']),
     *exercise(3, """
         A single request with a prompt of `P = 100` tokens and `max_tokens = 5` runs alone with a token budget of
         `B = 32` and chunked prefill. How many engine steps does it take? Write a formula in `P`, `B` and
@@ -169,6 +190,28 @@ CELLS = [
         run_to_completion(probe)
         check("Exercise 3: steps for one request", answer_3, len(probe.traces),
               hint="ceil(P / B) prefill steps, then max_tokens - 1 decode steps")
+        """, wrong=["P, B, max_tokens = 100, 32, 5\nanswer_3 = P // B + max_tokens - 1  # floor drops the last, short chunk",
+                    "P, B, max_tokens = 100, 32, 5\nanswer_3 = -(-P // B) + max_tokens  # the last chunk already samples token 1",
+                    "P, B, max_tokens = 100, 32, 5\nanswer_3 = P / B + max_tokens - 1"]),
+    *question("why does the first step cost about what a decode step costs?", """
+        Step 0 above computed every prompt token of three requests, the last step one token per request, yet on the
+        modelled H100 they took about the same time. Why? And what if the prompts were 4,000 tokens each?
+        """, """
+        Both steps are memory-bound: the H100 must read all ~16 GB of Llama-3-8B's bf16 weights once per step, about 7 ms
+        at the bandwidth a serving engine reaches, whatever the number of tokens, as long as the arithmetic per byte read
+        stays below the ridge point (a few hundred tokens per step on an H100, chapter 1). A few dozen prompt tokens do not
+        get there. 3 x 4,000 tokens would: the step becomes compute-bound and lasts roughly `2 x 8e9 x 12,000` FLOPs over
+        the effective peak, hundreds of milliseconds. Check with
+        `teaching_cost_model().cost(StepWork.of([(4000, 0, 1)] * 3))` (import both from `minengine.course` and
+        `minengine.timing`).
+        """),
+    *question("what if the token budget were smaller than the prompts?", """
+        The step-by-step engine has `max_num_batched_tokens=64`. What changes if you set it to 8?
+        """, """
+        A step may then compute at most 8 tokens, so the prompts are cut into chunks of at most 8 (chunked prefill,
+        chapter 4) and the first output token of each request comes only with its last chunk: more steps, later first
+        tokens. Once all prompts are done, the decode steps are unchanged (3 tokens each, under 8). Try it: change the
+        budget and re-run the cell.
         """),
     *summary([
         "`LLM.generate` is the offline API; `LLMEngine.add_request` + `step()` is the online one a server drives.",
@@ -176,12 +219,14 @@ CELLS = [
         "A step samples for a request only when it reaches the end of that request's known tokens.",
         "`engine.traces` (one `StepTrace` per step) and `engine.request_metrics` are what every figure reads.",
         "The names (`max_num_batched_tokens`, `max_num_seqs`, `block_size`, `num_computed_tokens`) are vLLM's.",
+        "Teaching figures run on the modelled clock (H100 SXM, Llama-3-8B shapes): the same numbers on every laptop; the tokens are still computed for real.",
     ]),
     *glossary([
         ("prefill", "预填充", "computing K/V for the prompt tokens (many tokens in one step)"),
         ("decode", "解码", "computing one new token per request per step"),
         ("step / iteration", "步 / 迭代", "one scheduler decision plus one forward pass"),
-        ("token budget (`max_num_batched_tokens`)", "令牌预算", "most tokens one step may compute"),
+        ("token budget (`max_num_batched_tokens`)", "词元预算", "most tokens one step may compute"),
+        ("modelled clock", "模型化时钟", "step times from a roofline cost model of a named GPU and model shape"),
         ("sequence slot (`max_num_seqs`)", "序列槽位", "most requests running at once"),
         ("KV cache", "KV 缓存", "stored keys and values of past tokens, so they are not recomputed"),
         ("block table", "块表", "a request's list of physical KV blocks"),

@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (markdown and cell sources are long by nature)
 """Chapter 2: PagedAttention: block tables, slot mapping, memory waste, paged == dense attention."""
 
-from cells import SETUP, code, exercise, glossary, header, md, summary
+from cells import SETUP, code, conclusion, exercise, glossary, header, md, question, summary
 
 CELLS = [
     *header(2, "PagedAttention: block tables and slot mapping", [
@@ -48,29 +48,41 @@ CELLS = [
     where each new token's K/V goes; attention then reads a request's keys by walking its block table.
 
     ## The real engine's block tables
-    Three requests of different lengths; `trace_block_tables=True` records each step's tables and ref counts.
+    Three requests whose prompts end a few tokens short of a block boundary decode together, so each crosses into a
+    new block at a different step and takes the next free block: their tables interleave, as A's and B's did in the
+    toy. `trace_block_tables=True` records each step's tables and ref counts.
     """),
     code("""
     from minengine.workloads import SHAKESPEARE_OPENINGS
 
-    engine = LLMEngine.from_config(model=COURSE_MODEL, block_size=16, num_kv_blocks=32, max_num_batched_tokens=256,
-                                   enable_prefix_caching=False, trace_block_tables=True)
-    for i, prompt in enumerate(SHAKESPEARE_OPENINGS[:3]):
-        engine.add_request(f"req-{i}", prompt * (i + 1), SamplingParams(temperature=0.0, max_tokens=pick(24, 12), ignore_eos=True))
+    engine = modelled_engine(block_size=16, num_kv_blocks=32, max_num_batched_tokens=256, enable_prefix_caching=False,
+                             trace_block_tables=True)
+    for i, prompt_len in enumerate((13, 29, 42)):   # 3, 3 and 6 tokens short of a 16-token block boundary
+        engine.add_request(f"req-{i}", {"prompt_token_ids": [(7 * k + i) % 2000 + 3 for k in range(prompt_len)]},
+                           SamplingParams(temperature=0.0, max_tokens=pick(24, 16), ignore_eos=True))
     run_to_completion(engine)
-    snapshot = max(engine.traces, key=lambda t: len(t.block_tables or {}))   # the busiest step
+    snapshot = next(t for t in reversed(engine.traces) if len(t.block_tables or {}) == 3)   # the last step all three ran
     viz.block_tables_figure(snapshot).show()
     viz.block_pool_figure(snapshot).show()
     """),
-    code("""
-    rid, table = next(iter(snapshot.block_tables.items()))
+    conclusion("""
     bs = engine.config.block_size
+
+
+    def contiguous(table):
+        return all(b == table[0] + i for i, b in enumerate(table))
+
+
+    rid, table = next((r, t) for r, t in snapshot.block_tables.items() if not contiguous(t))
     chunk = next(c for c in snapshot.chunks if c.request_id == rid)
-    positions = range(chunk.start_pos, chunk.start_pos + chunk.num_tokens)
+    seq_len = chunk.start_pos + chunk.num_tokens
+    positions = range(chunk.start_pos, seq_len)
     slot_mapping = [table[p // bs] * bs + p % bs for p in positions]
-    show(f"At step {snapshot.step}, `{rid}` holds physical blocks {table}. It computed positions "
-         f"{chunk.start_pos}..{chunk.start_pos + chunk.num_tokens - 1}, written to slots {slot_mapping[:8]}"
-         f"{' ...' if len(slot_mapping) > 8 else ''}.")
+    conclude(f"At step {snapshot.step}, `{rid}` holds physical blocks **{table}**: not contiguous, because the other requests "
+             f"took blocks in between as they grew. It computed position {chunk.start_pos}, written to slot {slot_mapping[0]}, "
+             f"not slot {chunk.start_pos}: the slot mapping goes through the block table.",
+             [("a request's block table is not contiguous", not contiguous(table)),
+              ("its token's slot is not its position", slot_mapping[0] != chunk.start_pos)])
     """),
     md("""
     ## Measure: contiguous reservation vs paging on a real workload
@@ -110,14 +122,20 @@ CELLS = [
 
     served = serve(16)
     rows = memory_per_step(served)
-    stored, paged, contiguous = (sum(col) for col in zip(*rows))
     fig = go.Figure([go.Scatter(y=[r[i] for r in rows], name=name, mode="lines")
                      for i, name in enumerate(["tokens stored", "paged: slots held (block_size 16)", "contiguous: slots reserved"])])
     fig.update_layout(title="KV slots per step", xaxis_title="step", yaxis=dict(title="KV slots (tokens)", type="log"))
     fig.show()
-    show(f"Over {len(rows)} steps with {len(prompts)} real prompts: contiguous reservation used **{stored / contiguous:.1%}** "
-         f"of what it reserved; paging used **{stored / paged:.1%}** of what it held (the rest is the unfilled tail "
-         f"of each request's last block).")
+    """),
+    conclusion("""
+    stored, paged, reserved = (sum(col) for col in zip(*rows))
+    worst_tail = max(p - s for s, p, _ in rows) / len(prompts)
+    conclude(f"Over {len(rows)} steps with {len(prompts)} real prompts: contiguous reservation used **{stored / reserved:.1%}** "
+             f"of what it reserved; paging used **{stored / paged:.1%}** of what it held (the rest is the unfilled tail "
+             f"of each request's last block, at most {bs - 1} slots per request).",
+             [("paging keeps a larger share of its memory useful", stored / paged > stored / reserved),
+              ("paging wastes less than one block per running request", all(p - s < bs * max(1, n) for (s, p, _), n in
+                                                                       zip(rows, [len(t.block_tables or {}) for t in served.traces])))])
     """),
     md("""
     ## Block size: fragmentation vs bookkeeping
@@ -177,6 +195,7 @@ CELLS = [
     dense_out = sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
     paged_equals_dense = torch.allclose(paged_out, dense_out)
     print("paged == dense:", paged_equals_dense, "| max abs difference:", (paged_out - dense_out).abs().max().item())
+    claim("attention read through a block table equals dense attention", bool(paged_equals_dense))
     """),
     md("""
     And the whole engine: greedy decoding with block sizes 1, 16 and 64 against transformers' `generate` (a dense,
@@ -199,16 +218,34 @@ CELLS = [
         engine_tokens[b] = out[0].outputs[0].token_ids
     for b, toks in engine_tokens.items():
         print(f"block_size {b:3d}: identical to transformers: {toks == hf_tokens}")
+    claim("greedy tokens are identical to transformers for every block size", all(t == hf_tokens for t in engine_tokens.values()))
+    """),
+    md("""
+    For the exercise: a position of `rid` inside a block that is **not** where a contiguous layout would put it.
+    """),
+    code("""
+    table_of_rid = snapshot.block_tables[rid]
+    position = next(j * bs + 5 for j in range(1, len(table_of_rid)) if table_of_rid[j] != table_of_rid[0] + j and j * bs + 5 < seq_len)
+    print(f"{rid}: block table {table_of_rid}, position {position}")
     """),
     *exercise(1, """
-        Request `rid` (above) has block table `table_of_rid = snapshot.block_tables[rid]`. With `block_size = 16`, in
-        which **slot** is the K/V of its token at position 20 stored?
-        """, "Position 20 is in logical block 20 // 16 = 1, at offset 20 % 16 = 4.", "answer_1",
-        "table_of_rid = snapshot.block_tables[rid]\nanswer_1 = table_of_rid[20 // 16] * 16 + 20 % 16",
+        Request `rid` has block table `table_of_rid` (printed above). With `block_size = 16`, in which **slot** of the KV
+        pool is the K/V of its token at `position` stored? Compute it from `table_of_rid` and `position`.
+        """, "`position` is in logical block `position // 16`, at offset `position % 16` inside it; the block table says which physical block that is.", "answer_1",
+        "answer_1 = table_of_rid[position // 16] * 16 + position % 16",
         """
-        assert len(snapshot.block_tables[rid]) >= 2, "needs a request with at least two blocks"
-        check("Exercise 1: slot of position 20", answer_1, snapshot.block_tables[rid][1] * bs + 4)
-        """),
+        from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+        from minengine.worker.forward_batch import ForwardBatch
+
+        # The engine's own slot mapping: a step that computes positions 0..position of this request through its block table.
+        probe_step = SchedulerOutput(scheduled=[ScheduledRequest(rid, [0] * (position + 1), 0, table_of_rid, True, True,
+                                                                 SamplingParams(), 0)])
+        engine_slot = int(ForwardBatch.build(probe_step, bs, torch.device("cpu")).slot_mapping[position])
+        check("Exercise 1: slot of a position", answer_1, engine_slot)
+        """, wrong=["answer_1 = position  # slot = position: true only for a contiguous table starting at block 0",
+                    "answer_1 = table_of_rid[0] * 16 + position  # as if the blocks were contiguous",
+                    "answer_1 = table_of_rid[position // 16] + position % 16  # a block id is not a slot",
+                    "answer_1 = table_of_rid[position // 16] * 16  # forgot the offset inside the block"]),
     *exercise(2, """
         A request has a 100-token prompt and generates 30 tokens (`block_size = 16`). During its **last** step, how many
         of its tokens have K/V in the cache, and how many blocks does it hold? Answer `(tokens, blocks)`.
@@ -223,7 +260,8 @@ CELLS = [
         last = eng2.traces[-1]
         check("Exercise 2: tokens cached and blocks held in the last step", answer_2,
               (last.chunks[0].start_pos + last.chunks[0].num_tokens, len(last.block_tables["x"])))
-        """),
+        """, wrong=["answer_2 = (100 + 30, math.ceil((100 + 30) / 16))  # the 130th token's K/V is never computed",
+                    "answer_2 = (100 + 30 - 1, (100 + 30 - 1) // 16)  # floor: the partly filled last block counts too"]),
     *exercise(3, """
         Using `final_lens` (the final lengths of the workload above), what fraction of the slots held by a paged cache
         with `block_size = 64` is wasted? Answer a number between 0 and 1.
@@ -231,6 +269,26 @@ CELLS = [
         "answer_3 = 1 - sum(final_lens) / sum(math.ceil(n / 64) * 64 for n in final_lens)",
         """
         check_close("Exercise 3: waste at block_size 64", answer_3, tail_waste(64), rel_tol=0.01)
+        """, wrong=["answer_3 = sum(final_lens) / sum(math.ceil(n / 64) * 64 for n in final_lens)  # the used share, not the waste",
+                    "answer_3 = tail_waste(16)  # the default block size",
+                    "answer_3 = 1 - sum(final_lens) / (len(final_lens) * max_model_len)  # contiguous reservation"]),
+    *question("why is paging's waste at most one block per request?", """
+        Contiguous reservation wasted most of its memory above; paging almost none. Why is paging's waste bounded by
+        `block_size - 1` slots per request, whatever the output length?
+        """, """
+        A request takes a new block only when it has filled its previous one (allocation on demand), so every block of
+        its table but the last is full. Only the last block can have empty slots, at most `block_size - 1` of them.
+        Contiguous reservation must hold `max_model_len` slots from the start because the output length is unknown,
+        so its waste grows with how much shorter the request turns out to be.
+        """),
+    *question("what if block_size were 1?", """
+        With `block_size = 1` there is no tail waste at all. Why does vLLM default to 16 then?
+        """, """
+        The block table would have one entry per token: long tables to build, copy and read every step, and attention
+        kernels reading K/V in 1-token pieces scattered over memory, which wastes the memory bandwidth decode depends on.
+        Larger blocks make each read a contiguous chunk and keep tables short; 16 is where the PagedAttention authors
+        found the kernel efficient while the tail waste stays small (Kwon et al., section 7.2). Prefix caching also
+        works in whole blocks, so large blocks share less.
         """),
     *summary([
         "A block table maps logical KV blocks to physical ones; the slot mapping says where each new token's K/V goes.",

@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (markdown and cell sources are long by nature)
 """Chapter 3: static vs iteration-level (continuous) batching, measured; the stall a long prefill causes."""
 
-from cells import SETUP, code, exercise, glossary, header, md, summary
+from cells import SETUP, code, conclusion, exercise, glossary, header, md, question, summary
 
 CELLS = [
     *header(3, "Continuous batching", [
@@ -59,14 +59,16 @@ CELLS = [
     ## Measure on the engine
     Static batching is a *driver* policy: add `B` requests, run the engine until they all finish, then the next
     `B`. Continuous batching is what the engine does by itself with `max_num_seqs = B` sequence slots. Same
-    requests, same model, greedy decoding, all requests present at time 0.
+    requests, same model, greedy decoding, all requests present at time 0, on the modelled clock (an H100 running
+    Llama-3-8B shapes: the same numbers on every machine, so the comparison is not at the mercy of warm-up, of which
+    strategy runs first, or of whatever else the CPU is doing).
     """),
     code("""
     from minengine.workloads import SHAKESPEARE_OPENINGS
 
 
     def make_engine(B):
-        return LLMEngine.from_config(model=COURSE_MODEL, max_num_seqs=B, max_num_batched_tokens=512)
+        return modelled_engine(max_num_seqs=B, max_num_batched_tokens=512)
 
 
     def requests():
@@ -100,15 +102,22 @@ CELLS = [
         print(f"{name:10s} steps {s.num_steps:4d} | duration {s.duration_s:6.2f} s | output {s.output_tok_s:7.1f} tok/s | "
               f"TTFT P50 {s.ttft_p50 * 1000:7.1f} ms | P99 {s.ttft_p99 * 1000:7.1f} ms")
     """),
-    code("""
+    conclusion("""
     st, co = runs["static"].summary(), runs["continuous"].summary()
-    show(f"With {B} slots, continuous batching finished the same {st.num_requests} requests in **{co.num_steps}** steps "
-         f"instead of {st.num_steps} ({st.num_steps / co.num_steps:.2f}x fewer), output throughput "
-         f"{co.output_tok_s / st.output_tok_s:.2f}x and median TTFT {co.ttft_p50 * 1000:.0f} ms vs {st.ttft_p50 * 1000:.0f} ms.")
+    gain = co.output_tok_s / st.output_tok_s
+    conclude(f"With {B} slots, continuous batching finished the same {st.num_requests} requests in **{co.num_steps}** steps "
+             f"instead of {st.num_steps} ({st.num_steps / co.num_steps:.2f}x fewer), with **{gain:.2f}x** the output throughput and "
+             f"a median TTFT of {co.ttft_p50 * 1000:.0f} ms instead of {st.ttft_p50 * 1000:.0f} ms. The throughput gain is about the "
+             f"step ratio because a decode step costs about the same however many slots are busy (chapter 1): static batching "
+             f"pays full steps for idle slots.",
+             [("continuous batching needs fewer steps", co.num_steps < st.num_steps),
+              ("and has higher output throughput", gain > 1.0),
+              ("and a median TTFT no worse", co.ttft_p50 <= st.ttft_p50),
+              ("the throughput gain follows the step ratio (within 15 %)", abs(gain / (st.num_steps / co.num_steps) - 1) < 0.15)])
     """),
     code("""
-    viz.queue_figure(runs["static"].traces).update_layout(title="static batching: running / waiting").show()
-    viz.queue_figure(runs["continuous"].traces).update_layout(title="continuous batching: running / waiting").show()
+    titled(viz.queue_figure(runs["static"].traces), "static batching: running / waiting").show()
+    titled(viz.queue_figure(runs["continuous"].traces), "continuous batching: running / waiting").show()
     """),
     md("""
     ## Try it: the number of slots
@@ -134,9 +143,9 @@ CELLS = [
     also called inter-token latency, ITL) jumps. Sarathi-Serve calls this a *generation stall*.
     """),
     code("""
-    long_len = pick(1536, 768)
-    stall_engine = LLMEngine.from_config(model=COURSE_MODEL, enable_chunked_prefill=False, max_model_len=2048,
-                                         max_num_batched_tokens=2048, trace_block_tables=False)
+    long_len = pick(4000, 1536)
+    stall_engine = modelled_engine(enable_chunked_prefill=False, max_model_len=4096, max_num_batched_tokens=4096,
+                                   trace_block_tables=False)
     decoders = [(0, f"dec-{i}", SHAKESPEARE_OPENINGS[i], SamplingParams(temperature=0.0, max_tokens=pick(30, 16), ignore_eos=True))
                 for i in range(4)]
     long_prompt = (0, "long", {"prompt_token_ids": [(13 * i) % 2000 + 3 for i in range(long_len)]},
@@ -144,16 +153,19 @@ CELLS = [
     run_with_arrivals(stall_engine, decoders + [(6, *long_prompt[1:])])
     itls = sorted(x for rid, m in stall_engine.request_metrics.items() if rid.startswith("dec") for x in m.itls)
     threshold = 3 * itls[len(itls) // 2]
-    viz.itl_figure(stall_engine.request_metrics, stall_engine.traces, threshold_s=threshold).show()
+    titled(viz.itl_figure(stall_engine.request_metrics, stall_engine.traces, threshold_s=threshold), "A long prompt prefilled in one step").show()
     stalls = viz.find_stalls(stall_engine.request_metrics, stall_engine.traces, threshold_s=threshold)
     for s in stalls[:4]:
         print(f"{s['request_id']}: token {s['token_index']} waited {s['itl_s'] * 1000:.0f} ms <- {s['cause']}")
     """),
-    code("""
-    worst = max(stalls, key=lambda s: s["itl_s"]) if stalls else None
-    show(f"Median ITL of the decoding requests: {itls[len(itls) // 2] * 1000:.1f} ms. The worst gap: **{worst['itl_s'] * 1000:.0f} ms** "
-         f"({worst['itl_s'] / itls[len(itls) // 2]:.0f}x), caused by *{worst['cause']}*. Chapter 4 removes it with chunked prefill."
-         if worst else "No stall above the threshold on this machine: try a longer prompt.")
+    conclusion("""
+    worst = max(stalls, key=lambda s: s["itl_s"])
+    median_itl = itls[len(itls) // 2]
+    conclude(f"Median ITL of the decoding requests: {median_itl * 1000:.1f} ms. The worst gap: **{worst['itl_s'] * 1000:.0f} ms** "
+             f"({worst['itl_s'] / median_itl:.0f}x), caused by *{worst['cause']}*: every decoding request waited for the "
+             f"{long_len:,}-token prefill. Chapter 4 removes it with chunked prefill.",
+             [("the worst gap is a stall (above 3x the median)", worst["itl_s"] > threshold),
+              ("caused by the long prompt's prefill", worst["kind"] == "prefill" and worst["cause_request_id"] == "long")])
     """),
     *exercise(1, """
         Toy: output lengths `[5, 1, 1, 5]` with `B = 2` slots. How many steps do static and continuous batching take?
@@ -162,7 +174,8 @@ CELLS = [
         "answer_1 = (5 + 5, 7)",
         """
         check("Exercise 1: static vs continuous steps", answer_1, (static_steps([5, 1, 1, 5], 2), continuous_steps([5, 1, 1, 5], 2)))
-        """),
+        """, wrong=["answer_1 = (10, 6)  # sum(lengths) / B: slots are not perfectly packed",
+                    "answer_1 = (5 + 5, 5)  # as if the short ones took no steps", "answer_1 = (12, 7)"]),
     *exercise(2, """
         In the stall experiment, which request's step made the decoders wait longest? Find the step with the longest
         duration in `stall_engine.traces` and give the request id of its largest chunk.
@@ -174,7 +187,8 @@ CELLS = [
         """
         longest_prefill = max((c for t in stall_engine.traces for c in t.chunks if c.is_prefill), key=lambda c: c.num_tokens)
         check("Exercise 2: who caused the stall", answer_2, longest_prefill.request_id)
-        """),
+        """, wrong=["answer_2 = worst['request_id']  # the victim of the stall, not its cause",
+                    "answer_2 = max(slowest.chunks, key=lambda c: c.start_pos).request_id  # the longest context, a decoder"]),
     *exercise(3, """
         Static batching: what fraction of slot-steps is idle for the toy lengths `toy_lengths` with `B = 2`? A batch
         of requests with lengths `l1, l2` occupies `2 x max(l1, l2)` slot-steps but uses only `l1 + l2`.
@@ -182,6 +196,25 @@ CELLS = [
         "answer_3 = 1 - sum(toy_lengths) / sum(2 * max(toy_lengths[i:i + 2]) for i in range(0, len(toy_lengths), 2))",
         """
         check_close("Exercise 3: idle slot-steps", answer_3, 1 - sum(toy_lengths) / (2 * static_steps(toy_lengths, 2)), rel_tol=1e-6)
+        """, wrong=["answer_3 = sum(toy_lengths) / sum(2 * max(toy_lengths[i:i + 2]) for i in range(0, len(toy_lengths), 2))  # the busy share",
+                    "answer_3 = 1 - sum(toy_lengths) / static_steps(toy_lengths, 2)  # forgot the 2 slots per step"]),
+    *question("why does the throughput gain follow the step ratio?", """
+        Continuous batching above took fewer steps and gained about that much output throughput. Why does fewer steps
+        mean more tokens per second here, and when would the gain be smaller than the step ratio?
+        """, """
+        On an H100 a decode step of a small batch costs about the same whatever the batch size (it reads the weights once,
+        chapter 1), so the time of a run is roughly (number of steps) x (cost of a step) and the same tokens in fewer steps
+        come out faster. The gain shrinks when steps get more expensive as they fill up: large batches with long contexts
+        (K/V reads grow with every request) or compute-bound steps, where a fuller step really costs more.
+        """),
+    *question("what if every request had the same output length?", """
+        Static batching wastes slots because output lengths differ. What if all requests wanted exactly the same number
+        of tokens: would continuous batching still help?
+        """, """
+        With equal lengths and all requests present at the start, every static batch finishes together and no slot idles,
+        so the two strategies take the same steps. Continuous batching still helps as soon as requests *arrive* over time:
+        a new request joins at the next step instead of waiting for the current batch to end, so its TTFT does not include
+        the rest of someone else's batch. Real traffic has both spread lengths and spread arrivals.
         """),
     *summary([
         "Static batching holds every slot until the longest request of the batch ends; with real, widely spread output lengths that idles many slots.",
@@ -194,8 +227,8 @@ CELLS = [
         ("continuous batching / iteration-level scheduling", "连续批处理 / 迭代级调度", "the batch is rebuilt every step"),
         ("head-of-line blocking", "队首阻塞", "requests behind a long one wait for it"),
         ("generation stall", "生成停顿", "a decode waits because a long prefill shares its step"),
-        ("TBT / ITL", "令牌间隔 / 令牌间延迟", "time between two output tokens of one request"),
-        ("TTFT", "首令牌时间", "time from arrival to the first output token"),
+        ("TBT / ITL", "词元间隔 / 词元间延迟", "time between two output tokens of one request"),
+        ("TTFT", "首词元时间", "time from arrival to the first output token"),
         ("sequence slot", "序列槽位", "a place in the running batch (`max_num_seqs`)"),
     ]),
 ]
