@@ -1,19 +1,28 @@
 # ruff: noqa: E501  (markdown and cell sources are long by nature)
-"""Chapter 4: chunked prefill under a token budget; chunk-size sweep; scheduling policies; Dynamic SplitFuse."""
+"""Chapter 4: chunked prefill under a token budget; KV continuity across chunks; both roofs; chunk-size sweep and
+vLLM's budget defaults; scheduling policies; Dynamic SplitFuse with its own target."""
 
-from cells import SETUP, code, exercise, glossary, header, md, summary
+from cells import SETUP, code, conclusion, exercise, glossary, header, md, question, summary
 
 CELLS = [
     *header(4, "Chunked prefill and the token budget", [
-        "Run the textbook case: 10 decoding requests and one long prompt, with and without 512-token chunks, and compare their TBT.",
-        "Sweep the chunk size and see the trade: small chunks = smooth decodes but more overhead for the long prompt.",
-        "Explain why intermediate chunks do not sample a token, from the engine's trace.",
-        "Compare decode-first, prefill-first, balanced and Dynamic SplitFuse on one workload.",
+        "Run the textbook case: 10 decoding requests and one 8,000-token prompt, with and without 512-token chunks, and compare their TBT (modelled H100).",
+        "Follow the long prompt's block table growing chunk by chunk: the KV of earlier chunks stays where it is.",
+        "Explain, with the cost model, why a prefill chunk and decodes in one step fill both roofs (compute and bandwidth) for about the price of the chunk.",
+        "Sweep the chunk size, read vLLM's real `max_num_batched_tokens` defaults, and see why the advice is chunks of at least 512 tokens, then benchmark.",
+        "Compare decode-first, prefill-first and balanced on a contended workload, and Dynamic SplitFuse with a target below the budget.",
     ], ["Agrawal et al., *SARATHI: Efficient LLM Inference by Piggybacking Decodes with Chunked Prefills*, 2023",
         "Agrawal et al., *Taming Throughput-Latency Tradeoff in LLM Inference with Sarathi-Serve*, OSDI 2024",
         "Holmes et al., *DeepSpeed-FastGen: High-throughput Text Generation for LLMs via MII and DeepSpeed-Inference*, 2024 (Dynamic SplitFuse)",
-        "vLLM docs, *Optimization and Tuning: chunked prefill*"]),
-    code(SETUP + "import math\n\nfrom minengine.workloads import SHAKESPEARE_OPENINGS\n"),
+        "vLLM docs, *Optimization and Tuning: chunked prefill*; vLLM source, `EngineArgs.get_batch_defaults` (vllm/engine/arg_utils.py)"]),
+    code(SETUP + """\
+import math
+
+from minengine.course import teaching_cost_model
+from minengine.timing import StepCostModel, StepWork
+from minengine.viz.cost_figures import roofs_figure
+from minengine.workloads import SHAKESPEARE_OPENINGS
+"""),
     md("""
     ## The idea
     Every step has a **token budget** (`max_num_batched_tokens`). Decodes take 1 token each; a prompt that does not
@@ -38,28 +47,28 @@ CELLS = [
     """),
     md("""
     ## The textbook case on the real engine
-    Ten requests are decoding when one long prompt arrives (8,000 tokens; 2,048 in fast mode). Without chunking the
-    prompt runs in one step. With chunking it goes in chunks (512 tokens; 256 in fast mode): budget = chunk + 10 so the
-    10 decodes always fit, and `long_prefill_token_threshold = chunk`. At full size the unchunked run takes a while on
-    a laptop CPU: that wait is the stall every decoding request suffers.
+    Ten requests are decoding when one 8,000-token prompt arrives. Without chunking the prompt runs in one step. With
+    chunking it goes in 512-token chunks: budget = chunk + 10 so the 10 decodes always fit, and
+    `long_prefill_token_threshold = chunk`. The tokens are computed by the bundled model on this CPU; the time is
+    the modelled H100 running Llama-3-8B shapes.
     """),
     code("""
-    LONG = pick(8000, 2048)
-    CHUNK = pick(512, 256)
+    LONG = 8000
+    CHUNK = 512
     NUM_DECODING = 10
     long_ids = [(17 * i) % 2000 + 3 for i in range(LONG)]
 
 
-    def textbook(chunk=None, long_len=LONG, decode_tokens=None, policy="decode-first"):
+    def textbook(chunk=None, long_len=LONG, decode_tokens=None, trace_block_tables=False):
         \"\"\"10 decoding requests; the long prompt arrives at step 3. chunk=None: no chunked prefill.\"\"\"
         decode_tokens = decode_tokens or pick(40, 24)
-        fields = dict(model=COURSE_MODEL, max_model_len=max(long_len + 16, 512), trace_block_tables=False,
-                      num_kv_blocks=(long_len + 16 * 64) // 16 + 64, scheduling_policy=policy)
+        fields = dict(max_model_len=max(long_len + 16, 512), trace_block_tables=trace_block_tables,
+                      num_kv_blocks=(long_len + 16 * 64) // 16 + 64)
         if chunk is None:
             fields.update(enable_chunked_prefill=False, max_num_batched_tokens=long_len + 16 + NUM_DECODING)
         else:
             fields.update(max_num_batched_tokens=chunk + NUM_DECODING, long_prefill_token_threshold=chunk)
-        eng = LLMEngine.from_config(**fields)
+        eng = modelled_engine(**fields)
         arrivals = [(0, f"dec-{i}", SHAKESPEARE_OPENINGS[i], SamplingParams(temperature=0.0, max_tokens=decode_tokens, ignore_eos=True))
                     for i in range(NUM_DECODING)]
         arrivals.append((3, "long", {"prompt_token_ids": long_ids[:long_len]}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)))
@@ -71,26 +80,56 @@ CELLS = [
         return sorted(x for rid, m in eng.request_metrics.items() if rid.startswith("dec") for x in m.itls)
 
 
-    unchunked, chunked = textbook(None), textbook(CHUNK)
+    unchunked, chunked = textbook(None), textbook(CHUNK, trace_block_tables=True)
     for name, eng in (("one step", unchunked), (f"{CHUNK}-token chunks", chunked)):
         x = decode_itls(eng)
         print(f"{name:18s} decode ITL median {x[len(x) // 2] * 1000:6.1f} ms | max {x[-1] * 1000:7.1f} ms | "
-              f"TTFT of the long prompt {eng.request_metrics['long'].ttft * 1000:7.0f} ms")
+              f"TTFT of the long prompt {eng.request_metrics['long'].ttft * 1000:7.1f} ms")
     """),
     code("""
     threshold = 3 * decode_itls(chunked)[len(decode_itls(chunked)) // 2]
-    viz.itl_figure(unchunked.request_metrics, unchunked.traces, threshold_s=threshold).update_layout(title="Without chunked prefill").show()
-    viz.itl_figure(chunked.request_metrics, chunked.traces, threshold_s=threshold).update_layout(title=f"Chunked prefill, {CHUNK}-token chunks").show()
+    titled(viz.itl_figure(unchunked.request_metrics, unchunked.traces, threshold_s=threshold), "Without chunked prefill").show()
+    titled(viz.itl_figure(chunked.request_metrics, chunked.traces, threshold_s=threshold), f"Chunked prefill, {CHUNK}-token chunks").show()
     viz.batch_composition_figure(chunked.traces).show()
     """),
-    code("""
+    conclusion("""
     u, c = decode_itls(unchunked), decode_itls(chunked)
     t_one, t_chunked = unchunked.request_metrics["long"].ttft, chunked.request_metrics["long"].ttft
-    why = ("chunking costs the long prompt latency: each chunk re-reads the K/V of the chunks before it and shares its step with the decodes"
-           if t_chunked > t_one else
-           "on this CPU the one huge step was even slower than the chunks together (see chapter 1's step-time curve); on a GPU chunking usually costs the long prompt a little")
-    show(f"Chunking the {LONG:,}-token prompt cut the worst decode gap from **{u[-1] * 1000:.0f} ms** to **{c[-1] * 1000:.0f} ms**; "
-         f"the long prompt's own TTFT went from {t_one * 1000:.0f} ms to {t_chunked * 1000:.0f} ms: {why}.")
+    n_chunks = math.ceil(LONG / CHUNK)
+    conclude(f"Without chunking the {LONG:,}-token prefill stalls every decode for **{u[-1] * 1000:.0f} ms** (the sources say about 0.3 s on one H100); "
+             f"with {CHUNK}-token chunks the worst decode gap is **{c[-1] * 1000:.1f} ms**, {u[-1] / c[-1]:.0f}x less. The price is the long "
+             f"prompt's own TTFT: {t_chunked * 1000:.0f} ms instead of {t_one * 1000:.0f} ms (**{t_chunked / t_one - 1:.0%} more**), because each of its "
+             f"{n_chunks} chunks pays a step's fixed costs (reading the weights, the per-step overhead) and re-reads the K/V of the chunks before it.",
+             [("chunking cuts the worst decode gap", c[-1] < u[-1] / 5),
+              ("the unchunked stall is on the order of 0.3 s", 0.2 < u[-1] < 0.4),
+              ("chunking costs the long prompt some TTFT, not a multiple", 1.0 < t_chunked / t_one < 1.5)])
+    """),
+    md("""
+    ## KV continuity across chunks
+    A chunk only *adds* to the request: `num_computed_tokens` moves forward, the block table gets the blocks the new
+    positions need, and every block written by an earlier chunk stays where it is, read again by the later chunks'
+    attention. Here is the long prompt's block table after each of its chunks (`trace_block_tables=True`).
+    """),
+    code("""
+    bs = chunked.config.block_size
+    growth = [(t.step, ch.start_pos + ch.num_tokens, t.block_tables["long"]) for t in chunked.traces for ch in t.chunks
+              if ch.request_id == "long" and ch.is_prefill]
+    for step, computed, table in growth:
+        print(f"step {step:3d}: {computed:5d} tokens computed, {len(table):3d} blocks: {table[:4]} ... {table[-2:]}")
+    fig = go.Figure(go.Scatter(x=[g[0] for g in growth], y=[len(g[2]) for g in growth], mode="lines+markers", line_shape="hv",
+                               text=[f"{g[1]} tokens" for g in growth]))
+    fig.update_layout(title="The long prompt's block table, chunk by chunk", xaxis_title="step", yaxis_title="blocks in its table")
+    fig.show()
+    viz.block_tables_figure(next(t for t in chunked.traces if t.step == growth[len(growth) // 2][0])).show()
+    """),
+    conclusion("""
+    prefix_kept = all(later[: len(earlier)] == earlier for (_, _, earlier), (_, _, later) in zip(growth, growth[1:]))
+    right_size = all(len(table) == math.ceil(computed / bs) for _, computed, table in growth)
+    conclude(f"Over {len(growth)} chunks the table grew from {len(growth[0][2])} to **{len(growth[-1][2])} blocks** "
+             f"(= ceil({LONG:,} / {bs})), one chunk's worth at a time, and every earlier block id stayed in place: each chunk "
+             f"continues the KV the previous ones wrote.",
+             [("each chunk's table starts with the previous table", prefix_kept),
+              ("each table holds exactly the blocks its computed tokens need", right_size)])
     """),
     md("""
     ## Why intermediate chunks do not sample
@@ -104,25 +143,88 @@ CELLS = [
         print(f"step {step:3d}: positions {ch.start_pos:5d}..{ch.start_pos + ch.num_tokens - 1:5d}  sampled={ch.sampled}")
     """),
     md("""
-    ## Chunk-size sweep: overhead vs smoothness
-    Smaller chunks keep each step short (smooth decodes), but the prompt needs more steps, each with its fixed costs
-    and each re-reading all earlier K/V of the prompt, so it finishes later. Sarathi-Serve picks the chunk from the
-    TBT SLO the deployment must meet.
+    ## Mixing fills both roofs
+    Why does a step with a 512-token chunk *and* the decodes cost about what the chunk alone costs? Chapter 1's
+    roofline: a decode batch is memory-bound (it reads the weights and the K/V for a few tokens of arithmetic, the
+    compute units idle), a 512-token chunk is compute-bound (the weights are read once and used 512 times, the memory
+    system idles part of the time). Put both in one step and each fills the other's idle roof. The cost model,
+    64 decodes with 1,000 tokens of context each:
     """),
     code("""
-    SWEEP_LEN = pick(2048, 1024)
-    chunk_sizes = pick([64, 128, 256, 512, 1024], [64, 256, 1024])
+    h100 = teaching_cost_model()
+    decodes = [(1, 1000, 1)] * 64
+    roofs = {"64 decodes": h100.cost(StepWork.of(decodes)), "512-token chunk": h100.cost(StepWork.of([(512, 0, 0)])),
+             "chunk + 64 decodes": h100.cost(StepWork.of([(512, 0, 0)] + decodes))}
+    titled(roofs_figure(roofs), "Compute time and memory time of three steps (decodes with 1,000 tokens of context)").show()
+    for name, cst in roofs.items():
+        print(f"{name:20s} {cst.time_s * 1e3:6.2f} ms: compute {cst.compute_time_s * 1e3:5.2f} ms, memory {cst.memory_time_s * 1e3:5.2f} ms ({cst.bound}-bound)")
+    """),
+    conclusion("""
+    d, p, mixed = roofs["64 decodes"], roofs["512-token chunk"], roofs["chunk + 64 decodes"]
+    conclude(f"The mixed step lasts **{mixed.time_s * 1e3:.1f} ms**, {mixed.time_s / p.time_s:.2f}x the chunk alone, yet it also serves 64 "
+             f"decodes that would take {d.time_s * 1e3:.1f} ms as a step of their own: separately the two cost "
+             f"{(d.time_s + p.time_s) * 1e3:.1f} ms. The decodes' memory traffic ({d.memory_time_s * 1e3:.1f} ms alone) hides under the "
+             f"chunk's compute, and the chunk's weight read is the one the decodes needed anyway: that is why Sarathi-Serve mixes them.",
+             [("a decode batch is memory-bound and a 512-token chunk compute-bound", d.bound == "memory" and p.bound == "compute"),
+              ("mixing costs far less than two steps", mixed.time_s < 0.75 * (d.time_s + p.time_s)),
+              ("and little more than the chunk alone", mixed.time_s < 1.25 * p.time_s),
+              ("the mixed step keeps both roofs busier", mixed.memory_time_s > p.memory_time_s and mixed.compute_time_s > d.compute_time_s)])
+    """),
+    md("""
+    ## Chunk-size sweep: overhead vs smoothness
+    Smaller chunks keep each step short (smooth decodes), but the prompt needs more steps, each paying the step's fixed
+    costs, so it finishes later. Sarathi-Serve picks the chunk from the TBT SLO the deployment must meet.
+    """),
+    code("""
+    SWEEP_LEN = pick(8000, 4000)
+    chunk_sizes = pick([64, 128, 256, 512, 1024, 2048], [128, 512, 2048])
     sweep = {}
     for size in chunk_sizes:
-        eng = textbook(size, long_len=SWEEP_LEN, decode_tokens=pick(40, 20))
+        eng = chunked if (size, SWEEP_LEN) == (CHUNK, LONG) else textbook(size, long_len=SWEEP_LEN, decode_tokens=pick(40, 20))
         x = decode_itls(eng)
         sweep[size] = (x[-1], eng.request_metrics["long"].ttft)
     fig = go.Figure([go.Scatter(x=chunk_sizes, y=[v[0] * 1000 for v in sweep.values()], name="worst decode ITL (ms)", mode="lines+markers"),
                      go.Scatter(x=chunk_sizes, y=[v[1] * 1000 for v in sweep.values()], name="TTFT of the long prompt (ms)", mode="lines+markers", yaxis="y2")])
-    fig.update_layout(title=f"Chunk size sweep ({SWEEP_LEN}-token prompt, 10 decoding requests)",
-                      xaxis=dict(title="chunk size (tokens)", type="log"), yaxis=dict(title="worst decode ITL (ms)"),
+    fig.add_vline(x=512, line_dash="dash", annotation_text="512")
+    titled(fig, f"Chunk size sweep ({SWEEP_LEN:,}-token prompt, 10 decoding requests)")
+    fig.update_layout(xaxis=dict(title="chunk size (tokens)", type="log"), yaxis=dict(title="worst decode ITL (ms)"),
                       yaxis2=dict(title="long prompt TTFT (ms)", overlaying="y", side="right"))
     fig.show()
+    for size, (itl, ttft) in sweep.items():
+        print(f"chunk {size:5d}: worst decode ITL {itl * 1000:6.1f} ms | long prompt TTFT {ttft * 1000:6.1f} ms")
+    """),
+    md("""
+    ### vLLM's defaults, and "chunks of at least 512 tokens, then benchmark"
+    vLLM sets the budget from the GPU and from how it is used (`EngineArgs.get_batch_defaults`): on GPUs with at least
+    70 GiB that are not A100s (H100, H200, MI300x) the offline `LLM` class gets **16,384** tokens and the OpenAI server
+    **8,192**; on other GPUs **8,192** and **2,048**. (vLLM's comment there: a large budget *reduced* A100 throughput,
+    PR #17885.) Its tuning guide: smaller values (e.g. 2,048) give better ITL, larger ones better TTFT, and above
+    8,192 for best throughput. What those budgets cost per step, when a prefill fills them, on the cost model:
+    """),
+    code("""
+    budgets = [512, 2048, 8192, 16384]
+    gpus = {"h100": "H100 SXM", "a100": "A100 80GB", "l4": "L4"}
+    full_step_ms = {(g, b): StepCostModel(g, "llama-3-8b").cost(StepWork.of([(b, 0, 0)])).time_s * 1e3 for g in gpus for b in budgets}
+    print("a step whose prefill chunk fills the budget, Llama-3-8B shapes (ms) = the gap every decode in it waits")
+    print(f"{'budget':>8s} " + " ".join(f"{name:>10s}" for name in gpus.values()))
+    for b in budgets:
+        print(f"{b:8,d} " + " ".join(f"{full_step_ms[(g, b)]:10.1f}" for g in gpus))
+    """),
+    conclusion("""
+    ttft = {size: v[1] for size, v in sweep.items()}
+    best = min(ttft.values())
+    small = min(chunk_sizes)
+    conclude(f"On the sweep, {CHUNK}-token chunks bring the long prompt's TTFT within **{ttft[CHUNK] / best - 1:.0%}** of the best chunk size, "
+             f"while {small}-token chunks cost **{ttft[small] / best:.1f}x** the best: below the ridge point (chapter 1) a chunk is "
+             f"memory-bound, so every step pays a full weight read for a few tokens of work. Above 512 the TTFT gains little while "
+             f"every decode's worst gap keeps growing ({sweep[CHUNK][0] * 1000:.0f} ms at {CHUNK}, {sweep[max(chunk_sizes)][0] * 1000:.0f} ms at "
+             f"{max(chunk_sizes)}). Hence the advice: chunks of at least 512 tokens, then benchmark your own SLO. vLLM's server default of "
+             f"8,192 on an H100 means a prefill-filled step of {full_step_ms[('h100', 8192)]:.0f} ms; the 2,048 default elsewhere keeps an "
+             f"A100's full step at {full_step_ms[('a100', 2048)]:.0f} ms, where 8,192 would take {full_step_ms[('a100', 8192)]:.0f} ms.",
+             [("512-token chunks are within 15 % of the best TTFT", ttft[CHUNK] / best < 1.15),
+              ("the smallest chunks cost at least 1.5x the best TTFT", ttft[small] / best > 1.5),
+              ("the worst decode gap grows with the chunk", sweep[max(chunk_sizes)][0] > sweep[CHUNK][0] > sweep[small][0] * 0.99),
+              ("the same budget takes longer on an A100 than on an H100", full_step_ms[("a100", 8192)] > full_step_ms[("h100", 8192)])])
     """),
     md("""
     ## Try it: chunk size vs TBT
@@ -133,8 +235,10 @@ CELLS = [
 
 
     def redraw(chunk=CHUNK):
-        eng = textbook(chunk, long_len=SWEEP_LEN, decode_tokens=pick(40, 20))
-        viz.itl_figure(eng.request_metrics, eng.traces, threshold_s=threshold).update_layout(title=f"{chunk}-token chunks").show()
+        eng = textbook(chunk, long_len=pick(8000, 2048), decode_tokens=pick(40, 20))
+        titled(viz.itl_figure(eng.request_metrics, eng.traces, threshold_s=threshold), f"{chunk}-token chunks").show()
+        x = decode_itls(eng)
+        print(f"{chunk}-token chunks: worst decode ITL {x[-1] * 1000:.1f} ms, long prompt TTFT {eng.request_metrics['long'].ttft * 1000:.0f} ms")
 
 
     widgets.interact_manual(redraw, chunk=widgets.SelectionSlider(options=[32, 64, 128, 256, 512, 1024, 2048], value=CHUNK))
@@ -144,87 +248,185 @@ CELLS = [
     The budget is fixed; the policy decides its order (`EngineConfig(scheduling_policy=...)`):
     - **decode-first** (vLLM v1, Sarathi-Serve's stall-free batching): running requests first, new prompts get the rest. Protects TPOT.
     - **prefill-first** (vLLM v0 default, Orca-like): new prompts first, decodes fill what is left. Good TTFT, stalls decodes.
-    - **balanced**: the budget split by `prefill_decode_ratio` between the two.
-    - **dynamic-splitfuse** (DeepSpeed-FastGen): every forward aims at the same size `splitfuse_target_tokens`; prefill chunks take exactly what decodes leave.
+    - **balanced**: the budget split by `prefill_decode_ratio` between the two (here 3: a quarter for decodes).
 
-    Workload: 8 decoding requests while 4 prompts arrive one after another, budget 256 tokens.
+    The order matters only when the budget is contended: here many requests are decoding (they alone take half the
+    budget) while four long prompts arrive one after another.
     """),
     code("""
-    def policy_run(policy):
-        try:
-            eng = LLMEngine.from_config(model=COURSE_MODEL, max_num_batched_tokens=256, scheduling_policy=policy,
-                                        trace_block_tables=False)
-        except (TypeError, ValueError) as err:   # engines without this policy
-            print(f"{policy}: not available in this engine ({err})")
-            return None
-        arrivals = [(0, f"dec-{i}", SHAKESPEARE_OPENINGS[i], SamplingParams(temperature=0.0, max_tokens=pick(40, 24), ignore_eos=True)) for i in range(8)]
-        arrivals += [(2 + 3 * j, f"prompt-{j}", {"prompt_token_ids": long_ids[j * 7: j * 7 + pick(600, 300)]},
+    BUDGET = pick(256, 128)
+    NUM_DECODERS = BUDGET // 2
+    PROMPT_LEN = pick(1200, 400)
+
+
+    def policy_run(policy, **fields):
+        eng = modelled_engine(max_num_batched_tokens=BUDGET, max_num_seqs=256, scheduling_policy=policy, trace_block_tables=False, **fields)
+        arrivals = [(0, f"dec-{i}", {"prompt_token_ids": [(5 * i + k) % 2000 + 3 for k in range(8)]},
+                     SamplingParams(temperature=0.0, max_tokens=pick(48, 32), ignore_eos=True)) for i in range(NUM_DECODERS)]
+        arrivals += [(3 + 4 * j, f"prompt-{j}", {"prompt_token_ids": long_ids[j * 7: j * 7 + PROMPT_LEN]},
                       SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)) for j in range(4)]
         run_with_arrivals(eng, arrivals)
         return eng
 
 
+    policy_runs = {"decode-first": policy_run("decode-first"), "prefill-first": policy_run("prefill-first"),
+                   "balanced": policy_run("balanced", prefill_decode_ratio=3.0)}
     policy_rows = {}
-    for policy in ["decode-first", "prefill-first", "balanced", "dynamic-splitfuse"]:
-        eng = policy_run(policy)
-        if eng is None:
-            continue
+    for policy, eng in policy_runs.items():
         x = decode_itls(eng)
         ttfts = [m.ttft for rid, m in eng.request_metrics.items() if rid.startswith("prompt")]
         policy_rows[policy] = dict(p99_itl_ms=1000 * x[min(len(x) - 1, int(0.99 * len(x)))], max_itl_ms=1000 * x[-1],
                                    mean_prompt_ttft_ms=1000 * sum(ttfts) / len(ttfts), steps=len(eng.traces))
     for policy, row in policy_rows.items():
-        print(f"{policy:18s} " + " | ".join(f"{k} {v:8.1f}" for k, v in row.items()))
+        print(f"{policy:14s} " + " | ".join(f"{k} {v:8.1f}" for k, v in row.items()))
+    fig = go.Figure([go.Bar(name="decode P99 ITL (ms)", x=list(policy_rows), y=[r["p99_itl_ms"] for r in policy_rows.values()]),
+                     go.Bar(name="mean prompt TTFT (ms)", x=list(policy_rows), y=[r["mean_prompt_ttft_ms"] for r in policy_rows.values()])])
+    titled(fig, f"Scheduling policy: decode smoothness vs prompt latency ({NUM_DECODERS} decoding, budget {BUDGET})")
+    fig.update_layout(barmode="group", yaxis_title="ms")
+    fig.show()
+    """),
+    conclusion("""
+    r = policy_rows
+    conclude(f"**decode-first** kept the decodes' P99 ITL at {r['decode-first']['p99_itl_ms']:.1f} ms, the lowest, but the prompts waited "
+             f"{r['decode-first']['mean_prompt_ttft_ms']:.0f} ms on average for their first token, since the {NUM_DECODERS} decodes take "
+             f"{NUM_DECODERS} of the {BUDGET} tokens every step. **prefill-first** gave the prompts their first token in "
+             f"{r['prefill-first']['mean_prompt_ttft_ms']:.0f} ms, the lowest, by stalling the decodes (P99 ITL "
+             f"{r['prefill-first']['p99_itl_ms']:.0f} ms). **balanced** (a quarter of the budget for decodes) sits between on TTFT "
+             f"({r['balanced']['mean_prompt_ttft_ms']:.0f} ms) and rations the decodes for as long as prompts are pending "
+             f"(P99 ITL {r['balanced']['p99_itl_ms']:.0f} ms): each decode waits its turn for a slice of the budget.",
+             [("decode-first has the lowest decode P99 ITL", r["decode-first"]["p99_itl_ms"] == min(x["p99_itl_ms"] for x in r.values())),
+              ("prefill-first has the lowest prompt TTFT", r["prefill-first"]["mean_prompt_ttft_ms"] == min(x["mean_prompt_ttft_ms"] for x in r.values())),
+              ("balanced's prompt TTFT is between the two", r["prefill-first"]["mean_prompt_ttft_ms"] < r["balanced"]["mean_prompt_ttft_ms"] < r["decode-first"]["mean_prompt_ttft_ms"])])
+    """),
+    md("""
+    ### Dynamic SplitFuse: a target forward size of its own
+    DeepSpeed-FastGen's Dynamic SplitFuse aims every forward at the same size, `splitfuse_target_tokens`: the decodes
+    run, and prefill chunks (split from long prompts, or several short prompts fused) take exactly what is left of the
+    target. With the target equal to the budget (the default) that is decode-first; the point of the policy is a
+    target *below* the budget, chosen where the forward is already efficient, so steps stay short and even while the
+    budget remains the hard cap (decodes beyond the target still run). 16 decoding requests, two 2,000-token prompts,
+    budget 1,024, target 384:
     """),
     code("""
-    if policy_rows:
-        fig = go.Figure([go.Bar(name="decode P99 ITL (ms)", x=list(policy_rows), y=[r["p99_itl_ms"] for r in policy_rows.values()]),
-                         go.Bar(name="mean prompt TTFT (ms)", x=list(policy_rows), y=[r["mean_prompt_ttft_ms"] for r in policy_rows.values()])])
-        fig.update_layout(barmode="group", title="Scheduling policy: decode smoothness vs prompt latency", yaxis_title="ms")
-        fig.show()
+    def splitfuse_run(policy, **fields):
+        eng = modelled_engine(max_num_batched_tokens=1024, scheduling_policy=policy, trace_block_tables=False, **fields)
+        arrivals = [(0, f"dec-{i}", SHAKESPEARE_OPENINGS[i % len(SHAKESPEARE_OPENINGS)],
+                     SamplingParams(temperature=0.0, max_tokens=pick(40, 24), ignore_eos=True)) for i in range(16)]
+        arrivals += [(2 + 2 * j, f"prompt-{j}", {"prompt_token_ids": long_ids[j * 11: j * 11 + pick(2000, 1000)]},
+                      SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)) for j in range(2)]
+        run_with_arrivals(eng, arrivals)
+        return eng
+
+
+    TARGET = 384
+    split_runs = {"decode-first (budget 1024)": splitfuse_run("decode-first"),
+                  f"dynamic-splitfuse (target {TARGET})": splitfuse_run("dynamic-splitfuse", splitfuse_target_tokens=TARGET),
+                  "dynamic-splitfuse (target = budget)": splitfuse_run("dynamic-splitfuse")}
+    fig = go.Figure([go.Scatter(y=[t.num_scheduled_tokens for t in eng.traces], name=name, mode="lines", line_shape="hv")
+                     for name, eng in list(split_runs.items())[:2]])
+    fig.add_hline(y=TARGET, line_dash="dash", annotation_text=f"target {TARGET}")
+    titled(fig, "Tokens per step: decode-first fills the budget, Dynamic SplitFuse holds its target")
+    fig.update_layout(xaxis_title="step", yaxis_title="tokens in the step")
+    fig.show()
+    for name, eng in split_runs.items():
+        x = decode_itls(eng)
+        ttfts = [m.ttft for rid, m in eng.request_metrics.items() if rid.startswith("prompt")]
+        print(f"{name:36s} max tokens/step {max(t.num_scheduled_tokens for t in eng.traces):5d} | worst decode ITL {x[-1] * 1000:5.1f} ms | "
+              f"mean prompt TTFT {1000 * sum(ttfts) / len(ttfts):6.1f} ms")
+    """),
+    conclusion("""
+    df, dsf, dsf_budget = split_runs.values()
+    with_prefill = [t.num_scheduled_tokens for t in dsf.traces if t.num_prefill_tokens]
+    x_df, x_dsf = decode_itls(df), decode_itls(dsf)
+    t_df = [m.ttft for rid, m in df.request_metrics.items() if rid.startswith("prompt")]
+    t_dsf = [m.ttft for rid, m in dsf.request_metrics.items() if rid.startswith("prompt")]
+    full_target = sum(n == TARGET for n in with_prefill)
+    conclude(f"With target {TARGET}, **{full_target} of {len(with_prefill)}** steps that carried a prefill chunk had exactly {TARGET} tokens and "
+             f"none more, where decode-first filled the budget ({max(t.num_scheduled_tokens for t in df.traces)} tokens). The decodes' worst gap fell "
+             f"from {x_df[-1] * 1000:.1f} ms to {x_dsf[-1] * 1000:.1f} ms; the prompts' mean TTFT rose from {1000 * sum(t_df) / len(t_df):.0f} ms to "
+             f"{1000 * sum(t_dsf) / len(t_dsf):.0f} ms. With the target equal to the budget the policy schedules exactly as decode-first.",
+             [("no step with a prefill chunk exceeds the target", max(with_prefill) <= TARGET),
+              ("most of them hit it exactly", full_target >= len(with_prefill) // 2),
+              ("decode-first fills a bigger step", max(t.num_scheduled_tokens for t in df.traces) > TARGET),
+              ("a smaller forward gives a smaller worst gap, at a TTFT price", x_dsf[-1] < x_df[-1] and sum(t_dsf) > sum(t_df)),
+              ("target = budget is decode-first", [t.chunks for t in dsf_budget.traces] == [t.chunks for t in df.traces])])
     """),
     *exercise(1, """
-        The long prompt of the chunked textbook run has `LONG` tokens and chunks of `CHUNK` tokens. In how many steps was it
-        prefilled? Give a formula, the check counts the chunks in the trace.
-        """, "ceil(LONG / CHUNK).", "answer_1",
-        "answer_1 = math.ceil(LONG / CHUNK)",
+        Write a function `answer_1(prompt_len, chunk)` giving the number of steps the engine needs to prefill a prompt
+        of `prompt_len` tokens alone with chunks of at most `chunk` tokens. The check compares it with the engine's own
+        trace: the textbook run above, and a few more lengths (some divide by the chunk, some do not).
+        """, "Every step but the last computes a full chunk; the last computes what is left (at least one token).", "answer_1",
+        "answer_1 = lambda prompt_len, chunk: math.ceil(prompt_len / chunk)",
         """
-        check("Exercise 1: number of chunks", answer_1, len(long_chunks))
-        """),
+        def engine_chunks(prompt_len, chunk):
+            eng = modelled_engine(max_num_batched_tokens=chunk, trace_block_tables=False)
+            eng.add_request("p", {"prompt_token_ids": long_ids[:prompt_len]}, SamplingParams(temperature=0.0, max_tokens=1))
+            run_to_completion(eng)
+            return sum(1 for t in eng.traces for ch in t.chunks if ch.is_prefill)
+
+
+        cases = [((LONG, CHUNK), len(long_chunks))] + [((n, c), engine_chunks(n, c)) for n, c in ((64, 16), (65, 16), (100, 30), (96, 32))]
+        check_function("Exercise 1: number of chunks", answer_1, cases)
+        """, wrong=["answer_1 = lambda prompt_len, chunk: prompt_len // chunk  # floor drops the last, short chunk",
+                    "answer_1 = lambda prompt_len, chunk: prompt_len / chunk  # a number of steps is a whole number",
+                    "answer_1 = lambda prompt_len, chunk: prompt_len // chunk + 1  # one too many when chunk divides the length",
+                    "answer_1 = lambda prompt_len, chunk: round(prompt_len / chunk)"]),
     *exercise(2, """
-        How many of those chunks sampled a token? And at which position does the sampling chunk end (its last position)?
+        How many of the long prompt's chunks sampled a token? And at which position does the sampling chunk end (its last position)?
         Answer `(number_sampled, last_position)`.
         """, "Only the chunk that reaches the end of the prompt samples.", "answer_2",
         "answer_2 = (1, LONG - 1)",
         """
         sampled = [ch for _, ch in long_chunks if ch.sampled]
         check("Exercise 2: which chunks sample", answer_2, (len(sampled), sampled[-1].start_pos + sampled[-1].num_tokens - 1))
-        """),
+        """, wrong=["answer_2 = (math.ceil(LONG / CHUNK), LONG - 1)  # every chunk samples", "answer_2 = (1, LONG)  # positions start at 0"]),
     *exercise(3, """
         Decode-first, budget `max_num_batched_tokens = 512`, no `long_prefill_token_threshold`, 10 requests decoding. How many
         prompt tokens fit in a step next to the decodes? The check runs it and reads the largest chunk.
         """, "Each decoding request takes 1 token of the budget.", "answer_3",
         "answer_3 = 512 - 10",
         """
-        eng3 = LLMEngine.from_config(model=COURSE_MODEL, max_num_batched_tokens=512, trace_block_tables=False)
+        eng3 = modelled_engine(max_num_batched_tokens=512, trace_block_tables=False)
         arr = [(0, f"d{i}", SHAKESPEARE_OPENINGS[i], SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)) for i in range(10)]
         run_with_arrivals(eng3, arr + [(3, "p", {"prompt_token_ids": long_ids[:1500]}, SamplingParams(temperature=0.0, max_tokens=1))])
         mixed = [ch.num_tokens for t in eng3.traces if t.num_decode_tokens == 10 for ch in t.chunks if ch.request_id == "p"]
         check("Exercise 3: prefill tokens next to 10 decodes", answer_3, max(mixed))
+        """, wrong=["answer_3 = 512  # the decodes take their tokens first", "answer_3 = 512 // 10", "answer_3 = 512 - 10 - 1"]),
+    *question("why does chunking raise the long prompt's own TTFT?", """
+        The chunked run gave the decodes a smooth pace but the 8,000-token prompt its first token later than the one big
+        step did. Where does the extra time go? What if the chunks were 64 tokens?
+        """, """
+        Each chunk is a step, and each step pays fixed costs: the per-step overhead and, on a GPU, the read of all the
+        weights (a 512-token chunk reads them once for 512 tokens; the single 8,000-token step read them once for 8,000).
+        Each chunk also re-reads the K/V of the chunks before it for its attention. With 64-token chunks a chunk is far
+        below the ridge point: every step is memory-bound, about as long as a 512-token step but doing an eighth of the
+        work, so the prompt needs 125 steps and its TTFT grows several times over (the sweep shows it).
+        """),
+    *question("what if every running request had a 32,000-token context?", """
+        The roofs figure used decodes with 1,000 tokens of context. Would a chunk plus 64 decodes still cost about the
+        chunk alone if each decode had 32,000 tokens of context?
+        """, """
+        No. Each decode reads its whole K/V every step: 64 x 32,000 tokens x 128 KiB (Llama-3-8B, bf16) is about
+        270 GB, far more than the 16 GB of weights, so the memory time grows past the chunk's compute time and the mixed
+        step becomes memory-bound and long; the decodes no longer hide under the chunk. Try
+        `h100.cost(StepWork.of([(512, 0, 0)] + [(1, 32000, 1)] * 64))`. Long contexts are why KV reads, not weights,
+        dominate decode at scale.
         """),
     *summary([
-        "Chunked prefill splits a long prompt over several steps under the token budget, so decodes keep a steady pace (no generation stall).",
-        "Chunk size trades decode smoothness (small chunks) against the long prompt's TTFT and per-step overhead (large chunks).",
-        "Only the chunk that reaches the end of the known tokens samples; intermediate chunks skip the LM head.",
-        "The policy orders the budget: decode-first protects TPOT, prefill-first favours TTFT, balanced splits, Dynamic SplitFuse keeps forward size constant.",
+        "Chunked prefill splits a long prompt over several steps under the token budget, so decodes keep a steady pace (no generation stall); the long prompt pays some TTFT for it.",
+        "Chunks only add: the block table grows chunk by chunk and the KV of earlier chunks stays in place.",
+        "A prefill chunk is compute-bound and decodes are memory-bound: in one step they fill both roofs, for about the price of the chunk alone.",
+        "Chunks below the ridge point waste steps; at least 512 tokens on an H100, then benchmark. vLLM's defaults: 8,192 (server) / 16,384 (offline) on H100-class GPUs, 2,048 / 8,192 elsewhere.",
+        "The policy orders the budget: decode-first protects ITL, prefill-first favours TTFT, balanced rations both; Dynamic SplitFuse holds each forward at its own target below the budget.",
     ]),
     *glossary([
         ("chunked prefill", "分块预填充", "splitting a prompt's prefill over several steps"),
-        ("token budget (`max_num_batched_tokens`)", "令牌预算", "most tokens (prefill + decode) per step"),
-        ("chunk", "块 / 分块", "the part of a prompt computed in one step"),
+        ("token budget (`max_num_batched_tokens`)", "词元预算", "most tokens (prefill + decode) per step"),
+        ("chunk", "分块", "the part of a prompt computed in one step (块 alone is the KV block)"),
         ("stall-free batching", "无停顿批处理", "decodes first, prefill chunks fill the rest (Sarathi-Serve)"),
         ("Dynamic SplitFuse", "动态拆分融合", "constant forward size: split long prompts, fuse short ones (DeepSpeed-FastGen)"),
         ("decode-first / prefill-first", "解码优先 / 预填充优先", "which kind of work gets the budget first"),
-        ("TBT / ITL", "令牌间隔", "time between two output tokens of one request"),
+        ("TBT / ITL", "词元间隔", "time between two output tokens of one request"),
+        ("ridge point", "屋脊点", "intensity where a step turns from memory-bound to compute-bound"),
     ]),
 ]

@@ -1,7 +1,7 @@
 # ruff: noqa: E501  (markdown and cell sources are long by nature)
 """Chapter 5: prefix caching: hashing full blocks, ref counts, LRU reuse, multi-turn chat, hit rate vs TTFT."""
 
-from cells import SETUP, code, exercise, glossary, header, md, summary
+from cells import SETUP, code, conclusion, exercise, glossary, header, md, question, summary
 
 CELLS = [
     *header(5, "Prefix caching", [
@@ -43,19 +43,28 @@ CELLS = [
     Four requests start with the same system prompt. The first computes it; the others hit its blocks.
     """),
     code("""
-    engine = LLMEngine.from_config(model=COURSE_MODEL, block_size=16, num_kv_blocks=64, max_num_batched_tokens=512,
-                                   enable_prefix_caching=True, trace_block_tables=True)
+    engine = modelled_engine(block_size=16, num_kv_blocks=64, max_num_batched_tokens=512, enable_prefix_caching=True,
+                             trace_block_tables=True)
     tok = engine.get_tokenizer()
-    system_prompt = "You are a helpful assistant who answers in the style of Shakespeare.\\n" * 2
+    system_ids = tok("You are a helpful assistant who answers in the style of Shakespeare.\\n" * 4)["input_ids"]
     for i, question in enumerate(SHAKESPEARE_OPENINGS[:4]):
-        engine.add_request(f"user-{i}", system_prompt + question, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        engine.add_request(f"user-{i}", {"prompt_token_ids": system_ids + tok(question)["input_ids"]},
+                           SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     run_to_completion(engine)
-    busiest = max(engine.traces, key=lambda t: max(t.block_ref_counts or [0]))
+    busiest = max(engine.traces, key=lambda t: sum(rc > 1 for rc in t.block_ref_counts or []))
     viz.block_pool_figure(busiest).show()
-    system_blocks = len(tok(system_prompt)["input_ids"]) // 16
     print({rid: m.num_cached_tokens for rid, m in engine.request_metrics.items()}, "cached prompt tokens per request")
-    show(f"The system prompt fills {system_blocks} full blocks. At step {busiest.step} the most shared block had ref count "
-         f"**{max(busiest.block_ref_counts)}**; prefix hits over the run: {engine.summary().prefix_hit_tokens} tokens.")
+    """),
+    conclusion("""
+    system_blocks = len(system_ids) // 16
+    shared_now = sum(rc > 1 for rc in busiest.block_ref_counts)
+    hits = {rid: m.num_cached_tokens for rid, m in engine.request_metrics.items()}
+    conclude(f"The system prompt fills **{system_blocks} full blocks**. At step {busiest.step}, {shared_now} blocks were shared, the "
+             f"most shared with ref count **{max(busiest.block_ref_counts)}**; the three later requests each took {hits['user-1']} prompt "
+             f"tokens from the cache instead of computing them.",
+             [("every later request hit the system prompt's full blocks", all(hits[f"user-{i}"] == system_blocks * 16 for i in (1, 2, 3))),
+              ("the first one computed everything", hits["user-0"] == 0),
+              ("the shared blocks are the system prompt's", shared_now == system_blocks)])
     """),
     md("""
     ## Multi-turn chat: MT-Bench
@@ -75,8 +84,8 @@ CELLS = [
 
     def chat(enable_prefix_caching, num_kv_blocks=pick(512, 256), flood=0):
         \"\"\"Serve turn 1 of every conversation, optionally `flood` unrelated requests, then every turn 2.\"\"\"
-        eng = LLMEngine.from_config(model=COURSE_MODEL, enable_prefix_caching=enable_prefix_caching, num_kv_blocks=num_kv_blocks,
-                                    max_model_len=1024, max_num_batched_tokens=512, trace_block_tables=False)
+        eng = modelled_engine(enable_prefix_caching=enable_prefix_caching, num_kv_blocks=num_kv_blocks,
+                              max_model_len=1024, max_num_batched_tokens=512, trace_block_tables=False)
         t = eng.get_tokenizer()
         params = SamplingParams(temperature=0.0, max_tokens=pick(32, 12), ignore_eos=True)
         turn1 = {f"c{i}-t1": t(a)["input_ids"] for i, (a, _) in enumerate(conversations)}
@@ -100,12 +109,17 @@ CELLS = [
 
     chat_on, hit_on, ttft_on = chat(True)
     chat_off, hit_off, ttft_off = chat(False)
-    show(f"Turn 2 of {len(conversations)} conversations: with prefix caching **{hit_on:.0%}** of the prompt tokens came from "
-         f"the cache and the median TTFT was **{ttft_on * 1000:.0f} ms**; without it, {hit_off:.0%} and {ttft_off * 1000:.0f} ms.")
+    """),
+    conclusion("""
+    conclude(f"Turn 2 of {len(conversations)} conversations: with prefix caching **{hit_on:.0%}** of the prompt tokens came from "
+             f"the cache and the median TTFT was **{ttft_on * 1000:.1f} ms**; without it, {hit_off:.0%} and {ttft_off * 1000:.1f} ms: "
+             f"the cache spared {hit_on:.0%} of turn 2's prefill, and the first token came {ttft_off / ttft_on:.1f}x sooner.",
+             [("caching serves most of turn 2 from the cache", hit_on > 0.5 and hit_off == 0),
+              ("and lowers turn 2's TTFT", ttft_on < ttft_off)])
     """),
     code("""
-    viz.latency_cdf_figure({k: v for k, v in chat_on.request_metrics.items() if k.endswith("-t2")}).update_layout(title="Turn 2 with prefix caching").show()
-    viz.latency_cdf_figure({k: v for k, v in chat_off.request_metrics.items() if k.endswith("-t2")}).update_layout(title="Turn 2 without prefix caching").show()
+    titled(viz.latency_cdf_figure({k: v for k, v in chat_on.request_metrics.items() if k.endswith("-t2")}), "Turn 2 with prefix caching").show()
+    titled(viz.latency_cdf_figure({k: v for k, v in chat_off.request_metrics.items() if k.endswith("-t2")}), "Turn 2 without prefix caching").show()
     """),
     md("""
     ### How much could a real service reuse?
@@ -113,11 +127,12 @@ CELLS = [
     at the same leading positions are reusable prefixes. With an infinite cache, a block hits when it and every block
     before it in that request were seen before:
     """),
-    code("""
+    conclusion("""
     mooncake = data / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl" if data else None
     if mooncake is not None and mooncake.exists():
         seen, hits, total = set(), 0, 0
-        for line in mooncake.read_text().splitlines()[: pick(None, 1000)]:
+        lines = mooncake.read_text().splitlines()[: pick(None, 1000)]
+        for line in lines:
             key, prefix_hit = 0, True
             for block_id in json.loads(line)["hash_ids"]:
                 key = hash((key, block_id))          # chained: names the block and everything before it
@@ -125,9 +140,11 @@ CELLS = [
                 hits += prefix_hit
                 total += 1
                 seen.add(key)
-        show(f"Mooncake trace: **{hits / total:.1%}** of {total:,} prompt blocks are prefix hits with an infinite cache.")
+        mooncake_text = (f"Mooncake trace, first {len(lines):,} requests: **{hits / total:.1%}** of {total:,} prompt blocks are "
+                         f"prefix hits with an infinite cache.")
     else:
-        print("Mooncake trace not found (../shared/data absent): skipped.")
+        mooncake_text = "Mooncake trace not found (`../shared/data` absent): nothing to measure here."
+    show(mooncake_text)
     """),
     md("""
     ## LRU reuse under memory pressure
@@ -147,6 +164,16 @@ CELLS = [
     widgets.interact_manual(lru, num_kv_blocks=widgets.IntSlider(value=pick(512, 256), min=64, max=1024, step=32),
                             flood=widgets.IntSlider(value=8, min=0, max=32))
     """),
+    conclusion("""
+    SMALL = 64
+    _, hit_small_quiet, _ = chat(True, num_kv_blocks=SMALL, flood=0)
+    _, hit_small_flood, _ = chat(True, num_kv_blocks=SMALL, flood=16)
+    conclude(f"With a pool of {SMALL} blocks, turn 2 hit **{hit_small_quiet:.0%}** of its prompt tokens when nothing ran in between, and "
+             f"**{hit_small_flood:.0%}** when 16 unrelated 200-token requests ran between the turns: their blocks came from the front of the "
+             f"free queue, the least recently used cached prefixes first. With {pick(512, 256)} blocks and no traffic it was {hit_on:.0%}.",
+             [("unrelated traffic evicts cached prefixes in a small pool", hit_small_flood < hit_small_quiet),
+              ("a roomy pool keeps at least as much", hit_on >= hit_small_quiet)])
+    """),
     md("""
     ## Hit rate vs TTFT
     Eight requests whose prompts share the first `f` of their tokens (the rest differs); one goes first and fills the cache.
@@ -156,7 +183,7 @@ CELLS = [
 
 
     def shared_fraction_run(fraction):
-        eng = LLMEngine.from_config(model=COURSE_MODEL, max_num_batched_tokens=1024, trace_block_tables=False)
+        eng = modelled_engine(max_num_batched_tokens=1024, trace_block_tables=False)
         shared = int(PROMPT * fraction)
         arrivals = []
         for i in range(pick(8, 5)):
@@ -172,9 +199,17 @@ CELLS = [
     results = [shared_fraction_run(f) for f in fractions]
     fig = go.Figure(go.Scatter(x=[100 * h for h, _ in results], y=[1000 * t for _, t in results], mode="lines+markers",
                                text=[f"shared {f:.0%}" for f in fractions]))
-    fig.update_layout(title=f"{PROMPT}-token prompts: prefix-cache hit rate vs TTFT", xaxis_title="hit rate (% of prompt tokens)",
-                      yaxis_title="mean TTFT of the later requests (ms)")
+    titled(fig, f"{PROMPT}-token prompts: prefix-cache hit rate vs TTFT")
+    fig.update_layout(xaxis_title="hit rate (% of prompt tokens)", yaxis_title="mean TTFT of the later requests (ms)")
     fig.show()
+    """),
+    conclusion("""
+    hit_rates, ttfts = [h for h, _ in results], [t for _, t in results]
+    conclude(f"As the shared part grows from {fractions[0]:.0%} to {fractions[-1]:.0%} of the prompt, the hit rate goes from "
+             f"{hit_rates[0]:.0%} to **{hit_rates[-1]:.0%}** and the later requests' mean TTFT from {ttfts[0] * 1000:.1f} ms to "
+             f"**{ttfts[-1] * 1000:.1f} ms**: each hit token is a token the step does not compute.",
+             [("more sharing, more hits", all(a < b for a, b in zip(hit_rates, hit_rates[1:]))),
+              ("more hits, lower TTFT", all(a > b for a, b in zip(ttfts, ttfts[1:])))])
     """),
     *exercise(1, """
         `block_size = 16`. A 100-token prompt whose first 70 tokens equal a prompt served just before. How many of its tokens
@@ -189,7 +224,8 @@ CELLS = [
         e1.add_request("second", {"prompt_token_ids": base[:70] + [1999 - k for k in range(30)]}, SamplingParams(temperature=0.0, max_tokens=1))
         run_to_completion(e1)
         check("Exercise 1: cached tokens", answer_1, e1.request_metrics["second"].num_cached_tokens)
-        """),
+        """, wrong=["answer_1 = 70  # only full blocks are cached", "answer_1 = 70 // 16  # blocks, not tokens",
+                    "answer_1 = (70 // 16 + 1) * 16  # the fifth block is only partly shared"]),
     *exercise(2, """
         The exact same 64-token prompt is sent twice (`block_size = 16`). How many tokens of the second request are served from
         the cache? (It is not 64.)
@@ -201,16 +237,36 @@ CELLS = [
             e2.add_request(rid, {"prompt_token_ids": base[:64]}, SamplingParams(temperature=0.0, max_tokens=1))
             run_to_completion(e2)
         check("Exercise 2: a fully cached prompt", answer_2, e2.request_metrics["b"].num_cached_tokens)
-        """),
+        """, wrong=["answer_2 = 64  # the last token must be computed to sample", "answer_2 = 64 - 1  # hits come in whole blocks"]),
     *exercise(3, """
-        In the shared-system-prompt run, what is the largest ref count any block reached? (How many block tables held the most
-        shared block at once?) Read it from `engine.traces`.
-        """, "Each `StepTrace` has `block_ref_counts`, one number per physical block.", "answer_3",
-        "answer_3 = max(max(t.block_ref_counts) for t in engine.traces)",
+        In the shared-system-prompt run, at step `busiest.step`, how many KV blocks did the four requests hold **in all**
+        (count each physical block once), and how many would they have held without sharing? Answer `(with_sharing, without)`
+        from `busiest.block_tables`.
+        """, "A shared block appears in several block tables but is one block of the pool; without sharing each table's blocks would be its own.", "answer_3",
+        "answer_3 = (len({b for table in busiest.block_tables.values() for b in table}), sum(len(table) for table in busiest.block_tables.values()))",
         """
-        tables_holding = [sum(block in table for table in t.block_tables.values())
-                          for t in engine.traces for block in {b for table in t.block_tables.values() for b in table}]
-        check("Exercise 3: the most shared block", answer_3, max(tables_holding))
+        held = sum(1 for rc in busiest.block_ref_counts if rc > 0)   # the pool's own count of blocks in use
+        check("Exercise 3: blocks with and without sharing", answer_3, (held, sum(busiest.block_ref_counts)))
+        """, wrong=["answer_3 = (sum(len(t) for t in busiest.block_tables.values()), sum(len(t) for t in busiest.block_tables.values()))  # a shared block counted per table",
+                    "answer_3 = (max(busiest.block_ref_counts), sum(len(t) for t in busiest.block_tables.values()))  # the ref count is not a number of blocks",
+                    "answer_3 = (len({b for t in busiest.block_tables.values() for b in t}), 4 * len({b for t in busiest.block_tables.values() for b in t}))"]),
+    *question("why is the last prompt token always recomputed?", """
+        Exercise 2 showed that a prompt sent twice does not get all its tokens from the cache. Why must the engine compute
+        at least the last prompt token, even when its K/V is cached?
+        """, """
+        The step must produce the logits that sample the first output token, and logits come from running the model on a
+        token: the cache stores K/V, not the final hidden state or the logits of the last position. So at least one prompt
+        token goes through the model; since hits come in whole blocks, the engine gives up the whole block that holds it
+        (`(len - 1) // block_size` blocks at most). vLLM does the same.
+        """),
+    *question("what if the system prompt came after the user's question?", """
+        The four requests above shared their first blocks because they started with the same system prompt. What if each
+        prompt were `question + system_prompt` instead?
+        """, """
+        Nothing would hit. A block's hash chains everything before it (its K/V depends on every earlier token through
+        attention), so once the first block differs, every later block differs too, even if its own tokens are identical.
+        That is why chat templates put the shared system prompt first, and why RAG systems place shared documents before
+        per-user text when they can.
         """),
     *summary([
         "A full block is named by a chained hash of its tokens and every token before it; equal hash means equal K/V.",
