@@ -1,18 +1,31 @@
 # ruff: noqa: E501  (markdown and cell sources are long by nature)
-"""Chapter 6: admission and preemption: the two budgets, the admission probe, recompute vs swap, victims."""
+"""Chapter 6: the scheduler's step: why both budgets (two broken toys beside the real scheduler), the schedule_step
+toy and vLLM's Scheduler.schedule read in five steps, the request state machine on a real run, preemption (victim
+choice, re-queueing at the head), recompute vs swap, the admission probe."""
 
-from cells import SETUP, code, exercise, glossary, header, md, summary
+from cells import SETUP, code, conclusion, exercise, glossary, header, md, question, summary
 
 CELLS = [
-    *header(6, "Admission and preemption", [
-        "Name the two budgets every step must respect (tokens and KV blocks, plus sequence slots) and when a request is admitted.",
-        "Watch KV memory run out: which running request becomes the victim, and how it is re-queued at the head.",
-        "Compare preemption by recompute and by swap; see the admission probe shrink a chunk until it fits.",
-        "Check that preemption does not change the output (greedy and seeded sampling).",
+    *header(6, "Admission and preemption: one scheduler step", [
+        "Explain why a step must respect both budgets, tokens and KV blocks (plus sequence slots): see a scheduler that checks only one of them fail.",
+        "Write the scheduler's step as a 30-line toy, check it against the real engine step by step, and map vLLM's `Scheduler.schedule` onto minengine's `StepBuilder` and `Scheduler.update_from_output` in five steps.",
+        "Draw the request state machine (`RequestStatus`) and watch a real run take its arrows.",
+        "Watch KV memory run out: which request becomes the victim (only one not yet scheduled this step), where it is re-queued (the head: last preempted, first back), recompute vs swap, the admission probe.",
     ], ["Kwon et al., PagedAttention, SOSP 2023, sections 4.5 and 7.3 (swapping vs recomputation)",
-        "vLLM docs, *Optimization and Tuning: preemption*", "Yu et al., Orca, OSDI 2022",
-        "Agrawal et al., Sarathi-Serve, OSDI 2024"]),
-    code(SETUP + "import math\n\nfrom minengine.workloads import SHAKESPEARE_OPENINGS\n"),
+        "vLLM source, `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, `update_from_output`)",
+        "vLLM docs, *Optimization and Tuning: preemption*", "Yu et al., Orca, OSDI 2022", "Agrawal et al., Sarathi-Serve, OSDI 2024"]),
+    code(SETUP + """\
+import inspect
+import math
+from collections import Counter
+
+from minengine.core import scheduler as scheduler_module, step_builder as step_builder_module
+from minengine.course import teaching_cost_model
+from minengine.course.states import StateRecorder
+from minengine.request import RequestStatus
+from minengine.timing import StepWork
+from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figure
+"""),
     md("""
     ## Two budgets
     A step can only run what fits in **both** budgets:
@@ -23,20 +36,228 @@ CELLS = [
     A waiting request is **admitted** only when its first chunk gets both tokens and blocks. A *running* request that
     needs a block when none is free forces a **preemption**: some running request (the **victim**) gives its blocks back.
 
-    ## Toy: admission with a probe
+    ## Why both: two toy schedulers that each check one
+    Eight requests (500-token prompts, 100 output tokens each) arrive at once; the pool has 128 blocks of 16 tokens
+    (2,048 token slots), the token budget is 1,024. Each toy prefills whole prompts (no chunking) and decodes one token
+    per running request per step. One checks only the token budget, the other only the free blocks.
     """),
     code("""
-    def admit(prompt_len, token_budget_left, free_blocks, block_size=16, shrink=True):
-        \"\"\"Chunk size to admit now (0 = wait). With `shrink`, cut the chunk to the blocks that are free.\"\"\"
-        chunk = min(prompt_len, token_budget_left)
-        if math.ceil(chunk / block_size) <= free_blocks:
-            return chunk
-        return min(chunk, free_blocks * block_size) if shrink else 0
+    def blocks(tokens, bs=16):
+        return -(-tokens // bs)
 
 
-    for free in (10, 3, 0):
-        print(f"{free:2d} free blocks: admit {admit(300, 256, free, shrink=False):3d} tokens without probe, "
-              f"{admit(300, 256, free):3d} with the probe")
+    def toy_run(check, requests, budget=1024, num_blocks=128):
+        \"\"\"A scheduler that checks only "tokens" (the token budget) or only "kv" (the free blocks). Returns what happened.\"\"\"
+        waiting, running, free, sizes = list(requests), {}, num_blocks, []   # running: id -> [tokens with K/V, outputs left]
+        for step in range(1000):
+            plan = {}
+            for rid, (held, _) in running.items():                 # every running request decodes one token...
+                new = blocks(held + 1) - blocks(held)
+                if check == "kv":
+                    if new > free:
+                        continue                                   # ...unless the KV-only toy finds no block for it
+                    free -= new
+                plan[rid] = 1
+            while waiting:                                         # admit whole prompts while the one check allows
+                rid, prompt, out = waiting[0]
+                if (check == "tokens" and sum(plan.values()) + prompt > budget) or (check == "kv" and blocks(prompt) > free):
+                    break
+                waiting.pop(0)
+                running[rid], plan[rid] = [0, out], prompt
+                free -= blocks(prompt) if check == "kv" else 0
+            if check == "tokens":                                  # the token-only toy allocates after deciding
+                need = sum(blocks(running[r][0] + n) - blocks(running[r][0]) for r, n in plan.items())
+                if need > free:
+                    return dict(outcome="out of KV memory", step=step, need=need, free=free, sizes=sizes)
+                free -= need
+            if not plan:
+                return dict(outcome="stuck", step=step, running=len(running), waiting=len(waiting), free=free, sizes=sizes)
+            sizes.append(sum(plan.values()))
+            for r, n in plan.items():
+                running[r][0] += n
+                running[r][1] -= 1
+            for r in [r for r, (_, left) in running.items() if left == 0]:
+                free += blocks(running.pop(r)[0])
+            if not running and not waiting:
+                return dict(outcome="finished", step=step, sizes=sizes)
+        return dict(outcome="ran out of steps", step=step, sizes=sizes)
+
+
+    REQUESTS = [(f"r{i}", 500, 100) for i in range(8)]
+    toys = {rule: toy_run(rule, REQUESTS) for rule in ("tokens", "kv")}
+    for rule, r in toys.items():
+        print(f"checks only {rule:6s}: {r['outcome']} at step {r['step']} (largest step {max(r['sizes'], default=0):,} tokens)", {k: v for k, v in r.items() if k not in ("outcome", "step", "sizes")})
+    """),
+    md("""
+    The real scheduler on the same workload (modelled clock), with both budgets and preemption:
+    """),
+    code("""
+    real = modelled_engine(block_size=16, num_kv_blocks=128, max_num_batched_tokens=1024, enable_prefix_caching=False, trace_block_tables=False)
+    for rid, prompt, out in REQUESTS:
+        real.add_request(rid, {"prompt_token_ids": [(7 * k + int(rid[1:])) % 2000 + 3 for k in range(prompt)]},
+                         SamplingParams(temperature=0.0, max_tokens=out, ignore_eos=True))
+    real_outs = run_to_completion(real)
+    h100 = teaching_cost_model()
+    kv_toy_big = max(toys["kv"]["sizes"])
+    print(f"real scheduler: {len(real_outs)} of {len(REQUESTS)} finished in {len(real.traces)} steps, largest step "
+          f"{max(t.num_scheduled_tokens for t in real.traces):,} tokens, {real.summary().num_preemptions} preemptions, "
+          f"{real.kv_cache_manager.num_free_blocks} of {real.num_kv_blocks} blocks free at the end")
+    """),
+    conclusion("""
+    tok, kv = toys["tokens"], toys["kv"]
+    big_ms = h100.cost(StepWork.of([(kv_toy_big, 0, 1)])).time_s * 1e3
+    budget_ms = h100.cost(StepWork.of([(1024, 0, 1)])).time_s * 1e3
+    conclude(f"The token-only toy ran **out of KV memory** at step {tok['step']}: that step needed {tok['need']} new blocks with {tok['free']} free, "
+             f"because it admits by compute alone (on a GPU, an out-of-memory crash mid-step). The KV-only toy admitted as many whole prompts "
+             f"as the pool held, an **oversized step** of {kv_toy_big:,} tokens ({big_ms:.0f} ms on the modelled H100 against {budget_ms:.0f} ms "
+             f"for a full 1,024-token budget: every decode in it waits that long), and then got **stuck** at step {kv['step']}: every running "
+             f"request needed a new block, none was free, and it has no way to take one back, so it would spin forever. The real scheduler "
+             f"checks both, preempts when blocks run out ({real.summary().num_preemptions} preemption(s) here) and finished all "
+             f"{len(REQUESTS)} requests without a step above the budget.",
+             [("checking only tokens runs out of KV memory", tok["outcome"] == "out of KV memory"),
+              ("checking only KV builds steps above the token budget", kv_toy_big > 1024),
+              ("and gets stuck without preemption", kv["outcome"] == "stuck"),
+              ("the real scheduler finishes everything within the budget", len(real_outs) == len(REQUESTS)
+               and max(t.num_scheduled_tokens for t in real.traces) <= 1024),
+              ("and leaks no block", real.kv_cache_manager.num_free_blocks == real.num_kv_blocks)])
+    """),
+    md("""
+    ## The scheduler's step as a toy: `schedule_step`
+    Here is one step of a decode-first scheduler with both budgets, chunked prefill and recompute preemption, in the
+    plain words of the textbook: running requests first (in admission order), each takes the tokens it still needs up
+    to what is left of the budget; if its blocks do not fit, preempt the newest running request not yet scheduled
+    this step (maybe itself) and try again; then, if nobody was preempted, admit waiting requests from the front of
+    the queue while budget, slots and blocks last. The check below runs it beside the real engine, step by step.
+    """),
+    code("""
+    def schedule_step(running, waiting, free_blocks, budget, max_seqs, bs=16):
+        \"\"\"One step. Requests are dicts: id, tokens (known), computed, blocks. Returns ([(id, n)], preempted ids, free_blocks).\"\"\"
+        batch, preempted, scheduled = [], [], set()
+        for req in list(running):
+            if budget == 0 or req in preempted:
+                continue
+            n = min(req["tokens"] - req["computed"], budget)               # 1 for a decode, a chunk for a prefill
+            while blocks(req["computed"] + n, bs) - req["blocks"] > free_blocks:   # KV budget: preempt the newest unscheduled
+                victim = [r for r in running if r["id"] not in scheduled][-1]
+                running.remove(victim); waiting.insert(0, victim); preempted.append(victim)
+                free_blocks += victim["blocks"]; victim["blocks"] = victim["computed"] = 0
+                if victim is req:
+                    break
+            else:
+                free_blocks -= blocks(req["computed"] + n, bs) - req["blocks"]; req["blocks"] = blocks(req["computed"] + n, bs)
+                batch.append((req, n)); scheduled.add(req["id"]); budget -= n
+        while waiting and not preempted and budget > 0 and len(running) < max_seqs:   # admission from the front of the queue
+            req = waiting[0]
+            n = min(req["tokens"] - req["computed"], budget)
+            if blocks(n, bs) > free_blocks:
+                break
+            waiting.pop(0); running.append(req); free_blocks -= blocks(n, bs); req["blocks"] = blocks(n, bs)
+            batch.append((req, n)); scheduled.add(req["id"]); budget -= n
+        return [(r["id"], n) for r, n in batch], [r["id"] for r in preempted], free_blocks
+
+
+    def toy_serve(requests, num_blocks, budget, max_seqs):
+        \"\"\"Drive schedule_step until all finish; after each step advance `computed` and sample where a step reached the end.\"\"\"
+        reqs = [dict(id=rid, prompt=p, out=0, max_tokens=m, tokens=p, computed=0, blocks=0) for rid, p, m in requests]
+        running, waiting, free, steps = [], list(reqs), num_blocks, []
+        while running or waiting:
+            batch, preempted, free = schedule_step(running, waiting, free, budget, max_seqs)
+            steps.append((batch, preempted))
+            for rid, n in batch:
+                req = next(r for r in running if r["id"] == rid)
+                req["computed"] += n
+                if req["computed"] == req["tokens"]:                        # reached the end of its known tokens: sample one
+                    req["out"] += 1; req["tokens"] += 1
+                    if req["out"] == req["max_tokens"]:
+                        running.remove(req); free += req["blocks"]
+        return steps
+
+
+    toy_steps = toy_serve(REQUESTS, num_blocks=128, budget=1024, max_seqs=64)
+    engine_steps = [([(c.request_id, c.num_tokens) for c in t.chunks], t.preempted_ids) for t in real.traces]
+    first_preemption = next(i for i, (_, p) in enumerate(engine_steps) if p)
+    print(f"toy: {len(toy_steps)} steps | engine: {len(engine_steps)} steps | first preemption at step {first_preemption}")
+    for i in range(first_preemption - 1, first_preemption + 2):
+        print(f"step {i}: toy {toy_steps[i]} | engine {engine_steps[i]}")
+    """),
+    conclusion("""
+    same = toy_steps == engine_steps
+    conclude(f"The toy and the real engine made **the same decision at every one of the {len(engine_steps)} steps**: the same requests, "
+             f"the same token counts, the same victims ({sum(len(p) for _, p in engine_steps)} preemption(s)). Everything else in "
+             f"`minengine/core/` is bookkeeping around these moves: block ids, prefix-cache hits, the other policies' orders.",
+             [("the toy schedule equals the engine's, step by step", same)])
+    """),
+    md("""
+    ### vLLM's `Scheduler.schedule`, read in five steps
+    vLLM v1's scheduler (`vllm/v1/core/sched/scheduler.py`) does the same in five steps; the right column is where each
+    happens in minengine (the cell below reads those lines from the source, so this table cannot silently go stale).
+
+    | # | vLLM v1 | what happens | minengine |
+    |---|---|---|---|
+    | 1 | `self.running`, `self.waiting` | two queues; running requests are served first (decode-first) | `Scheduler.running` / `waiting`, `DecodeFirst.fill`: `step.run_all(...)` then `step.admit_all()` |
+    | 2 | `num_new_tokens = request.num_tokens_with_spec - request.num_computed_tokens`, capped by `long_prefill_token_threshold` and `token_budget` | tokens this step | `Scheduler.chunk`, called by `StepBuilder.run` |
+    | 3 | `self.kv_cache_manager.allocate_slots(request, num_new_tokens)`; on `None`, preempt `self.running.pop()` (or the lowest priority) and `self.waiting.prepend_request(...)` | KV allocation, preemption | `StepBuilder.run`: `self.kv.allocate_slots`, `policy.pick_victim`, `Scheduler.preempt` (`waiting.appendleft`) |
+    | 4 | `SchedulerOutput(scheduled_new_reqs=..., num_scheduled_tokens=..., ...)` | the step's plan for the model runner | `StepBuilder.build` → `SchedulerOutput` of `ScheduledRequest`s |
+    | 5 | `update_from_output`: advance `num_computed_tokens`, append sampled tokens, check stop, free finished | write-back after the forward | `Scheduler.update_from_output` |
+    """),
+    code("""
+    mapping = {
+        "1 queues, running first": (step_builder_module.StepBuilder.unscheduled_running, "self.scheduler.running"),
+        "2 tokens this step": (step_builder_module.StepBuilder.run, "self.scheduler.chunk("),
+        "3 KV allocation": (step_builder_module.StepBuilder.run, "self.kv.allocate_slots(request, num_new)"),
+        "3 preemption": (step_builder_module.StepBuilder.run, "self.policy.pick_victim(self.unscheduled_running()"),
+        "3 re-queue at the head": (scheduler_module.Scheduler.preempt, "self.waiting.appendleft(request)"),
+        "4 SchedulerOutput": (step_builder_module.StepBuilder.build, "self.out.scheduled.append(ScheduledRequest("),
+        "5 write-back": (scheduler_module.Scheduler.update_from_output, "request.num_computed_tokens += s.num_new_tokens"),
+    }
+    found = {}
+    for name, (fn, needle) in mapping.items():
+        lines, first = inspect.getsourcelines(fn)
+        hit = next((first + i for i, line in enumerate(lines) if needle in line), None)
+        found[name] = hit
+        print(f"{name:24s} {fn.__qualname__:34s} line {hit}: {needle}")
+    claim("every step of the reading is at the line the table names", all(v is not None for v in found.values()))
+    """),
+    md("""
+    ## The request state machine, on a real run
+    Every request is in one `RequestStatus` (`minengine/request.py`). The diagram's nodes are the enum's members and its
+    arrows the moves the engine makes (`REQUEST_TRANSITIONS`); the numbers are how often a real run took each arrow.
+    PREEMPTED and SWAPPED are the statuses of requests back in the **waiting queue** (recompute and swap preemption);
+    re-admission makes them RUNNING again. The run: a small pool with a small CPU swap space (so some victims are
+    swapped, others recomputed), one request aborted while it waits, one with a deadline that passes.
+    """),
+    code("""
+    machine = modelled_engine(block_size=16, num_kv_blocks=16, max_num_batched_tokens=512, preemption_mode="swap", swap_space_blocks=6,
+                              enable_prefix_caching=False, trace_block_tables=False)
+    recorder = StateRecorder(machine)
+    arrivals = [(0, f"r{i}", {"prompt_token_ids": [(11 * i + k) % 2000 + 3 for k in range(48)]},
+                 SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)) for i in range(6)]
+    arrivals.append((2, "gone", {"prompt_token_ids": [5] * 20}, SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)))
+    recorder.run(arrivals, aborts=[(30, "gone")])
+    machine.add_request("late", {"prompt_token_ids": [7] * 20}, SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True),
+                        deadline=machine.clock() + 0.05)   # 50 ms of modelled time
+    while machine.has_unfinished_requests():
+        recorder.step()
+    state_machine_figure(recorder.pairs(), title="Request states: arrows taken in this run").show()
+    for (src, dst), n in sorted(Counter(recorder.pairs()).items(), key=lambda kv: -kv[1]):
+        print(f"{src.name:10s} -> {dst.name:16s} {n:3d}")
+    victim = next(e.request_id for e in recorder.events if e.dst is RequestStatus.SWAPPED)
+    print(f"{victim}'s life:", " -> ".join(s.name for s in recorder.history(victim)))
+    """),
+    conclusion("""
+    taken = set(recorder.pairs())
+    known = {(a, b) for a, b, _ in REQUEST_TRANSITIONS}
+    must = {(RequestStatus.WAITING, RequestStatus.RUNNING), (RequestStatus.RUNNING, RequestStatus.PREEMPTED),
+            (RequestStatus.PREEMPTED, RequestStatus.RUNNING), (RequestStatus.RUNNING, RequestStatus.SWAPPED),
+            (RequestStatus.SWAPPED, RequestStatus.RUNNING), (RequestStatus.RUNNING, RequestStatus.FINISHED_LENGTH)}
+    finished = Counter(e.dst.name for e in recorder.events if e.dst.finished)
+    conclude(f"The run took **{len(taken)} of the {len(known)} arrows**, and none that the diagram lacks: {dict(finished)} finished, "
+             f"victims both recomputed (PREEMPTED) and swapped (SWAPPED, while the {machine.num_swap_blocks}-block swap space had room), "
+             f"each back to RUNNING when re-admitted.",
+             [("every transition of the run is an arrow of the diagram", taken <= known),
+              ("the run took the main path and both kinds of preemption", must <= taken),
+              ("an abort and a timeout finished requests", finished["FINISHED_ABORTED"] == 1 and finished["FINISHED_TIMEOUT"] == 1),
+              ("the diagram's nodes are exactly RequestStatus", {s for pair in known for s in pair} == set(RequestStatus))])
     """),
     md("""
     ## Running out of KV memory on the real engine
@@ -45,8 +266,8 @@ CELLS = [
     """),
     code("""
     def pressure_run(num_kv_blocks, preemption_mode="recompute", n=pick(8, 6), out_len=pick(64, 40), **extra):
-        eng = LLMEngine.from_config(model=COURSE_MODEL, block_size=16, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=512,
-                                    preemption_mode=preemption_mode, enable_prefix_caching=False, trace_block_tables=True, **extra)
+        eng = modelled_engine(block_size=16, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=512, preemption_mode=preemption_mode,
+                              enable_prefix_caching=False, trace_block_tables=True, **extra)
         for i in range(n):
             eng.add_request(f"r{i}", {"prompt_token_ids": [(11 * i + k) % 2000 + 3 for k in range(48)]},
                             SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True))
@@ -57,34 +278,77 @@ CELLS = [
     SMALL_POOL = pick(20, 16)
     small, small_tokens = pressure_run(SMALL_POOL)
     roomy, roomy_tokens = pressure_run(256)
-    viz.kv_usage_figure(small.traces).show()
-    viz.queue_figure(small.traces).show()
+    titled(viz.kv_usage_figure(small.traces), f"KV blocks, {SMALL_POOL}-block pool").show()
+    titled(viz.queue_figure(small.traces), f"Running and waiting, {SMALL_POOL}-block pool").show()
+    """),
+    conclusion("""
     s = small.summary()
-    show(f"With {SMALL_POOL} blocks ({SMALL_POOL * 16} token slots) the run had **{s.num_preemptions} preemptions**; "
-         f"with 256 blocks, {roomy.summary().num_preemptions}. Peak blocks used: {s.peak_kv_blocks_used} of {SMALL_POOL}.")
+    conclude(f"With {SMALL_POOL} blocks ({SMALL_POOL * 16} token slots) the run had **{s.num_preemptions} preemptions**; "
+             f"with 256 blocks, {roomy.summary().num_preemptions}. Peak blocks used: {s.peak_kv_blocks_used} of {SMALL_POOL}.",
+             [("the small pool forces preemptions and the roomy one none", s.num_preemptions > 0 == roomy.summary().num_preemptions)])
     """),
     md("""
-    ## Who is the victim, and where does it go?
-    The default policy preempts the **most recently admitted** running request (vLLM v1): it has the least work to lose
-    and the oldest requests keep their progress. The victim goes to the **front** of the waiting queue, so it is the
-    first to be re-admitted when memory frees up (otherwise it could starve behind newcomers).
+    ## Who is the victim?
+    The default policy preempts the **most recently admitted** running request (vLLM v1): it has the least work to
+    lose, and the oldest requests keep their progress. But only among the running requests **not yet scheduled in this
+    step**: a request already scheduled has its chunk, its block table and its slot mapping in the batch being built;
+    freeing its blocks now would let the forward pass write K/V into blocks another request may be handed in the same
+    step. So when an older request runs out of blocks after a newer one was scheduled, the older one must give way,
+    even itself.
+
+    With prefill-first, the long prompt's chunk (the newest request) is scheduled before the decode of an older
+    request. When that decode crosses into a new block and none is free:
     """),
     code("""
-    admitted_order = []
-    events = []
+    victim_engine = modelled_engine(block_size=16, num_kv_blocks=14, max_num_batched_tokens=64, long_prefill_token_threshold=63,
+                                    scheduling_policy="prefill-first", enable_prefix_caching=False, trace_block_tables=True)
+    run_with_arrivals(victim_engine, [
+        (0, "old", {"prompt_token_ids": [(3 * k) % 2000 + 3 for k in range(30)]}, SamplingParams(temperature=0.0, max_tokens=80, ignore_eos=True)),
+        (1, "new", {"prompt_token_ids": [(5 * k) % 2000 + 3 for k in range(200)]}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))])
+    victim_step = next(t for t in victim_engine.traces if "old" in t.preempted_ids)
+    print(f"step {victim_step.step}: scheduled {[(c.request_id, c.start_pos, c.num_tokens) for c in victim_step.chunks]}, "
+          f"preempted {victim_step.preempted_ids}")
+    """),
+    conclusion("""
+    admitted_at = {rid: next(t.step for t in victim_engine.traces if rid in t.admitted_ids) for rid in ("old", "new")}
+    conclude(f"At step {victim_step.step} the newest running request, `new` (admitted at step {admitted_at['new']}), already had its "
+             f"{victim_step.chunks[0].num_tokens}-token chunk in the batch when `old` (admitted at step {admitted_at['old']}) needed a block: "
+             f"the only request not yet scheduled was `old` itself, so **`old` was preempted**, not the newest. The trace shows the rule: "
+             f"a victim is never one of the step's scheduled chunks.",
+             [("the newest request was already scheduled in the preemption step", any(c.request_id == "new" for c in victim_step.chunks)
+               and admitted_at["new"] > admitted_at["old"]),
+              ("the victim was the older, unscheduled one", victim_step.preempted_ids == ["old"]),
+              ("in every run of this chapter, no victim is scheduled in its own step", all(
+                  not set(t.preempted_ids) & {c.request_id for c in t.chunks}
+                  for eng in (victim_engine, small, real, machine) for t in eng.traces))])
+    """),
+    md("""
+    ## Where does the victim go? The head of the queue: last preempted, first back
+    `Scheduler.preempt` puts a victim at the **front** of the waiting queue (`appendleft`), and admission takes the
+    front. Newcomers join at the back. So a victim comes back before any request that arrived after it, and among
+    several victims waiting at once the **last one preempted is the first re-admitted** (a stack). Since each victim was
+    the newest running request when it was chosen, the stack gives them back in their original admission order:
+    first come, first served is preserved. The small-pool run, replayed as a queue:
+    """),
+    code("""
+    queue, predicted, actual = [], [], []
     for t in small.traces:
         for rid in t.preempted_ids:
-            running_before = [r for r in admitted_order]
-            events.append((t.step, rid, running_before[-1] if running_before else None))
-            admitted_order.remove(rid)
+            queue.insert(0, rid)                                  # appendleft
         for rid in t.admitted_ids:
-            admitted_order.append(rid)
-        for rid in t.finished_ids:
-            if rid in admitted_order:
-                admitted_order.remove(rid)
-    for step, victim, newest in events[:6]:
-        readmit = next((t.step for t in small.traces if t.step > step and victim in t.admitted_ids), None)
-        print(f"step {step:3d}: preempted {victim} (most recently admitted was {newest}); re-admitted at step {readmit}")
+            if rid in queue:                                      # a re-admission
+                predicted.append(queue.pop(0)); actual.append(rid)
+    victims = [rid for t in small.traces for rid in t.preempted_ids]
+    print("preempted, in order:  ", victims)
+    print("re-admitted, in order:", actual)
+    """),
+    conclusion("""
+    first_wave = [rid for t in small.traces for rid in t.preempted_ids][:3]
+    order = [rid for rid in actual if rid in first_wave][:3]
+    conclude(f"Victims left in the order {first_wave} and came back as {order}: **last preempted, first re-admitted**, which is "
+             f"their original admission order. Every re-admission was the request at the head of the queue, as predicted.",
+             [("each re-admission took the head of the queue", predicted == actual),
+              ("the first victims came back in reverse order", order == first_wave[::-1])])
     """),
     md("""
     ## Output unchanged after preemption
@@ -92,28 +356,29 @@ CELLS = [
     and decoding continues where it stopped. Greedy decoding must give the same tokens as the roomy run; so must seeded
     sampling, because the engine draws token *i* of a seeded request from a generator seeded by `(seed, i)`.
     """),
-    code("""
+    conclusion("""
     greedy_same = small_tokens == roomy_tokens
-    seeded = {}
-    for blocks in (SMALL_POOL, 256):
-        eng = LLMEngine.from_config(model=COURSE_MODEL, num_kv_blocks=blocks, enable_prefix_caching=False)
+    seeded, seeded_preemptions = {}, {}
+    for pool_blocks in (SMALL_POOL, 256):
+        eng = modelled_engine(num_kv_blocks=pool_blocks, enable_prefix_caching=False, trace_block_tables=False)
         for i in range(pick(8, 6)):
             eng.add_request(f"s{i}", {"prompt_token_ids": [(11 * i + k) % 2000 + 3 for k in range(48)]},
                             SamplingParams(temperature=1.0, seed=100 + i, max_tokens=pick(64, 40), ignore_eos=True))
-        seeded[blocks] = {rid: o.outputs[0].token_ids for rid, o in run_to_completion(eng).items()}
-        if blocks == SMALL_POOL:
-            seeded_preemptions = eng.summary().num_preemptions
+        seeded[pool_blocks] = {rid: o.outputs[0].token_ids for rid, o in run_to_completion(eng).items()}
+        seeded_preemptions[pool_blocks] = eng.summary().num_preemptions
     seeded_same = seeded[SMALL_POOL] == seeded[256]
-    show(f"Greedy outputs identical with and without preemption: **{greedy_same}**. Seeded sampling "
-         f"({seeded_preemptions} preemptions): **{seeded_same}**.")
+    conclude(f"Greedy outputs identical with and without preemption: **{greedy_same}**. Seeded sampling "
+             f"({seeded_preemptions[SMALL_POOL]} preemptions): **{seeded_same}**.",
+             [("greedy output survives preemption", greedy_same), ("seeded sampling survives it", seeded_same),
+              ("there were preemptions to survive", seeded_preemptions[SMALL_POOL] > 0)])
     """),
     md("""
     ## Recompute vs swap
     **Recompute** frees the victim's blocks and later prefills its tokens again: costs compute. **Swap** copies the
     blocks to CPU memory and back: costs transfer bandwidth, and CPU memory (`swap_space_blocks`). The PagedAttention
     paper (section 7.3, Fig. 19) measured swap losing for small blocks (many small PCIe transfers), winning for large
-    ones, and the two comparable at 16-64 tokens per block; vLLM v1 only recomputes. On a CPU the "copy" is within the same memory, so swap looks cheaper here than
-    across PCIe.
+    ones, and the two comparable at 16-64 tokens per block; vLLM v1 only recomputes. The modelled clock charges a swap
+    its bytes over the H100's PCIe link and a recompute its extra prefill tokens.
     """),
     code("""
     def preemption_cost(eng):
@@ -124,16 +389,13 @@ CELLS = [
 
     modes = {}
     for mode in ("recompute", "swap"):
-        try:
-            eng, tokens = pressure_run(SMALL_POOL, preemption_mode=mode)
-        except (TypeError, ValueError) as err:
-            print(f"{mode}: not available in this engine ({err})")
-            continue
+        eng, tokens = pressure_run(SMALL_POOL, preemption_mode=mode)
         s = eng.summary()
-        modes[mode] = eng
+        modes[mode] = (eng, tokens)
         print(f"{mode:9s}: preemptions {s.num_preemptions:3d} | recomputed tokens {preemption_cost(eng):5d} | "
-              f"swapped out/in blocks {getattr(s, 'num_swapped_out_blocks', 0)}/{getattr(s, 'num_swapped_in_blocks', 0)} | "
-              f"duration {s.duration_s:.2f} s | same output {tokens == roomy_tokens}")
+              f"swapped out/in blocks {s.num_swapped_out_blocks}/{s.num_swapped_in_blocks} | "
+              f"modelled duration {s.duration_s * 1000:.1f} ms | same output {tokens == roomy_tokens}")
+    claim("both modes give the unpreempted output", all(tokens == roomy_tokens for _, tokens in modes.values()))
     """),
     md("""
     ## The admission probe
@@ -142,12 +404,8 @@ CELLS = [
     """),
     code("""
     def probe_run(shrink):
-        try:
-            eng = LLMEngine.from_config(model=COURSE_MODEL, block_size=16, num_kv_blocks=40, max_num_batched_tokens=512,
-                                        shrink_prefill_chunks=shrink, enable_prefix_caching=False, trace_block_tables=False)
-        except (TypeError, ValueError) as err:
-            print(f"admission probe not available in this engine ({err})")
-            return None
+        eng = modelled_engine(block_size=16, num_kv_blocks=40, max_num_batched_tokens=512, shrink_prefill_chunks=shrink,
+                              enable_prefix_caching=False, trace_block_tables=False)
         arrivals = [(0, f"d{i}", {"prompt_token_ids": [(3 * i + k) % 2000 + 3 for k in range(100)]},
                      SamplingParams(temperature=0.0, max_tokens=pick(40, 24), ignore_eos=True)) for i in range(4)]
         arrivals.append((2, "big", {"prompt_token_ids": [(5 * k) % 2000 + 3 for k in range(400)]}, SamplingParams(temperature=0.0, max_tokens=2)))
@@ -158,15 +416,14 @@ CELLS = [
 
     probe_results = {shrink: probe_run(shrink) for shrink in (False, True)}
     for shrink, r in probe_results.items():
-        if r:
-            print(f"shrink_prefill_chunks={shrink!s:5s}: 'big' admitted at step {r[0]} with a {r[1]}-token first chunk, TTFT {r[2] * 1000:.0f} ms")
+        print(f"shrink_prefill_chunks={shrink!s:5s}: 'big' admitted at step {r[0]} with a {r[1]}-token first chunk, TTFT {r[2] * 1000:.1f} ms")
     """),
-    code("""
-    if all(probe_results.values()):
-        (s0, _, t0), (s1, c1, t1) = probe_results[False], probe_results[True]
-        show(f"The probe let the big prompt start **{s0 - s1} steps earlier** with a {c1}-token chunk. Its TTFT went from "
-             f"{t0 * 1000:.0f} ms to {t1 * 1000:.0f} ms: starting early helps only if the rest of the prompt finds blocks soon; "
-             f"a started prompt also holds blocks the running requests may need (more preemption risk).")
+    conclusion("""
+    (s0, c0, t0), (s1, c1, t1) = probe_results[False], probe_results[True]
+    conclude(f"The probe let the big prompt start **{s0 - s1} steps earlier** with a {c1}-token chunk instead of {c0}. Its TTFT went from "
+             f"{t0 * 1000:.1f} ms to {t1 * 1000:.1f} ms: starting early helps only if the rest of the prompt finds blocks soon; a started "
+             f"prompt also holds blocks the running requests may need (more preemption risk).",
+             [("the probe admits the prompt earlier", s1 < s0), ("with a smaller first chunk", c1 < c0)])
     """),
     md("## Try it: pool size vs preemptions"),
     code("""
@@ -176,9 +433,9 @@ CELLS = [
     def pool(num_kv_blocks=SMALL_POOL, preemption_mode="recompute"):
         eng, tokens = pressure_run(num_kv_blocks, preemption_mode=preemption_mode)
         s = eng.summary()
-        print(f"{num_kv_blocks} blocks, {preemption_mode}: {s.num_preemptions} preemptions, TPOT P99 {s.tpot_p99 * 1000:.1f} ms, "
+        print(f"{num_kv_blocks} blocks, {preemption_mode}: {s.num_preemptions} preemptions, TPOT P99 {s.tpot_p99 * 1000:.1f} ms (modelled), "
               f"output identical to the roomy run: {tokens == roomy_tokens}")
-        viz.kv_usage_figure(eng.traces).show()
+        titled(viz.kv_usage_figure(eng.traces), f"KV blocks, {num_kv_blocks}-block pool, {preemption_mode}").show()
 
 
     widgets.interact_manual(pool, num_kv_blocks=widgets.IntSlider(value=SMALL_POOL, min=8, max=64),
@@ -190,11 +447,12 @@ CELLS = [
         """, "ceil(prompt / block_size).", "answer_1",
         "answer_1 = math.ceil(100 / 16)",
         """
-        e1 = LLMEngine.from_config(model=COURSE_MODEL, block_size=16, enable_prefix_caching=False, trace_block_tables=True)
+        e1 = modelled_engine(block_size=16, enable_prefix_caching=False, trace_block_tables=True)
         e1.add_request("x", {"prompt_token_ids": [9] * 100}, SamplingParams(temperature=0.0, max_tokens=1))
         run_to_completion(e1)
         check("Exercise 1: blocks to admit", answer_1, len(e1.traces[0].block_tables["x"]))
-        """),
+        """, wrong=["answer_1 = 100 // 16  # the partly filled last block is a block too", "answer_1 = 100 / 16",
+                    "answer_1 = math.ceil(100 / 16) + 1  # no block is reserved for output tokens not yet generated"]),
     *exercise(2, """
         Predict the first victim of the small-pool run **without** reading `preempted_ids`: replay the trace up to the step of
         the first preemption and take the most recently admitted request that is still running. Store its id.
@@ -211,21 +469,42 @@ CELLS = [
         """
         first_preemption = next(t for t in small.traces if t.preempted_ids)
         check("Exercise 2: the first victim", answer_2, first_preemption.preempted_ids[0])
-        """),
+        """, wrong=["answer_2 = small.traces[0].admitted_ids[0]  # the oldest is the one that keeps its progress",
+                    "answer_2 = max(small.request_metrics, key=lambda r: small.request_metrics[r].num_prompt_tokens)  # not the longest"]),
     *exercise(3, """
-        With recompute preemption, does a preempted greedy request produce exactly the same tokens as without preemption?
-        Answer `True` or `False`.
-        """, "What is kept and what is recomputed? Is recomputed K/V different from the original?", "answer_3",
-        "answer_3 = True",
+        In the small-pool run the first three victims, in the order they were preempted, are `first_wave`. In which order were
+        they re-admitted? Answer a list of their ids, predicted from how `Scheduler.preempt` re-queues (not read from the trace).
+        """, "Each victim goes to the front of the waiting queue, and admission takes the front.", "answer_3",
+        "answer_3 = list(reversed(first_wave))",
         """
-        check("Exercise 3: output unchanged", answer_3, small_tokens == roomy_tokens and small.summary().num_preemptions > 0)
+        check("Exercise 3: re-admission order", answer_3, [rid for rid in actual if rid in first_wave][:3])
+        """, wrong=["answer_3 = list(first_wave)  # a victim re-queued at the tail would come back first-in-first-out",
+                    "answer_3 = [first_wave[0], first_wave[2], first_wave[1]]"]),
+    *question("why can the victim not be a request already scheduled this step?", """
+        In the victim experiment the older request was preempted although a newer one was running. What would go wrong if
+        the scheduler preempted `new`, whose chunk was already in the step being built?
+        """, """
+        `new`'s chunk is already in the batch: its slot mapping points into its blocks, and its block table is part of the
+        step's `SchedulerOutput`. Preempting it would free those blocks while the step still refers to them; they could be
+        handed to another request in the same step (or the next), and the forward would write `new`'s K/V into blocks that
+        belong to someone else, or read garbage. Taking the step's chunk back out is possible but costs bookkeeping; vLLM and
+        minengine simply choose among requests not yet scheduled.
+        """),
+    *question("what if victims were re-queued at the tail?", """
+        `Scheduler.preempt` puts a victim at the head of the waiting queue. What would happen under steady traffic if it went
+        to the tail instead?
+        """, """
+        Every request that arrived after the victim would be admitted before it, and each new admission takes the blocks the
+        victim needs; under steady load the victim could wait indefinitely (starvation), while its generated tokens and, for
+        swap, its swap blocks stay allocated. At the head it comes back as soon as memory allows, and several victims come
+        back newest-first, which restores their original arrival order.
         """),
     *summary([
-        "A step runs only what fits the token budget, the sequence slots and the free KV blocks; admission asks for all three.",
-        "When a running request needs a block and none is free, the most recently admitted running request is preempted and re-queued at the head.",
-        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory).",
-        "The admission probe shrinks a new prompt's chunk to the free blocks instead of leaving it waiting.",
-        "Preemption never changes the output: generated tokens are kept, and seeded sampling depends only on (seed, token index).",
+        "A step runs only what fits the token budget, the sequence slots and the free KV blocks: a scheduler that checks only tokens runs out of KV mid-step, one that checks only blocks builds oversized steps and gets stuck without preemption.",
+        "The step is a short loop (running first, chunk to the budget, allocate or preempt, admit from the head); vLLM's `Scheduler.schedule` is the same five moves, minengine's `StepBuilder` + `Scheduler.update_from_output`.",
+        "Requests move WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED or SWAPPED (waiting again) -> RUNNING; abort and timeout end any unfinished state.",
+        "The victim is the newest running request not yet scheduled this step; it is re-queued at the head, so victims come back last-preempted-first, in their original order.",
+        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output. The admission probe shrinks a new chunk to the free blocks.",
     ]),
     *glossary([
         ("admission", "准入", "moving a waiting request into the running batch"),
@@ -236,5 +515,6 @@ CELLS = [
         ("KV block budget", "KV 块预算", "the free blocks of the pool"),
         ("admission probe", "准入探测", "shrinking a new chunk until its blocks fit"),
         ("sequence slot", "序列槽位", "one place among `max_num_seqs` running requests"),
+        ("state machine (`RequestStatus`)", "状态机", "the states a request moves through and the moves between them"),
     ]),
 ]
