@@ -1,24 +1,32 @@
 # ruff: noqa: E501  (markdown and cell sources are long by nature)
-"""Chapter 7: scheduler design and SLOs: TTFT/TPOT/ITL percentiles, goodput, capacity, priority, cancellation."""
+"""Chapter 7: scheduler design and SLOs: TTFT/TPOT/ITL percentiles, goodput, capacity, "throughput up but P99 TPOT
+worse", round-robin anti-starvation, which business wants which policy, priority, cancellation, timeouts."""
 
-from cells import SETUP, code, exercise, glossary, header, md, summary
+from cells import SETUP, code, conclusion, exercise, glossary, header, md, question, summary
 
 CELLS = [
     *header(7, "Scheduler design and SLOs", [
         "Define TTFT, TPOT and ITL and compute their P50/P95/P99 from the engine's per-request records.",
-        "Replay a real trace (Azure LLM conversation trace) online at several arrival rates; define goodput and find the capacity under a P99 TBT SLO.",
-        "Explain why a busy engine (high utilization) can still serve users badly, and what to check when throughput rises but P99 TPOT gets worse.",
+        "Replay a real trace (Azure LLM conversation trace) online at several arrival rates; define goodput and find the capacity under the SLOs.",
+        "Explain why a busy engine (high utilization) can still serve users badly, and work through \"total tok/s went up but P99 TPOT got worse\": step composition, stalls, slots (`max_num_seqs`), preemptions, fairness, output backlog.",
+        "Choose a policy for a business (real-time chat, RAG / batch, multi-tenant), each choice backed by a run; see round-robin stop one long prompt from starving another.",
         "Use priority, cancellation (abort) and timeouts (deadlines).",
     ], ["Zhong et al., *DistServe: Disaggregating Prefill and Decoding for Goodput-optimized LLM Serving*, OSDI 2024 (goodput)",
         "Agrawal et al., *Sarathi-Serve*, OSDI 2024 (capacity under a P99 TBT SLO)",
-        "Patel et al., *Splitwise*, ISCA 2024 (the Azure trace)", "vLLM docs, *Benchmarks* (`benchmark_serving.py` metrics)"]),
+        "Patel et al., *Splitwise*, ISCA 2024 (the Azure trace)", "vLLM docs, *Benchmarks* (`benchmark_serving.py` metrics)",
+        "Jain, Chiu and Hawe, *A Quantitative Measure of Fairness*, DEC-TR-301, 1984 (Jain's fairness index)"]),
     code(SETUP + """\
+import dataclasses
 import math
 import statistics
+from collections import Counter
 
+from minengine.course import TEACHING_CLOCK
 from minengine.metrics.stats import percentile
+from minengine.viz.timeline_figures import token_times
 from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_capacity, find_data_dir, goodput, load_azure_trace,
                                  poisson_arrivals, replay_trace, synthetic_trace, with_arrivals)
+from minengine.workloads.traces import Trace
 """),
     md("""
     ## The metrics a user feels
@@ -30,28 +38,29 @@ from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_ca
 
     ## A real workload, replayed online
     The Azure LLM inference trace (conversation service, Splitwise ISCA'24) gives real prompt and output lengths; we
-    scale them to CPU size and draw Poisson arrivals at the rate we want to test. The replay runs on a **virtual clock**
-    (`minengine.workloads.VirtualClock`): time advances by each step's measured duration and skips idle gaps, so queueing
-    is real without waiting for it.
+    scale them by 1/4 (the tokens are computed for real on this CPU) and draw Poisson arrivals at the rate we want to
+    test. The replay runs on the **modelled clock** (an H100 running Llama-3-8B shapes): time advances by each step's
+    modelled duration and skips idle gaps, so queueing is real, deterministic, and at GPU magnitudes.
     """),
     code("""
-    N = pick(48, 16)
+    N = pick(64, 32)
     path = azure_conv_path(find_data_dir())
     if path is not None:
-        lengths = load_azure_trace(path, max_requests=N, length_scale=1 / 16)
+        lengths = load_azure_trace(path, max_requests=N, length_scale=1 / 4)
     else:
-        lengths = synthetic_trace(N, rate=1.0, prompt_len=64, output_len=16, range_ratio=0.5)
+        lengths = synthetic_trace(N, rate=1.0, prompt_len=180, output_len=28, range_ratio=0.5)
     print(lengths.source, "| prompt tokens", [r.prompt_len for r in lengths][:10], "... | output tokens", [r.output_len for r in lengths][:10], "...")
     CONFIG = dict(model=COURSE_MODEL, max_num_batched_tokens=256, max_num_seqs=16, trace_block_tables=False)
 
-    # Capacity scale of this machine: all requests at once (an offline batch) -> requests per second.
-    offline = replay_trace(with_arrivals(lengths, [0.0] * N), **CONFIG)
+    # The capacity scale: all requests at once (an offline batch) -> requests per second.
+    offline = replay_trace(with_arrivals(lengths, [0.0] * N), clock=TEACHING_CLOCK, **CONFIG)
     r0 = N / offline.summary().duration_s
-    print(f"offline batch: {r0:.1f} requests/s")
+    print(f"offline batch: {r0:.1f} requests/s ({offline.clock_label})")
     """),
     code("""
-    def at_rate(rate, seed=0, **overrides):
-        return replay_trace(with_arrivals(lengths, poisson_arrivals(rate, N, seed)), **{**CONFIG, **overrides})
+    def at_rate(rate, trace=None, seed=0, **overrides):
+        trace = lengths if trace is None else trace
+        return replay_trace(with_arrivals(trace, poisson_arrivals(rate, len(trace), seed)), clock=TEACHING_CLOCK, **{**CONFIG, **overrides})
 
 
     light = at_rate(0.25 * r0)
@@ -62,12 +71,12 @@ from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_ca
     ## SLOs, goodput and capacity
     A **SLO** bounds each request's latency; a request *meets* it when all bounds hold. **Goodput** (DistServe) is the
     rate of requests that met the SLO: throughput that counts only satisfied users. **Capacity** (Sarathi-Serve) is the
-    highest arrival rate at which the system still meets a P99 TBT SLO. Our SLO is set from this machine's unloaded
-    latencies (a real deployment takes it from the product: e.g. TTFT <= 1 s, P99 TBT <= 100 ms).
+    highest arrival rate at which the system still meets its SLOs. Our SLO is set from the unloaded latencies of this
+    scaled workload (a real deployment takes it from the product: e.g. TTFT <= 1 s, P99 TBT <= 100 ms).
     """),
     code("""
     slo = SLO(ttft_s=round(5 * s.ttft_p50, 3), tbt_p99_s=round(3 * s.itl_p50, 3))   # whole milliseconds
-    rates = [f * r0 for f in pick([0.25, 0.5, 1.0, 1.5, 2.0, 3.0], [0.25, 1.0, 2.0, 3.0])]
+    rates = [f * r0 for f in pick([0.25, 0.5, 1.0, 2.0, 3.0], [0.25, 1.0, 3.0])]
     sweep = {rate: at_rate(rate) for rate in rates}
     rows = []
     for rate, run in sweep.items():
@@ -78,89 +87,292 @@ from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_ca
                          tokens_per_step=statistics.fmean(t.num_scheduled_tokens for t in run.steps)))
     print(f"SLO: {slo}")
     for r in rows:
-        print(f"rate {r['rate']:6.1f}/s | throughput {r['throughput']:6.1f}/s | goodput {r['goodput']:6.1f}/s | TTFT P99 {r['ttft_p99'] * 1000:8.0f} ms | "
+        print(f"rate {r['rate']:6.1f}/s | throughput {r['throughput']:6.1f}/s | goodput {r['goodput']:6.1f}/s | TTFT P99 {r['ttft_p99'] * 1000:7.1f} ms | "
               f"ITL P99 {r['itl_p99'] * 1000:6.1f} ms | busy {r['busy']:.0%}")
     """),
     code("""
     fig = go.Figure([go.Scatter(x=[r["rate"] for r in rows], y=[r["throughput"] for r in rows], name="throughput (req/s)", mode="lines+markers"),
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["goodput"] for r in rows], name="goodput (req/s)", mode="lines+markers"),
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["ttft_p99"] * 1000 for r in rows], name="P99 TTFT (ms)", yaxis="y2", mode="lines+markers")])
-    fig.update_layout(title="Throughput, goodput and tail TTFT vs arrival rate", xaxis_title="arrival rate (requests/s)",
-                      yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right"))
+    titled(fig, "Throughput, goodput and tail TTFT vs arrival rate")
+    fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right"))
     fig.show()
     heavy = sweep[rates[-1]]
-    viz.queue_figure(heavy.steps).update_layout(title=f"At {rates[-1]:.1f} requests/s: the queue").show()
+    titled(viz.queue_figure(heavy.steps), f"At {rates[-1]:.1f} requests/s: the queue").show()
     """),
-    code("""
-    top = rows[-1]
-    show(f"At {top['rate']:.1f} requests/s the engine is busy **{top['busy']:.0%}** of the time and computes {top['tokens_per_step']:.0f} "
-         f"tokens per step on average (budget 256), yet P99 TTFT is **{top['ttft_p99'] * 1000:.0f} ms** and goodput {top['goodput']:.1f}/s "
-         f"of {top['throughput']:.1f}/s served: high utilization means a queue, and queueing is latency. "
-         f"At {rows[0]['rate']:.1f}/s it was busy {rows[0]['busy']:.0%} with P99 TTFT {rows[0]['ttft_p99'] * 1000:.0f} ms.")
+    conclusion("""
+    top, low = rows[-1], rows[0]
+    conclude(f"At {top['rate']:.1f} requests/s the engine is busy **{top['busy']:.0%}** of the time and computes {top['tokens_per_step']:.0f} "
+             f"tokens per step on average (budget 256), yet P99 TTFT is **{top['ttft_p99'] * 1000:.0f} ms** and only {top['goodput']:.1f} of the "
+             f"{top['throughput']:.1f} requests/s served met the SLO: high utilization means a queue, and queueing is latency. "
+             f"At {low['rate']:.1f}/s it was busy {low['busy']:.0%} with P99 TTFT {low['ttft_p99'] * 1000:.0f} ms.",
+             [("the engine is (nearly) always busy at the top rate", top["busy"] > 0.95),
+              ("and the tail TTFT has grown", top["ttft_p99"] > 2 * low["ttft_p99"]),
+              ("goodput falls behind throughput at the top rate", top["goodput"] < 0.9 * top["throughput"])])
     """),
     md("""
     `find_capacity` searches the highest Poisson rate at which at least 90 % of requests meet the SLO and the median
-    queueing delay stays bounded (Sarathi-Serve's method).
+    queueing delay stays bounded (Sarathi-Serve's method): it grows the rate until a probe fails, then bisects.
     """),
     code("""
-    capacity = find_capacity(slo, lengths=lengths, num_requests=N, start_rate=r0 / 2, max_probes=pick(8, 4), **CONFIG)
+    capacity = find_capacity(slo, lengths=lengths, num_requests=N, start_rate=r0 / 2, max_probes=pick(8, 4), clock=TEACHING_CLOCK, **CONFIG)
     for p in capacity.probes:
-        print(f"probe {p.rate:6.1f}/s: SLO attainment {p.attainment:.0%}, median queue delay {p.median_queue_delay_s * 1000:.0f} ms -> {'pass' if p.passed else 'fail'}")
-    show(f"Capacity under *{slo}*: **{capacity.capacity:.1f} requests/s** on this CPU with budget 256.")
+        print(f"probe {p.rate:6.1f}/s: SLO attainment {p.attainment:.0%}, median queue delay {p.median_queue_delay_s * 1000:.1f} ms -> {'pass' if p.passed else 'fail'}")
+    """),
+    conclusion("""
+    conclude(f"Capacity under *{slo}*: **{capacity.describe()}** ({capacity.clock_label}, budget 256, 16 slots), between the highest "
+             f"passing probe and the lowest failing one ({capacity.failing_rate:.1f} req/s).",
+             [("the search found a passing and a failing rate", capacity.bounded),
+              ("the capacity is above the light load", capacity.capacity > 0.25 * r0)])
     """),
     md("""
     ## "Total tok/s went up but P99 TPOT got worse: what do you check?"
-    A classic. Raise the token budget from 256 to 2,048: steps get bigger, more prefill rides in each step.
+    A classic. A chat service also answers questions about documents: every sixth request carries a 1,000-token document
+    (the others are the Azure requests above). Someone raises `max_num_batched_tokens` from 128 to 1,024 (chapter 4: a
+    128-token chunk is below the H100's ridge point, a waste of steps), with 64 sequence slots. The same requests,
+    arriving at the same times, on both settings:
     """),
     code("""
-    rate = rates[-2]
-    small_budget, big_budget = at_rate(rate), at_rate(rate, max_num_batched_tokens=2048)
-    bench = {}
-    for name, run in (("budget 256", small_budget), ("budget 2048", big_budget)):
-        bench[name] = ServingBenchmark.from_metrics(run.request_metrics, slo)
-        print(bench[name].as_table(title=name))
+    DOC_LEN = 1000
+    documents = Trace([dataclasses.replace(r, prompt_len=DOC_LEN, prompt_token_ids=None, request_id=f"doc-{i}") if i % 6 == 3 else r
+                       for i, r in enumerate(lengths[: pick(48, 32)])], source="Azure conv + 1,000-token documents")
+    doc_trace = with_arrivals(documents, poisson_arrivals(200.0, len(documents), 0))
+
+
+    def serve_documents(budget, max_num_seqs=64):
+        return replay_trace(doc_trace, clock=TEACHING_CLOCK, model=COURSE_MODEL, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
+                            max_model_len=4096, trace_block_tables=False)
+
+
+    budget_runs = {128: serve_documents(128), 1024: serve_documents(1024)}
+    bench = {f"budget {b}": ServingBenchmark.from_metrics(run.request_metrics, slo) for b, run in budget_runs.items()}
+    for b, run in budget_runs.items():
+        s_b = run.summary()
+        print(f"budget {b:5d}: total {s_b.total_tok_s:7.0f} tok/s | P50 TPOT {s_b.tpot_p50 * 1000:5.1f} ms | P99 TPOT {s_b.tpot_p99 * 1000:5.1f} ms | "
+              f"P99 ITL {s_b.itl_p99 * 1000:5.1f} ms | P99 TTFT {s_b.ttft_p99 * 1000:6.1f} ms")
+    """),
+    conclusion("""
+    small_b, big_b = budget_runs[128].summary(), budget_runs[1024].summary()
+    gain = big_b.total_tok_s / small_b.total_tok_s
+    conclude(f"Raising the budget from 128 to 1,024 raised total throughput by **{gain - 1:.0%}** ({small_b.total_tok_s:,.0f} -> "
+             f"{big_b.total_tok_s:,.0f} tok/s) and made P99 TPOT **{big_b.tpot_p99 / small_b.tpot_p99:.1f}x** worse "
+             f"({small_b.tpot_p99 * 1000:.1f} -> {big_b.tpot_p99 * 1000:.1f} ms). The checks below find out why.",
+             [("total tok/s went up", gain > 1.05), ("P99 TPOT got worse", big_b.tpot_p99 > 1.5 * small_b.tpot_p99)])
     """),
     md("""
     What to check, in order:
     1. **Step composition** (`viz.batch_composition_figure`): are prefill chunks larger now? Bigger steps = longer gaps for every decode in them.
     2. **ITL tail and its causes** (`viz.find_stalls`): which steps produced the slow tokens?
-    3. **Queue and admission** (`viz.queue_figure`): more requests running at once means more tokens per step.
+    3. **Queue and slots**: is `num_running` pinned at `max_num_seqs`? Then slots, not the budget, limit the batch.
     4. **Preemptions and KV usage** (`viz.kv_usage_figure`): recompute preemption re-prefills and stalls.
-    5. **Workload shift**: longer prompts or a different mix raise both numbers at once.
-    Fixes: a smaller budget or `long_prefill_token_threshold`, decode-first policy, a TBT-driven chunk size (chapter 4).
+    5. **Fairness**: who pays? Compare the spread of TPOT across users, and which requests gained.
+    6. **Output backlog**: the output tokens owed to requests in the system, over time: is decode work piling up?
+    7. **Workload shift**: longer prompts or a different mix raise both numbers at once.
     """),
     code("""
-    viz.batch_composition_figure(big_budget.steps[:60]).update_layout(title="budget 2048: first 60 steps").show()
+    big = budget_runs[1024]
+    titled(viz.batch_composition_figure(big.steps[:60]), "budget 1,024: the first 60 steps").show()
+    stall_threshold = 3 * big.summary().itl_p50
+    stalls = viz.find_stalls(big.request_metrics, big.steps, threshold_s=stall_threshold)
+    titled(viz.itl_figure(big.request_metrics, big.steps, threshold_s=stall_threshold), "budget 1,024: ITL and the steps behind the stalls").show()
+    causes = Counter("a document's prefill" if (st["cause_request_id"] or "").startswith("doc") else st["kind"] for st in stalls)
+    print(f"{len(stalls)} gaps above {stall_threshold * 1000:.0f} ms, caused by: {dict(causes)}")
+    """),
+    code("""
+    def shares(run):
+        \"\"\"Step composition, slots, preemptions, fairness and output backlog of one run.\"\"\"
+        steps, ms = run.steps, run.request_metrics
+        chat_tpot = [m.tpot for rid, m in ms.items() if not rid.startswith("doc") and m.tpot is not None]
+        ends = [t.end_time for t in steps]
+        emitted = {rid: token_times(m) for rid, m in ms.items()}
+        backlog = [sum(m.num_output_tokens - sum(1 for x in emitted[rid] if x <= t) for rid, m in ms.items() if m.arrival_time <= t < m.finished_time)
+                   for t in ends]
+        return dict(max_prefill=max(t.num_prefill_tokens for t in steps),
+                    doc_steps=sum(any(c.request_id.startswith("doc") and c.num_tokens > 1 for c in t.chunks) for t in steps) / len(steps),
+                    full_slots=sum(t.num_running >= run_slots[id(run)] for t in steps) / len(steps),
+                    preemptions=run.summary().num_preemptions,
+                    tpot_spread=percentile(chat_tpot, 99) / percentile(chat_tpot, 50),
+                    jain=sum(chat_tpot) ** 2 / (len(chat_tpot) * sum(x * x for x in chat_tpot)),
+                    doc_ttft=statistics.fmean(m.ttft for rid, m in ms.items() if rid.startswith("doc")),
+                    chat_ttft=statistics.fmean(m.ttft for rid, m in ms.items() if not rid.startswith("doc")),
+                    peak_backlog=max(backlog), mean_backlog=statistics.fmean(backlog), backlog=(ends, backlog))
+
+
+    run_slots = {id(run): 64 for run in budget_runs.values()}
+    checks = {b: shares(run) for b, run in budget_runs.items()}
+    for b, c in checks.items():
+        print(f"budget {b:5d}: largest prefill in a step {c['max_prefill']:5d} | steps with a document chunk {c['doc_steps']:.0%} | "
+              f"slots full {c['full_slots']:.0%} | preemptions {c['preemptions']} | chat TPOT P99/P50 {c['tpot_spread']:.2f} | "
+              f"Jain index {c['jain']:.2f} | mean TTFT docs {c['doc_ttft'] * 1000:.0f} ms, chat {c['chat_ttft'] * 1000:.0f} ms | "
+              f"output backlog peak {c['peak_backlog']} tokens")
+    fig = go.Figure([go.Scatter(x=[t - c["backlog"][0][0] for t in c["backlog"][0]], y=c["backlog"][1], name=f"budget {b}", mode="lines", line_shape="hv")
+                     for b, c in checks.items()])
+    titled(fig, "Output backlog: output tokens still owed to the requests in the system")
+    fig.update_layout(xaxis_title="time since the first step (s)", yaxis_title="output tokens owed")
+    fig.show()
+    """),
+    md("""
+    Check 3 needs a second look: with 64 slots the batch never filled them. Had the service run with 16 slots (this
+    chapter's trace replays above use 16), would the bigger budget still have paid?
+    """),
+    code("""
+    slot_runs = {b: serve_documents(b, max_num_seqs=16) for b in (128, 1024)}
+    run_slots.update({id(run): 16 for run in slot_runs.values()})
+    slot_checks = {b: shares(run) for b, run in slot_runs.items()}
+    for b, run in slot_runs.items():
+        print(f"16 slots, budget {b:5d}: total {run.summary().total_tok_s:7.0f} tok/s | slots full {slot_checks[b]['full_slots']:.0%} of steps | "
+              f"most waiting {max(t.num_waiting for t in run.steps)}")
+    """),
+    conclusion("""
+    c_small, c_big = checks[128], checks[1024]
+    gain_64 = budget_runs[1024].summary().total_tok_s / budget_runs[128].summary().total_tok_s
+    gain_16 = slot_runs[1024].summary().total_tok_s / slot_runs[128].summary().total_tok_s
+    backlog = ("more output tokens were owed on average: decode work piled up behind the document prefills"
+               if c_big["mean_backlog"] > c_small["mean_backlog"] else
+               "fewer output tokens were owed on average: the bigger budget cleared prompts sooner, so the backlog is not where the worse "
+               "TPOT comes from; the size of the steps is")
+    doc_stalls = causes["a document's prefill"]
+    conclude(f"1. **Step composition**: with budget 1,024 a document chunk takes up to {c_big['max_prefill']:,} tokens of a step "
+             f"(128 before): the long prefills eat the budget, and every decode in those steps waits for them. "
+             f"\\n2. **Stalls**: {len(stalls)} gaps above {stall_threshold * 1000:.0f} ms, every one caused by a prefill chunk sharing the step "
+             f"({doc_stalls} by a document's, the rest by long chat prompts, which the bigger budget also lets through in one piece). "
+             f"\\n3. **Slots**: with 64 slots running requests filled them in {c_big['full_slots']:.0%} of steps, so the budget was the limit and raising it "
+             f"paid ({gain_64 - 1:+.0%}); with 16 slots they were full in {slot_checks[1024]['full_slots']:.0%} of steps and the same change gave "
+             f"{gain_16 - 1:+.0%}: when `num_running` sits at `max_num_seqs`, add slots (KV permitting) before touching the budget. "
+             f"\\n4. **Preemptions**: {c_small['preemptions']} and {c_big['preemptions']}, not the cause here. "
+             f"\\n5. **Fairness**: the gain went to the documents (mean TTFT {c_small['doc_ttft'] * 1000:.0f} -> {c_big['doc_ttft'] * 1000:.0f} ms) and "
+             f"the chat users paid: their TPOT spread (P99 / P50) went from {c_small['tpot_spread']:.2f} to {c_big['tpot_spread']:.2f}, Jain's index "
+             f"from {c_small['jain']:.2f} to {c_big['jain']:.2f} (1 = everyone alike). "
+             f"\\n6. **Output backlog**: {c_big['mean_backlog']:.0f} output tokens owed on average with budget 1,024 against {c_small['mean_backlog']:.0f}: "
+             f"{backlog}.\\n\\nFixes: a smaller budget or `long_prefill_token_threshold` for the "
+             f"chunks, decode-first (already on), Dynamic SplitFuse with a target, or a separate pool for documents (disaggregation).",
+             [("document chunks fill the bigger budget", c_big["max_prefill"] > 4 * c_small["max_prefill"]),
+              ("every stall above the threshold is caused by a prefill chunk", bool(stalls) and all(st["kind"] == "prefill" for st in stalls)),
+              ("documents cause a good share of them", doc_stalls >= len(stalls) / 4),
+              ("64 slots were never the limit", c_big["full_slots"] == 0.0),
+              ("with 16 slots they were, and the budget paid less", slot_checks[1024]["full_slots"] > 0 and gain_16 < gain_64),
+              ("chat TPOT got less even", c_big["tpot_spread"] > c_small["tpot_spread"] and c_big["jain"] < c_small["jain"]),
+              ("documents got their first token sooner", c_big["doc_ttft"] < c_small["doc_ttft"])])
+    """),
+    md("""
+    ## Round-robin: one long prompt cannot starve another
+    With decode-first, prompts in prefill are served in admission order, so a long prompt that arrived first holds the
+    whole budget until it is done, and a short one behind it waits (head-of-line blocking). The `round-robin` policy
+    shares the prefill budget equally between the prompts that want it. A 4,000-token prompt, then a 300-token one a
+    step later, budget 256:
+    """),
+    code("""
+    def two_prompts(policy):
+        eng = modelled_engine(max_num_batched_tokens=256, scheduling_policy=policy, trace_block_tables=False)
+        run_with_arrivals(eng, [(0, "long-A", {"prompt_token_ids": [(13 * k + 7) % 2000 + 3 for k in range(pick(4000, 2000))]}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)),
+                                (1, "long-B", {"prompt_token_ids": [(13 * k + 14) % 2000 + 3 for k in range(300)]}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))])
+        return eng
+
+
+    rr_runs = {policy: two_prompts(policy) for policy in ("decode-first", "round-robin")}
+    fig = go.Figure()
+    for policy, eng in rr_runs.items():
+        for rid in ("long-A", "long-B"):
+            done, xs, ys = 0, [], []
+            for t in eng.traces:
+                done += sum(c.num_tokens for c in t.chunks if c.request_id == rid and c.is_prefill)
+                xs.append(t.step); ys.append(done)
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name=f"{policy}: {rid}", line={"dash": "dot" if rid == "long-B" else "solid"}))
+    fig.update_layout(title="Prefill progress (tokens computed) of two prompts, step by step", xaxis_title="step", yaxis_title="prompt tokens computed")
+    fig.show()
+    for policy, eng in rr_runs.items():
+        print(f"{policy:12s} TTFT A {eng.request_metrics['long-A'].ttft * 1000:6.1f} ms | B {eng.request_metrics['long-B'].ttft * 1000:6.1f} ms")
+    """),
+    conclusion("""
+    df_b, rr_b = (rr_runs[p].request_metrics["long-B"].ttft for p in ("decode-first", "round-robin"))
+    df_a, rr_a = (rr_runs[p].request_metrics["long-A"].ttft for p in ("decode-first", "round-robin"))
+    b_start = {p: next(t.step for t in eng.traces if any(c.request_id == "long-B" for c in t.chunks)) for p, eng in rr_runs.items()}
+    conclude(f"With decode-first the short prompt's first chunk ran only at step {b_start['decode-first']}, after the long one finished its "
+             f"prefill: TTFT **{df_b * 1000:.0f} ms**. Round-robin started it at step {b_start['round-robin']} and gave it **{rr_b * 1000:.0f} ms**, "
+             f"{df_b / rr_b:.1f}x sooner, for {(rr_a / df_a - 1):.0%} more on the long prompt's TTFT: fairness between prompts costs the one that "
+             f"came first a little.",
+             [("round-robin starts the second prompt at once", b_start["round-robin"] <= 2 < b_start["decode-first"]),
+              ("and gives it a much lower TTFT", rr_b < df_b / 2), ("at a small price for the first", df_a < rr_a < 1.5 * df_a)])
+    """),
+    md("""
+    ## Which business wants which policy?
+    A policy is a choice of whom to favour; the business decides. Three workloads, each judged by the metric its users
+    feel, each run under the candidate policies:
+    - **real-time chat** (users watch tokens stream): P99 ITL of the decoding users. Candidates: decode-first, prefill-first.
+    - **RAG / batch** (many document questions submitted at once; the job is done when all are): mean TTFT and total tok/s. Candidates: decode-first, prefill-first.
+    - **multi-tenant** (a paid tenant's short requests among a free tenant's flood): the paid tenant's worst TTFT. Candidates:
+      decode-first (first come, first served), priority (paid = 0, free = 1), round-robin.
+    """),
+    code("""
+    def ids(n, seed):
+        return [(7 * seed + 13 * k) % 2000 + 3 for k in range(n)]
+
+
+    def run_business(arrivals, policy, priorities=None, **fields):
+        eng = modelled_engine(scheduling_policy=policy, trace_block_tables=False, enable_prefix_caching=False, **fields)
+        pending, step = sorted(arrivals, key=lambda a: a[0]), 0
+        while pending or eng.has_unfinished_requests():
+            while pending and pending[0][0] <= step:
+                _, rid, prompt, params = pending.pop(0)
+                eng.add_request(rid, prompt, params, priority=(priorities or {}).get(rid, 0))
+            eng.step()
+            step += 1
+        return eng
+
+
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    chat = [(0, f"user-{i}", {"prompt_token_ids": ids(32, i)}, SamplingParams(max_tokens=pick(48, 32), **greedy)) for i in range(pick(48, 32))]
+    chat += [(2 + 3 * j, f"new-{j}", {"prompt_token_ids": ids(pick(800, 400), 50 + j)}, SamplingParams(max_tokens=4, **greedy)) for j in range(4)]
+    rag = [(0, f"rag-{i}", {"prompt_token_ids": ids(pick(300, 160), i)}, SamplingParams(max_tokens=pick(48, 24), **greedy)) for i in range(pick(64, 24))]
+    tenants = [(0, f"free-{i}", {"prompt_token_ids": ids(300, i)}, SamplingParams(max_tokens=24, **greedy)) for i in range(16)]
+    tenants += [(3 + 4 * j, f"paid-{j}", {"prompt_token_ids": ids(64, 100 + j)}, SamplingParams(max_tokens=8, **greedy)) for j in range(4)]
+    free_tier = {f"free-{i}": 1 for i in range(16)}
+
+    business = {}
+    for policy in ("decode-first", "prefill-first"):
+        eng = run_business(chat, policy, max_num_batched_tokens=128, max_num_seqs=128)
+        business[("real-time chat", policy)] = percentile([x for rid, m in eng.request_metrics.items() if rid.startswith("user") for x in m.itls], 99)
+    for policy in ("decode-first", "prefill-first"):
+        eng = run_business(rag, policy, max_num_batched_tokens=pick(256, 96), max_num_seqs=64)
+        business[("RAG / batch", policy)] = (statistics.fmean(m.ttft for m in eng.request_metrics.values()), eng.summary().total_tok_s)
+    for policy in ("decode-first", "priority", "round-robin"):
+        eng = run_business(tenants, policy, priorities=free_tier, max_num_batched_tokens=256, max_num_seqs=8)
+        business[("multi-tenant", policy)] = max(m.ttft for rid, m in eng.request_metrics.items() if rid.startswith("paid"))
+    for (kind, policy), value in business.items():
+        shown = (f"mean TTFT {value[0] * 1000:.1f} ms, {value[1]:,.0f} tok/s" if kind == "RAG / batch"
+                 else f"{'P99 ITL of chat users' if kind == 'real-time chat' else 'worst paid TTFT'} {value * 1000:.1f} ms")
+        print(f"{kind:15s} {policy:14s} {shown}")
+    """),
+    conclusion("""
+    chat_win = min(("decode-first", "prefill-first"), key=lambda p: business[("real-time chat", p)])
+    rag_win = min(("decode-first", "prefill-first"), key=lambda p: business[("RAG / batch", p)][0])
+    tenant_win = min(("decode-first", "priority", "round-robin"), key=lambda p: business[("multi-tenant", p)])
+    b = business
+    conclude(f"| business | metric | winner | numbers |\\n|---|---|---|---|\\n"
+             f"| real-time chat | P99 ITL | **{chat_win}** | {b[('real-time chat', 'decode-first')] * 1000:.1f} ms vs {b[('real-time chat', 'prefill-first')] * 1000:.1f} ms (prefill-first) |\\n"
+             f"| RAG / batch | mean TTFT, tok/s | **{rag_win}** | {b[('RAG / batch', 'prefill-first')][0] * 1000:.1f} ms and {b[('RAG / batch', 'prefill-first')][1]:,.0f} tok/s vs "
+             f"{b[('RAG / batch', 'decode-first')][0] * 1000:.1f} ms and {b[('RAG / batch', 'decode-first')][1]:,.0f} tok/s (decode-first) |\\n"
+             f"| multi-tenant | paid tenant's worst TTFT | **{tenant_win}** | {b[('multi-tenant', 'priority')] * 1000:.1f} ms vs {b[('multi-tenant', 'decode-first')] * 1000:.1f} ms "
+             f"(first come, first served), {b[('multi-tenant', 'round-robin')] * 1000:.1f} ms (round-robin) |\\n\\n"
+             f"Chat users feel every stall, so decode-first; a batch job wants its prompts through, so prefill-first; a paying tenant "
+             f"wants to jump the queue, so priority (with aging, so the free tier still finishes); round-robin is fairness between "
+             f"equals, not a service level.",
+             [("real-time chat: decode-first", chat_win == "decode-first"), ("RAG / batch: prefill-first", rag_win == "prefill-first"),
+              ("prefill-first also has the batch's throughput", b[("RAG / batch", "prefill-first")][1] >= b[("RAG / batch", "decode-first")][1]),
+              ("multi-tenant: priority", tenant_win == "priority")])
     """),
     md("""
     ## Priority, cancellation and timeouts
     - **Priority** (`scheduling_policy="priority"`, `add_request(..., priority=...)`; smaller = more urgent, as in vLLM):
-      urgent requests are admitted and served first; aging lets a low-priority request win eventually (no starvation).
+      urgent requests are admitted and served first (the paid tenant above); aging lets a low-priority request win eventually.
     - **Cancellation**: `abort_request(id)` finishes a request in any state and frees its blocks at once (a client hung up).
     - **Timeouts**: `add_request(..., deadline=t)` finishes it with reason `"timeout"` when the engine clock passes `t`.
     """),
-    code("""
-    def urgent_ttft(policy):
-        eng = LLMEngine.from_config(model=COURSE_MODEL, max_num_batched_tokens=128, max_num_seqs=4, scheduling_policy=policy)
-        for i in range(8):
-            eng.add_request(f"bg-{i}", {"prompt_token_ids": [(i * 7 + k) % 2000 + 3 for k in range(200)]},
-                            SamplingParams(temperature=0.0, max_tokens=pick(24, 12), ignore_eos=True), priority=1)
-        for _ in range(3):
-            eng.step()
-        eng.add_request("urgent", {"prompt_token_ids": [5] * 32}, SamplingParams(temperature=0.0, max_tokens=4), priority=0)
-        run_to_completion(eng)
-        return eng.request_metrics["urgent"].ttft
-
-
-    ttft_fcfs, ttft_priority = urgent_ttft("decode-first"), urgent_ttft("priority")
-    show(f"An urgent request behind 8 background requests: TTFT **{ttft_fcfs * 1000:.0f} ms** first-come-first-served, "
-         f"**{ttft_priority * 1000:.0f} ms** with the priority policy.")
-    """),
-    code("""
-    eng = LLMEngine.from_config(model=COURSE_MODEL, num_kv_blocks=64)
+    conclusion("""
+    eng = modelled_engine(num_kv_blocks=64)
     eng.add_request("chatty", {"prompt_token_ids": [7] * 100}, SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True))
     eng.add_request("slow", {"prompt_token_ids": [8] * 40}, SamplingParams(temperature=0.0, max_tokens=200, ignore_eos=True),
-                    deadline=eng.clock() + 0.05)
+                    deadline=eng.clock() + 0.05)   # 50 ms on the modelled clock
     outs = {}
     for _ in range(5):
         outs.update({o.request_id: o for o in eng.step() if o.finished})
@@ -168,9 +380,12 @@ from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_ca
     eng.abort_request("chatty")
     free_after = eng.kv_cache_manager.num_free_blocks
     outs.update(run_to_completion(eng))
-    show(f"Aborting `chatty` freed {free_after - free_before} KV blocks at once ({free_before} -> {free_after} free). "
-         f"`slow` had a 50 ms deadline and finished with reason **{outs['slow'].outputs[0].finish_reason}** after "
-         f"{len(outs['slow'].outputs[0].token_ids)} tokens.")
+    conclude(f"Aborting `chatty` freed {free_after - free_before} KV blocks at once ({free_before} -> {free_after} free). "
+             f"`slow` had a 50 ms deadline and finished with reason **{outs['slow'].outputs[0].finish_reason}** after "
+             f"{len(outs['slow'].outputs[0].token_ids)} tokens.",
+             [("the abort freed chatty's blocks at once", free_after - free_before == math.ceil(105 / 16)),
+              ("the deadline became a timeout", outs["slow"].outputs[0].finish_reason == "timeout"),
+              ("every block is free afterwards", eng.kv_cache_manager.num_free_blocks == eng.num_kv_blocks)])
     """),
     md("## Try it: arrival rate vs latency distribution"),
     code("""
@@ -181,7 +396,7 @@ from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_ca
         run = at_rate(rate_multiple * r0)
         print(f"{rate_multiple * r0:.1f} requests/s: goodput {goodput(run.request_metrics, slo):.1f}/s, SLO attainment "
               f"{sum(1 for m in run.request_metrics.values() if m.ttft <= slo.ttft_s) / N:.0%} on TTFT")
-        viz.latency_cdf_figure(run.request_metrics).show()
+        titled(viz.latency_cdf_figure(run.request_metrics), f"Latency distribution at {rate_multiple * r0:.1f} requests/s").show()
 
 
     widgets.interact_manual(load_test, rate_multiple=widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.25))
@@ -197,46 +412,102 @@ from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_ca
         """,
         """
         check_close("Exercise 1: P99 TTFT", answer_1, light.summary().ttft_p99, rel_tol=1e-6)
-        """),
+        """, wrong=["answer_1 = statistics.fmean(m.ttft for m in light.request_metrics.values())  # the mean hides the tail",
+                    "answer_1 = sorted(m.ttft for m in light.request_metrics.values())[int(0.99 * len(light.request_metrics))]  # nearest rank, no interpolation",
+                    "answer_1 = statistics.median(m.ttft for m in light.request_metrics.values())"]),
+    md("""
+    For exercise 2, an SLO for the document service set from the budget-1,024 run so that both bounds matter: the TBT
+    bound halfway between the smoothest and the roughest request's P99 gap, the TTFT bound at the median TTFT of the
+    requests that meet the TBT bound.
+    """),
+    code("""
+    p99_gap = {rid: percentile(m.itls, 99) for rid, m in big.request_metrics.items() if m.itls}
+    tbt_bound = (min(p99_gap.values()) + max(p99_gap.values())) / 2
+    ttft_bound = statistics.median(big.request_metrics[rid].ttft for rid, g in p99_gap.items() if g <= tbt_bound)
+    doc_slo = SLO(ttft_s=ttft_bound, tbt_p99_s=tbt_bound)
+    fails_ttft = sum(m.ttft > doc_slo.ttft_s for m in big.request_metrics.values())
+    fails_tbt_only = sum(m.ttft <= doc_slo.ttft_s and bool(m.itls) and percentile(m.itls, 99) > doc_slo.tbt_p99_s for m in big.request_metrics.values())
+    print(f"{doc_slo}: {len(big.request_metrics)} requests, {fails_ttft} miss the TTFT bound, {fails_tbt_only} meet it but miss the TBT bound")
+    claim("the exercise's SLO separates the right answer from the usual mistakes", fails_ttft > 0 and fails_tbt_only > 0 and fails_ttft + fails_tbt_only < len(big.request_metrics))
+    """),
     *exercise(2, """
-        Goodput of the heaviest run (`heavy`) under `slo`: requests that met every bound, per second of the run (first arrival ->
-        last finish). Use `m.ttft` and `percentile(m.itls, 99)`; a request with no ITLs has no TBT to check.
-        """, "Count the requests with ttft <= slo.ttft_s and (no itls or P99 of its itls <= slo.tbt_p99_s); divide by the duration.", "answer_2",
+        Goodput of the budget-1,024 document run (`big`) under `doc_slo`: requests that met every bound, per second of the run (first
+        arrival -> last finish). Use `m.ttft` and `percentile(m.itls, 99)`; a request with no ITLs has no TBT to check.
+        """, "Count the requests with ttft <= doc_slo.ttft_s and (no itls or P99 of its itls <= doc_slo.tbt_p99_s); divide by the duration.", "answer_2",
         """
-        ms = list(heavy.request_metrics.values())
-        good = sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= slo.tbt_p99_s))
+        ms = list(big.request_metrics.values())
+        good = sum(1 for m in ms if m.ttft <= doc_slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= doc_slo.tbt_p99_s))
         answer_2 = good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """,
         """
-        check_close("Exercise 2: goodput", answer_2, goodput(heavy.request_metrics, slo), rel_tol=1e-6)
-        """),
+        check_close("Exercise 2: goodput", answer_2, goodput(big.request_metrics, doc_slo), rel_tol=1e-6)
+        """, wrong=["""
+        ms = list(big.request_metrics.values())
+        answer_2 = len(ms) / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))  # throughput counts unhappy users too
+        """, """
+        ms = list(big.request_metrics.values())
+        good = sum(1 for m in ms if m.ttft <= doc_slo.ttft_s)   # forgot the TBT bound
+        answer_2 = good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
+        """, """
+        ms = list(big.request_metrics.values())
+        answer_2 = sum(1 for m in ms if m.ttft <= doc_slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= doc_slo.tbt_p99_s)) / len(ms)  # a fraction, not a rate
+        """]),
     *exercise(3, """
-        Of the two budgets compared above, which one had the higher **total token throughput**, and which the higher **P99 ITL**?
-        Answer a tuple of the two names, e.g. `("budget 256", "budget 2048")`.
-        """, "Read `bench[name].total_token_throughput` and `bench[name].latencies['ITL'][2]`.", "answer_3",
+        Interpret the budget experiment: in the budget-1,024 run, find the step that made the worst stall of a chat user and give
+        the id of the request whose chunk filled it. (Chat users are the ids without `doc`.)
+        """, "Take the largest ITL among chat users from `viz.find_stalls(big.request_metrics, big.steps, ...)`, or walk `big.steps`: the step with the largest prefill chunk inside that gap.", "answer_3",
         """
-        answer_3 = (max(bench, key=lambda k: bench[k].total_token_throughput), max(bench, key=lambda k: bench[k].latencies["ITL"][2]))
+        worst = max((s for s in stalls if not s["request_id"].startswith("doc")), key=lambda s: s["itl_s"])
+        answer_3 = worst["cause_request_id"]
         """,
         """
-        check("Exercise 3: throughput vs tail", answer_3,
-              (max(bench, key=lambda k: bench[k].total_token_throughput), max(bench, key=lambda k: bench[k].latencies["ITL"][2])))
+        chat_gaps = [(gap, rid, i) for rid, m in big.request_metrics.items() if not rid.startswith("doc") for i, gap in enumerate(m.itls)]
+        gap, rid, i = max(chat_gaps)
+        times = token_times(big.request_metrics[rid])
+        inside = [t for t in big.steps if times[i] < t.end_time <= times[i + 1] + 1e-9]
+        culprit = max((c for t in inside for c in t.chunks if c.is_prefill), key=lambda c: c.num_tokens).request_id
+        check("Exercise 3: who made the worst chat stall", answer_3, culprit)
+        """, wrong=["answer_3 = max(stalls, key=lambda s: s['itl_s'])['request_id']  # the victim of the stall, not its cause",
+                    'answer_3 = "budget 1024"  # the setting is the reason, a request is the cause']),
+    *question("why does a busy engine serve users badly?", """
+        At the top arrival rate the engine was busy nearly all the time, yet most requests missed their SLO. Why does high
+        utilization go with high latency? What would you watch to see it coming?
+        """, """
+        Near saturation, work arrives about as fast as it can be done, so any burst has to wait: the queue grows, and
+        queueing delay (counted in TTFT) grows without bound as the arrival rate approaches the service rate (queueing
+        theory: the waiting time of an M/G/1 queue grows like 1 / (1 - utilization)). Utilization only says the engine is
+        never idle; it says nothing about who waits. Watch the waiting queue length and time in queue, TTFT P99 and SLO
+        attainment (goodput / throughput); they move before utilization can (it is already ~100 %).
+        """),
+    *question("what if you raised the budget and the slots together?", """
+        With 16 slots the bigger budget paid less because the batch was slot-bound. What would raising `max_num_seqs` to 64
+        cost, and when could it backfire?
+        """, """
+        More running requests need more KV blocks: each holds its whole context in the pool. With enough memory, more slots
+        let more decodes share each weight read (chapter 1), and the bigger budget then raises throughput. With too little
+        memory, the extra requests are admitted and then preempted when they grow (chapter 6): recompute preemption
+        re-prefills them, which costs compute and stalls the decodes, and the throughput gain turns into a loss. Check the
+        KV usage and the preemption count after the change.
         """),
     *summary([
         "TTFT (queueing + prefill), TPOT (decode pace) and ITL/TBT (every gap) are judged at P99, not on average.",
         "Goodput counts only requests that met the SLO; capacity is the highest arrival rate that still meets it.",
-        "Near saturation the engine is busy nearly all the time and tokens per step are high, yet TTFT explodes: the queue grows.",
-        "When throughput rises and P99 TPOT worsens, look at step composition, stalls, queue, preemptions and the workload mix.",
-        "Priority orders admission and service; abort frees blocks at once; deadlines turn into 'timeout' finishes.",
+        "Near saturation the engine is busy nearly all the time, yet TTFT explodes: the queue grows.",
+        "When throughput rises and P99 TPOT worsens: step composition, stalls and their causes, slots (`max_num_seqs`), preemptions, fairness (who gained, who paid), output backlog, workload mix.",
+        "Policies serve businesses: decode-first for real-time chat, prefill-first for RAG / batch, priority for a paying tenant, round-robin against one prompt starving another.",
+        "Abort frees blocks at once; deadlines turn into 'timeout' finishes.",
     ]),
     *glossary([
-        ("TTFT", "首令牌时间", "arrival -> first output token"),
-        ("TPOT", "每输出令牌时间", "(E2E - TTFT) / (n - 1)"),
-        ("ITL / TBT", "令牌间延迟 / 令牌间隔", "gap between two consecutive output tokens"),
+        ("TTFT", "首词元时间", "arrival -> first output token"),
+        ("TPOT", "每输出词元时间", "(E2E - TTFT) / (n - 1)"),
+        ("ITL / TBT", "词元间延迟 / 词元间隔", "gap between two consecutive output tokens"),
         ("SLO", "服务等级目标", "bounds on a request's latencies"),
         ("goodput", "有效吞吐", "requests per second that met the SLO"),
         ("capacity", "容量", "highest arrival rate meeting the SLO"),
         ("P99", "第 99 百分位", "the value 99 % of samples are below"),
         ("priority / aging", "优先级 / 老化", "serve urgent first; waiting improves priority over time"),
+        ("fairness (Jain's index)", "公平性（Jain 指数）", "(Σx)² / (n Σx²): 1 when every user gets the same"),
+        ("output backlog", "输出积压", "output tokens still owed to the requests in the system"),
         ("cancellation / timeout", "取消 / 超时", "abort a request / finish it past its deadline"),
     ]),
 ]
