@@ -62,7 +62,8 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with code {self.process.returncode}:\n{self.process.stdout.read()}")
+                output = self.process.stdout.read()
+                raise RuntimeError(f"the server exited with code {self.process.returncode}:\n{output}")
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
