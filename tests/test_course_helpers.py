@@ -1,0 +1,89 @@
+"""The course's helpers beyond checks: the teaching clock, the state recorder and its figure, the cost-model figures,
+the /metrics reader."""
+
+from __future__ import annotations
+
+import pytest
+
+from minengine import SamplingParams
+from minengine.request import RequestStatus
+
+
+def test_teaching_clock_is_the_modelled_h100_and_fresh_per_engine():
+    from minengine.course import CLOCK_LABEL, modelled_engine, run_to_completion, teaching_clock
+
+    assert CLOCK_LABEL == "modelled: H100 SXM, Llama-3-8B shapes"
+    assert teaching_clock() is not teaching_clock() and teaching_clock()() == 0.0
+    durations = []
+    for _ in range(2):
+        eng = modelled_engine(max_num_batched_tokens=64, trace_block_tables=False)
+        eng.add_request("a", {"prompt_token_ids": [5] * 40}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        run_to_completion(eng)
+        durations.append([t.duration for t in eng.traces])
+        assert eng.clock.label == CLOCK_LABEL
+    assert durations[0] == durations[1] and min(durations[0]) > 0.005  # GPU magnitudes, bit-identical twice
+
+
+def test_state_recorder_sees_every_transition_and_the_figure_knows_them():
+    from minengine.course import modelled_engine
+    from minengine.course.states import StateRecorder
+    from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figure
+
+    eng = modelled_engine(block_size=16, num_kv_blocks=16, max_num_batched_tokens=512, preemption_mode="swap",
+                          swap_space_blocks=6, enable_prefix_caching=False, trace_block_tables=False)
+    rec = StateRecorder(eng)
+    arrivals = [(0, f"r{i}", {"prompt_token_ids": [(11 * i + k) % 2000 + 3 for k in range(48)]},
+                 SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)) for i in range(6)]
+    arrivals.append((2, "gone", {"prompt_token_ids": [5] * 20}, SamplingParams(temperature=0.0, max_tokens=100)))
+    rec.run(arrivals, aborts=[(30, "gone")])
+    eng.add_request("late", {"prompt_token_ids": [7] * 20}, SamplingParams(max_tokens=50), deadline=eng.clock() + 0.02)
+    while eng.has_unfinished_requests():
+        rec.step()
+    pairs = set(rec.pairs())
+    known = {(a, b) for a, b, _ in REQUEST_TRANSITIONS}
+    assert pairs <= known
+    assert {(RequestStatus.RUNNING, RequestStatus.SWAPPED), (RequestStatus.RUNNING, RequestStatus.PREEMPTED),
+            (RequestStatus.WAITING, RequestStatus.FINISHED_ABORTED)} <= pairs
+    assert any(b is RequestStatus.FINISHED_TIMEOUT for _, b in pairs)
+    for rid in ["r0", "r5", "gone", "late"]:  # every history starts waiting, ends finished, and moves along arrows
+        path = rec.history(rid)
+        assert path[0] is RequestStatus.WAITING and path[-1].finished
+        assert all((a, b) in known for a, b in zip(path, path[1:]))
+    fig = state_machine_figure(rec.pairs())
+    assert {t for t in fig.data[0].text} == {s.name for s in RequestStatus}
+    with pytest.raises(ValueError, match="not in the state machine"):
+        state_machine_figure([(RequestStatus.FINISHED_LENGTH, RequestStatus.RUNNING)])
+
+
+def test_cost_figures_place_steps_under_the_roofs():
+    from minengine.timing import StepCostModel, StepWork
+    from minengine.viz.cost_figures import roofline_figure, roofs_figure
+
+    m = StepCostModel("h100", "llama-3-8b")
+    steps = {"decode": m.cost(StepWork.of([(1, 1000, 1)] * 8)), "prefill": m.cost(StepWork.of([(2048, 0, 1)]))}
+    fig = roofline_figure(m, steps)
+    hw = m.hardware
+    peak = hw.peak_flops_for(m.shape.dtype_bytes) * hw.mfu
+    for trace, cost in zip(fig.data[2:], steps.values()):
+        x, y = trace.x[0], trace.y[0] * 1e12
+        assert y <= min(peak, x * hw.memory_bandwidth * hw.mbu) * 1.0001  # a step never beats its roof
+    bars = roofs_figure(steps)
+    assert [b.name for b in bars.data][:2] == ["compute time (FLOPs / effective peak)",
+                                                "memory time (bytes / effective bandwidth)"]
+
+
+def test_metric_reader_finds_samples_and_defaults_to_zero():
+    from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from minengine.course.serving import metric
+
+    registry = CollectorRegistry()  # the text a server exports, as prometheus_client writes it
+    Counter("vllm:request_success", "finished", ["finished_reason"], registry=registry).labels("length").inc(3)
+    Gauge("vllm:num_requests_running", "running", registry=registry).set(2)
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert metric(families, "vllm:request_success", finished_reason="length") == 3.0
+    assert metric(families, "vllm:request_success", finished_reason="abort") == 0.0  # never moved: no sample yet
+    assert metric(families, "vllm:num_requests_running") == 2.0
+    with pytest.raises(KeyError):
+        metric(families, "vllm:nope")
