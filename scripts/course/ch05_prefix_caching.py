@@ -165,7 +165,7 @@ CELLS = [
                             flood=widgets.IntSlider(value=8, min=0, max=32))
     """),
     conclusion("""
-    SMALL = 64
+    SMALL = pick(256, 64)
     _, hit_small_quiet, _ = chat(True, num_kv_blocks=SMALL, flood=0)
     _, hit_small_flood, _ = chat(True, num_kv_blocks=SMALL, flood=16)
     conclude(f"With a pool of {SMALL} blocks, turn 2 hit **{hit_small_quiet:.0%}** of its prompt tokens when nothing ran in between, and "
