@@ -52,8 +52,12 @@ def cpu_engine(**fields):
 
 
 def titled(fig, title: str, clock_label: str = CLOCK_LABEL):
-    """``fig`` with ``title`` and, under it, the clock its times come from (every time figure names it)."""
-    fig.update_layout(title=dict(text=f"{title}<br><sup>{clock_label}</sup>"))
+    """``fig`` with ``title`` and, as its subtitle, the clock its times come from (every time figure names it; the
+    same subtitle as the dashboard's figures, ``minengine.viz.clock_label``)."""
+    from minengine.viz.clock_label import TOP_MARGIN
+    from minengine.viz.clock_label import titled as subtitled
+
+    fig.update_layout(title=subtitled(title, clock_label), margin={"t": max(TOP_MARGIN, fig.layout.margin.t or 0)})
     return fig
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 
 import minengine
-from minengine.metrics.trace import ScheduledChunk, StepTrace
+from minengine.metrics.trace import StepTrace
+from minengine.viz.live import trace_from_dict
 
 
 def free_port() -> int:
@@ -115,9 +116,8 @@ def metric(families: dict, name: str, sample: str | None = None, **labels) -> fl
 
 
 def _trace_from_event(data: dict) -> StepTrace:
-    fields = {k: v for k, v in data.items() if k in StepTrace.__dataclass_fields__}
-    fields["chunks"] = [ScheduledChunk(**c) for c in data["chunks"]]
-    return StepTrace(**fields)
+    """A step event's ``StepTrace`` (the event adds ``duration`` and ``num_dropped`` to ``StepTrace.to_dict()``)."""
+    return trace_from_dict({k: v for k, v in data.items() if k in StepTrace.__dataclass_fields__})
 
 
 def read_steps(url: str, history: int, timeout_s: float = 30.0) -> tuple[dict, list[StepTrace]]:

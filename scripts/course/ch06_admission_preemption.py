@@ -100,7 +100,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
     h100 = teaching_cost_model()
     kv_toy_big = max(toys["kv"]["sizes"])
     print(f"real scheduler: {len(real_outs)} of {len(REQUESTS)} finished in {len(real.traces)} steps, largest step "
-          f"{max(t.num_scheduled_tokens for t in real.traces):,} tokens, {real.summary().num_preemptions} preemptions, "
+          f"{max(t.num_scheduled_tokens for t in real.traces):,} tokens, {real.summary().num_preemptions} preemption(s), "
           f"{real.kv_cache_manager.num_free_blocks} of {real.num_kv_blocks} blocks free at the end")
     """),
     conclusion("""
