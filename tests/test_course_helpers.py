@@ -17,7 +17,8 @@ def test_teaching_clock_is_the_modelled_h100_and_fresh_per_engine():
     durations = []
     for _ in range(2):
         eng = modelled_engine(max_num_batched_tokens=64, trace_block_tables=False)
-        eng.add_request("a", {"prompt_token_ids": [5] * 40}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+        eng.add_request("a", {"prompt_token_ids": [5] * 40}, params)
         run_to_completion(eng)
         durations.append([t.duration for t in eng.traces])
         assert eng.clock.label == CLOCK_LABEL
@@ -66,6 +67,7 @@ def test_cost_figures_place_steps_under_the_roofs():
     peak = hw.peak_flops_for(m.shape.dtype_bytes) * hw.mfu
     for trace, cost in zip(fig.data[2:], steps.values()):
         x, y = trace.x[0], trace.y[0] * 1e12
+        assert x == cost.arithmetic_intensity
         assert y <= min(peak, x * hw.memory_bandwidth * hw.mbu) * 1.0001  # a step never beats its roof
     bars = roofs_figure(steps)
     assert [b.name for b in bars.data][:2] == ["compute time (FLOPs / effective peak)",
