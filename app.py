@@ -2,6 +2,10 @@
 
     streamlit run app.py
 
+The sidebar's source is either a local run or a live server: ``python -m minengine serve`` attached by URL, its
+step feed read by ``minengine.viz.server_feed.ServerFeed`` (a background thread owned by this session) and
+animated by the same ``LivePlayer`` and figure builders.
+
 No engine logic here: the page reads controls, builds a ``Workload`` (``minengine.viz.presets``), plays it live
 (``minengine.viz.runner.WorkloadRun``, a stream of ``StepTrace``s, paced by ``minengine.viz.live.LivePlayer`` in
 a Streamlit fragment), then keeps the finished run to explore; the A/B tab's second run is
@@ -13,10 +17,13 @@ bundled tiny Shakespeare model).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import streamlit as st
+from streamlit import runtime
+from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from minengine.config import BUNDLED_MODEL
 from minengine.timing import ClockSpec, get_hardware
@@ -36,6 +43,7 @@ from minengine.viz import (
     presets,
     queue_figure,
     run_request_ids,
+    step_request_metrics,
     step_token_timeline_figure,
     token_timeline_figure,
 )
@@ -49,6 +57,7 @@ from minengine.viz.clock_label import (
 from minengine.viz.i18n import t
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
 from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
+from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
 from minengine.viz.timeline_figures import AUTO_STALL_FACTOR, MAX_STALL_LABELS
 from minengine.viz.workload import Workload
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
@@ -56,6 +65,10 @@ from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace
 LIVE_MIN_STEPS = 40  # the live batch bars start on a 40-step axis (it widens as the run goes on)
 TRACE_SCALES = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4)
 LONG_PROMPT_SCALES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+SOURCES = ("local", "server")
+SERVER_WINDOWS = (50, 100, 200, 500, 1000)  # steps of a server's feed on screen
+SERVER_WINDOW = 100  # the default: ~0.3 s of steps at ~8 ms each (bundled model, 2 cores, 8 clients)
+SERVER_TICK_S = 2.0  # a live server's view redraws seven figures (~0.5 s of plotly on a busy 2-core machine)
 
 
 # ---- cached heavy work ---------------------------------------------------------------------------------------
@@ -363,11 +376,213 @@ def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s:
             st.plotly_chart(batch_composition_figure(res.traces, lang), key=f"ab_batch_{i}")
 
 
+# ---- a live server ----------------------------------------------------------------------------------------------
+def source_control(lang: str) -> str:
+    """Local run or live server; one radio per language (as the preset selectbox), one shared value."""
+    chosen = st.session_state.get("source_choice", SOURCES[0])
+    source = st.sidebar.radio(t("source", lang), SOURCES, index=SOURCES.index(chosen), key=f"source_{lang}",
+                              format_func=lambda s: t(f"source_{s}", lang))
+    st.session_state["source_choice"] = source
+    return source
+
+
+def session_alive_check() -> Callable[[], bool] | None:
+    """A callable that says whether this browser session is still open (the feed's thread asks it, so a closed
+    tab ends its feed); None where there is no Streamlit server (``AppTest``)."""
+    ctx = get_script_run_ctx()
+    if ctx is None or not runtime.exists():
+        return None
+    rt, session_id = runtime.get_instance(), ctx.session_id
+    return lambda: rt.is_active_session(session_id)
+
+
+def connect_server(url: str, window: int) -> None:
+    """Connect pressed: stop this session's feed if any, start a new one (it connects in its own thread)."""
+    stop_server_feed()
+    try:
+        feed = ServerFeed(url, history=window, alive=session_alive_check())
+    except ValueError as exc:
+        st.session_state["server_error"] = str(exc)
+        return
+    st.session_state.pop("server_error", None)
+    st.session_state["server_player"] = LivePlayer(feed.start(), speed=0, keep=max(SERVER_WINDOWS))
+
+
+def disconnect_server() -> None:
+    """Disconnect pressed: the feed stops; its steps stay on screen."""
+    player = st.session_state.get("server_player")
+    if player is not None:
+        player.stream.stop()
+
+
+def stop_server_feed() -> None:
+    """The source changed (or a new connection replaces this one): stop the feed and forget it."""
+    st.session_state.pop("server_error", None)
+    st.session_state.pop("server_figures", None)
+    player = st.session_state.pop("server_player", None)
+    if player is not None:
+        player.stream.stop()
+
+
+def server_page(lang: str) -> None:
+    """The live-server source: URL, Connect / Disconnect, steps on screen in the sidebar; the live view."""
+    st.write(t("server_intro", lang))
+    sb = st.sidebar
+    sb.subheader(t("server", lang))
+    url = sb.text_input(t("server_url", lang), value=DEFAULT_URL, key="server_url")
+    window = sb.select_slider(t("server_window", lang), SERVER_WINDOWS, value=SERVER_WINDOW, key="server_window")
+    player = st.session_state.get("server_player")
+    cols = sb.columns(2)
+    cols[0].button(t("server_connect", lang), key="server_connect", type="primary", on_click=connect_server,
+                   args=(url, window))
+    cols[1].button(t("server_disconnect", lang), key="server_disconnect", on_click=disconnect_server,
+                   disabled=player is None or player.stream.done)
+    if "server_error" in st.session_state:
+        st.error(t("server_bad_url", lang).format(error=st.session_state["server_error"]))
+        return
+    if player is None:
+        st.write(t("server_press_connect", lang))
+        return
+    if url.strip().rstrip("/") != player.stream.url:
+        st.caption(t("server_url_changed", lang).format(url=url.strip()))
+    server_live_view(player, lang, window)
+
+
+def server_live_view(player: LivePlayer, lang: str, window: int) -> None:
+    """Pause / resume, then the server's figures, redrawn every ``SERVER_TICK_S`` seconds by a fragment with
+    the steps that arrived meanwhile (all of them: a server is shown as it goes, not paced)."""
+    feed: ServerFeed = player.stream
+    live = not feed.done
+    if live:
+        if player.paused:
+            st.button(t("live_resume", lang), key="server_resume", on_click=player.resume, type="primary")
+        else:
+            st.button(t("live_pause", lang), key="server_pause", on_click=player.pause)
+
+    @st.fragment(run_every=SERVER_TICK_S if live and not player.paused else None)
+    def frame() -> None:
+        player.tick()
+        if live and feed.done:
+            st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause)
+        draw_server(player, lang, window)
+
+    frame()
+
+
+def server_clock_label(feed: ServerFeed, lang: str) -> str:
+    """"wall clock: live server" for ``minengine serve``; another clock the server names is shown as it is."""
+    clock = feed.clock_label
+    return t("clock_live_server", lang) if clock == "wall" else t("clock_live_server_other", lang).format(clock=clock)
+
+
+def server_messages(feed: ServerFeed, lang: str) -> None:
+    """The feed's state in words: connecting, failed (why), stopped; steps dropped by the server or here."""
+    url, steps = feed.url, feed.num_received
+    if feed.state == "connecting":
+        st.info(t("server_connecting", lang).format(url=url))
+    elif feed.state == "failed":
+        kind, error = feed.error.kind, feed.error.detail
+        key = {"unreachable": "server_unreachable", "not_minengine": "server_not_minengine",
+               "bad_event": "server_bad_event", "dropped": "server_dropped"}[kind]
+        st.error(t(key, lang).format(url=url, error=error, steps=steps))
+    elif feed.state == "stopped":
+        key = "server_session_ended" if feed.stop_reason == "session_ended" else "server_stopped"
+        st.info(t(key, lang).format(url=url, steps=steps))
+    if feed.num_dropped:
+        st.warning(t("server_num_dropped", lang).format(n=feed.num_dropped))
+    if feed.num_lost:
+        st.warning(t("server_num_lost", lang).format(n=feed.num_lost, keep=feed.max_pending))
+
+
+def server_metric_cards(feed: ServerFeed, lang: str) -> None:
+    """The server's own counters and means since it started (``GET /metrics``, read by the feed every 2 s), one
+    number per card."""
+    if feed.metrics is None:
+        if feed.metrics_error:
+            st.caption(t("server_metrics_error", lang).format(error=feed.metrics_error))
+        return
+    m = feed.metrics
+
+    def fmt(key: str, scale: float = 1.0, spec: str = ",.0f", suffix: str = "") -> str:
+        return "–" if m.get(key) is None else f"{m[key] * scale:{spec}}{suffix}"
+
+    st.caption(t("server_metrics", lang))
+    # Counters and means only: the gauges (running, waiting, KV use) are in the status line and the figures,
+    # step by step; a /metrics reading up to 2 s old beside them would disagree.
+    cards = (("sm_finished", fmt("requests_finished")), ("sm_prompt", fmt("prompt_tokens")),
+             ("sm_generation", fmt("generation_tokens")), ("sm_preemptions", fmt("preemptions")),
+             ("sm_prefix", fmt("prefix_hit_rate", 100, ".0f", " %")), ("sm_ttft", fmt("ttft_mean_s", 1000, ",.1f")),
+             ("sm_itl", fmt("itl_mean_s", 1000, ",.1f")), ("sm_e2e", fmt("e2e_mean_s", 1000, ",.1f")))
+    for row in (cards[:4], cards[4:]):
+        for col, (key, value) in zip(st.columns(4), row):
+            col.metric(t(key, lang), value)
+
+
+def draw_server(player: LivePlayer, lang: str, window: int) -> None:
+    feed: ServerFeed = player.stream
+    server_messages(feed, lang)
+    traces = player.traces[-window:]
+    info = feed.info or {}
+    if not traces:
+        if feed.state == "connected":
+            st.info(t("server_waiting", lang).format(url=feed.url, model=info.get("model", "?")))
+        return
+    last = traces[-1]
+    state = {"connected": t("live_paused", lang) if player.paused else t("server_state_connected", lang),
+             "stopped": t("server_state_stopped", lang), "failed": t("server_state_failed", lang)}.get(feed.state, "")
+    st.markdown(t("server_status", lang).format(
+        url=feed.url, state=state, step=last.step, running=last.num_running, waiting=last.num_waiting,
+        finished=feed.num_finished, model=info.get("model", "?"), blocks=last.num_total_blocks,
+        block_size=info.get("block_size", "?"), budget=last.token_budget, seqs=info.get("max_num_seqs", "?")))
+    server_metric_cards(feed, lang)
+    figs = server_figures(traces, lang, server_clock_label(feed, lang))
+    if "pool" in figs:
+        left, right = st.columns(2)
+        left.plotly_chart(figs["pool"], key="server_pool")
+        right.plotly_chart(figs["tables"], key="server_tables")
+    else:
+        st.info(t("server_no_blocks", lang))
+    st.plotly_chart(figs["batch"], key="server_batch")
+    left, right = st.columns(2)
+    left.plotly_chart(figs["timeline"], key="server_timeline")
+    right.plotly_chart(figs["itl"], key="server_itl")
+    left, right = st.columns(2)
+    left.plotly_chart(figs["queue"], key="server_queue")
+    right.plotly_chart(figs["kv"], key="server_kv")
+    st.caption(t("cap_server", lang).format(window=len(traces)))
+
+
+def server_figures(traces: list, lang: str, clock: str) -> dict:
+    """The live-server figures of ``traces``, kept for the next redraw while no new step came (an idle server
+    costs no plotly work)."""
+    key = (traces[0].step, traces[-1].step, len(traces), lang, clock)
+    cached = st.session_state.get("server_figures")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    last, figs = traces[-1], {}
+    if all(tr.block_tables is not None for tr in traces):
+        figs["pool"] = block_pool_figure(last, lang, request_ids=run_request_ids(traces))
+        figs["tables"] = block_tables_figure(last, lang)
+    figs["batch"] = batch_composition_figure(traces, lang, min_steps=LIVE_MIN_STEPS)
+    figs["timeline"] = step_token_timeline_figure(traces, lang, clock)
+    metrics = step_request_metrics(traces)
+    figs["itl"] = itl_figure(metrics, traces, auto_stall_threshold(metrics), lang, clock_label=clock,
+                             origin=traces[0].start_time)
+    figs["queue"] = queue_figure(traces, lang, clock_label=clock)
+    figs["kv"] = kv_usage_figure(traces, lang, clock_label=clock)
+    st.session_state["server_figures"] = (key, figs)
+    return figs
+
+
 # ---- page -----------------------------------------------------------------------------------------------------
 def main() -> None:
     st.set_page_config(page_title="minengine", layout="wide")
     lang = language_control()
     st.title(t("app_title", lang))
+    if source_control(lang) == "server":
+        server_page(lang)
+        return
+    stop_server_feed()  # back to a local run: the server's feed (if any) goes
     st.write(t("app_intro", lang))
 
     st.sidebar.subheader(t("workload", lang))

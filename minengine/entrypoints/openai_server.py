@@ -378,7 +378,8 @@ class OpenAIServing:
                     "max_model_len": c.max_model_len, "enable_chunked_prefill": c.enable_chunked_prefill,
                     "enable_prefix_caching": c.enable_prefix_caching, "scheduling_policy": c.scheduling_policy,
                     "preemption_mode": c.preemption_mode, "trace_block_tables": c.trace_block_tables,
-                    "num_steps": e.num_steps, "clock_now": e.clock(), "unix_time": time.time()}
+                    "num_steps": e.num_steps, "clock": e.clock.label, "clock_now": e.clock(),
+                    "unix_time": time.time()}
 
         return await self.engine.call(run)
 

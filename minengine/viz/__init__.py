@@ -16,6 +16,7 @@ from minengine.viz.timeline_figures import (
     find_stalls,
     itl_figure,
     labelled_stalls,
+    step_request_metrics,
     step_token_timeline_figure,
     step_token_times,
     token_timeline_figure,
@@ -23,5 +24,5 @@ from minengine.viz.timeline_figures import (
 
 __all__ = ["STALL_MARKS", "ab_sentence", "auto_stall_threshold", "batch_composition_figure", "block_pool_animation",
            "block_pool_figure", "block_tables_figure", "find_stalls", "itl_figure", "kv_usage_figure",
-           "labelled_stalls", "latency_cdf_figure", "queue_figure", "run_request_ids", "step_token_timeline_figure",
-           "step_token_times", "t", "token_timeline_figure"]
+           "labelled_stalls", "latency_cdf_figure", "queue_figure", "run_request_ids", "step_request_metrics",
+           "step_token_timeline_figure", "step_token_times", "t", "token_timeline_figure"]

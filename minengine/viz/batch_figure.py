@@ -25,10 +25,12 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
     Args:
         traces: the engine's ``StepTrace`` list (x = ``step``, y = tokens).
         lang: "en" or "zh".
-        min_steps: the x axis spans at least steps 0 .. ``min_steps`` - 1, so the first bars of a run still in
-            progress keep a bar's width instead of filling the plot (0 = fit the steps).
+        min_steps: the x axis spans at least ``min_steps`` steps from the first one (steps 0 .. ``min_steps`` - 1
+            for a run from its start), so the first bars of a run still in progress keep a bar's width instead
+            of filling the plot (0 = fit the steps).
     """
     steps = [tr.step for tr in traces]
+    first = steps[0] if steps else 0  # a window of a long run (a server's feed) starts later
     per_request: dict[str, dict[int, tuple[int, bool]]] = {}  # rid -> step -> (tokens, is_prefill)
     for tr in traces:
         for c in tr.chunks:
@@ -61,7 +63,8 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
     fig.update_layout(
         barmode="stack", bargap=0.1, title=t("batch_title", lang),
         xaxis={"title": t("step_axis", lang),
-               **({"range": [-0.5, max(min_steps, len(steps)) - 0.5]} if min_steps else {})},
+               **({"range": [first - 0.5, first + max(min_steps, steps[-1] - first + 1 if steps else 0) - 0.5]}
+                  if min_steps else {})},
         yaxis={"title": t("tokens_per_step", lang)},
         legend={"itemsizing": "constant"}, margin={"t": 60},
     )

@@ -273,6 +273,84 @@ _STRINGS: dict[str, tuple[str, str]] = {
                             "形状所需的时间。在任何机器上、每次运行都相同。"),
     "clock_cpu_help": ("Each step lasts the CPU time this process spent on it: real, but it depends on this "
                        "machine.", "每一步的时长为本进程在该步上花费的 CPU 时间：真实，但取决于本机。"),
+    # ---- a live server (minengine.viz.server_feed) ----------------------------------------------------------
+    "source": ("Source", "数据来源"),
+    "source_local": ("local run (the engine in this page)", "本地运行（本页中的引擎）"),
+    "source_server": ("live server (python -m minengine serve)", "实时服务器（python -m minengine serve）"),
+    "server": ("Live server", "实时服务器"),
+    "server_intro": ("Attaches to a running `python -m minengine serve` and draws its steps as they happen, from "
+                     "its step feed (GET /v1/engine/steps): real clients, real scheduling, the same figures as a "
+                     "local run. Start one with `python -m minengine serve`, send it requests (curl, the openai "
+                     "client, `python -m minengine bench-serve --base-url URL`), then press Connect.",
+                     "连接到正在运行的 `python -m minengine serve`，按其步骤流（GET /v1/engine/steps）实时画出每一步："
+                     "真实的客户端、真实的调度，与本地运行相同的图。用 `python -m minengine serve` 启动服务器，"
+                     "向它发送请求（curl、openai 客户端、`python -m minengine bench-serve --base-url URL`），"
+                     "然后点击“连接”。"),
+    "server_url": ("Server URL", "服务器地址"),
+    "server_connect": ("Connect", "连接"),
+    "server_disconnect": ("Disconnect", "断开"),
+    "server_window": ("Steps on screen", "屏幕上显示的步数"),
+    "server_press_connect": ("Enter the server's URL and press Connect.", "输入服务器地址并点击“连接”。"),
+    "server_url_changed": ("The URL changed: press Connect to attach to {url}.",
+                           "地址已更改：点击“连接”以连接 {url}。"),
+    "server_connecting": ("Connecting to {url}…", "正在连接 {url}…"),
+    "server_waiting": ("Connected to {url} ({model}): waiting for its first step. Send it a request.",
+                       "已连接 {url}（{model}）：等待第一步。请向它发送请求。"),
+    "server_status": ("**Live server {url}, {state}:** step {step}, {running} running, {waiting} waiting; {finished} "
+                      "requests finished since you connected. {model}: {blocks:,} KV blocks of {block_size} tokens, "
+                      "token budget {budget:,} tokens, {seqs} sequence slots.",
+                      "**实时服务器 {url}，{state}：** 第 {step} 步，{running} 个运行中，{waiting} 个等待中；"
+                      "连接以来完成 {finished} 个请求。{model}：{blocks:,} 个 KV 块（每块 {block_size} 令牌），"
+                      "令牌预算 {budget:,} 令牌，{seqs} 个序列槽位。"),
+    "server_state_connected": ("live", "实时接收中"),
+    "server_state_stopped": ("disconnected", "已断开"),
+    "server_state_failed": ("connection lost", "连接中断"),
+    "server_bad_url": ("Not a server URL: {error}", "不是有效的服务器地址：{error}"),
+    "server_unreachable": ("Cannot reach {url} ({error}). Is `python -m minengine serve` running there, on that "
+                           "port?",
+                           "无法连接 {url}（{error}）。那里（该端口）是否在运行 `python -m minengine serve`？"),
+    "server_not_minengine": ("{url} answered, but it is not a minengine server: {error}. The dashboard reads "
+                             "minengine's step feed, GET /v1/engine/steps.",
+                             "{url} 有应答，但不是 minengine 服务器：{error}。仪表盘读取的是 minengine 的步骤流 "
+                             "GET /v1/engine/steps。"),
+    "server_bad_event": ("{url} sent a step this dashboard cannot read ({error}): is it another minengine version?",
+                         "{url} 发来一个本仪表盘无法读取的步骤（{error}）：是否是另一个版本的 minengine？"),
+    "server_dropped": ("The connection to {url} dropped after {steps:,} steps ({error}). The figures show the steps "
+                       "received; press Connect to attach again.",
+                       "与 {url} 的连接在收到 {steps:,} 步后中断（{error}）。图中是已收到的步骤；"
+                       "点击“连接”可重新连接。"),
+    "server_stopped": ("Disconnected from {url} after {steps:,} steps; press Connect to attach again.",
+                       "已断开与 {url} 的连接（共收到 {steps:,} 步）；点击“连接”可重新连接。"),
+    "server_session_ended": ("The feed from {url} stopped when this browser session went away; press Connect to "
+                             "attach again.", "浏览器会话离开后，来自 {url} 的步骤流已停止；点击“连接”可重新连接。"),
+    "server_num_dropped": ("The server skipped {n:,} steps for this dashboard (it read them too slowly); the step "
+                           "numbers show the gaps.",
+                           "服务器为本仪表盘跳过了 {n:,} 步（读取太慢）；步号中可以看到缺口。"),
+    "server_num_lost": ("{n:,} steps that arrived while paused were dropped here (the buffer keeps the latest "
+                        "{keep:,}).", "暂停期间到达的 {n:,} 步在这里被丢弃（缓冲区只保留最新的 {keep:,} 步）。"),
+    "server_no_blocks": ("This server does not record block tables (started with --no-trace-block-tables): no block "
+                         "pool or block tables to draw.",
+                         "该服务器不记录块表（以 --no-trace-block-tables 启动）：无法画出块池和块表。"),
+    "clock_live_server": ("wall clock: live server", "挂钟时间：实时服务器"),
+    "clock_live_server_other": ("{clock}: live server", "{clock}：实时服务器"),
+    "server_metrics": ("Since the server started, from its /metrics (read every 2 s):",
+                       "自服务器启动以来，来自其 /metrics（每 2 秒读取一次）："),
+    "server_metrics_error": ("The server's /metrics could not be read: {error}", "无法读取服务器的 /metrics：{error}"),
+    "sm_prompt": ("Prompt tokens", "提示令牌"),
+    "sm_preemptions": ("Preemptions", "抢占次数"),
+    "sm_prefix": ("Prefix cache hit rate", "前缀缓存命中率"),
+    "sm_finished": ("Finished requests", "已完成请求"),
+    "sm_generation": ("Generated tokens", "已生成令牌"),
+    "sm_ttft": ("Mean TTFT (ms)", "平均 TTFT（毫秒）"),
+    "sm_itl": ("Mean ITL (ms)", "平均 ITL（毫秒）"),
+    "sm_e2e": ("Mean E2E latency (ms)", "平均端到端延迟（毫秒）"),
+    "cap_server": ("Every figure is drawn from the server's own step records as they arrive, over the last {window} "
+                   "steps. Times are the server's wall clock, so the idle time between requests shows as gaps. The "
+                   "step feed carries no arrival times: the token timeline and the ITL start where a request was "
+                   "first scheduled (TTFT is in the cards above, from /metrics).",
+                   "每张图都按服务器自己的步骤记录实时绘制，显示最近 {window} 步。时间为服务器的挂钟时间，"
+                   "请求之间的空闲表现为空隙。步骤流不含到达时间：令牌时间线和令牌间延迟从请求首次被调度时算起"
+                   "（TTFT 见上方卡片，来自 /metrics）。"),
     "model_missing": ("The bundled model is not at {path}. Run scripts/train_tiny_model.py or set MINENGINE_MODEL.",
                       "内置模型不在 {path}。请运行 scripts/train_tiny_model.py 或设置 MINENGINE_MODEL。"),
 }

@@ -2,7 +2,8 @@
 
 The live view's only input is a ``TraceStream``: something that hands over the steps that happened since it
 was last asked. ``minengine.viz.runner.WorkloadRun`` is one (it steps a local engine when polled); a client of
-a server's step feed (each ``StepTrace`` as JSON, ``trace_from_dict``) is another. ``LivePlayer`` paces it:
+a server's step feed (``minengine.viz.server_feed.ServerFeed``: each ``StepTrace`` as JSON, ``trace_from_dict``)
+is another. ``LivePlayer`` paces it:
 each ``tick`` takes as many new steps as the speed allows for the real time that passed (or as many as fit a
 time budget at full speed), nothing while paused, and keeps every trace so far for the figures, which are the
 same ``minengine.viz`` builders as for a finished run.
@@ -42,15 +43,20 @@ class LivePlayer:
         budget_s: real seconds one ``tick`` may spend waiting for the stream (keeps the page responsive when
             steps are slow to compute).
         timer: real time in seconds (a test may pass its own).
+        keep: keep only the latest ``keep`` steps in ``traces`` (a stream without end, such as a server's
+            feed); None keeps them all.
 
     Raises:
-        ValueError: a negative speed or a non-positive budget.
+        ValueError: a negative speed, a non-positive budget or ``keep`` < 1.
     """
 
     def __init__(self, stream: TraceStream, speed: float = DEFAULT_SPEED, budget_s: float = 0.5,
-                 timer: Callable[[], float] = time.perf_counter):
+                 timer: Callable[[], float] = time.perf_counter, keep: int | None = None):
         if not budget_s > 0:
             raise ValueError(f"budget_s must be > 0 seconds, got {budget_s!r}")
+        if keep is not None and not (isinstance(keep, int) and keep >= 1):
+            raise ValueError(f"keep must be an integer >= 1 (steps) or None, got {keep!r}")
+        self.keep = keep
         self.stream = stream
         self.traces: list[StepTrace] = []
         self.paused = False
@@ -109,15 +115,20 @@ class LivePlayer:
         new = self.stream.poll(due if math.isfinite(due) else 1 << 30, self.budget_s)
         if math.isfinite(due):
             self._credit -= due  # steps a budget-limited tick could not take are dropped, not owed
-        self.traces.extend(new)
+        self._append(new)
         return new
+
+    def _append(self, new: list[StepTrace]) -> None:
+        self.traces.extend(new)
+        if self.keep is not None and len(self.traces) > self.keep:
+            del self.traces[:len(self.traces) - self.keep]
 
     def finish(self) -> list[StepTrace]:
         """Take every remaining step now, at full speed; returns them."""
         new = []
         while not self.done:
             new += self.stream.poll(1 << 30)
-        self.traces.extend(new)
+        self._append(new)
         return new
 
 

@@ -94,6 +94,24 @@ def step_token_times(traces: list[StepTrace]) -> dict[str, tuple[float, list[flo
     return rows
 
 
+def step_request_metrics(traces: list[StepTrace]) -> dict[str, RequestMetrics]:
+    """``RequestMetrics`` rebuilt from the step stream alone (``step_token_times``), for the ITL figure and the
+    stall finder of a live view that has no engine records (a server's feed): ``first_token_time`` and
+    ``itls`` from the steps that sampled for the request, ``finished_time`` from ``finished_ids``. The stream
+    does not carry arrivals, so ``arrival_time`` is the time the request was first scheduled within ``traces``
+    (TTFT and queueing are not known from it; ITLs are exact: a token comes out at the end of its step)."""
+    metrics: dict[str, RequestMetrics] = {}
+    for rid, (first, times) in step_token_times(traces).items():
+        metrics[rid] = RequestMetrics(arrival_time=first, first_scheduled_time=first,
+                                      first_token_time=times[0] if times else None, num_output_tokens=len(times),
+                                      itls=[b - a for a, b in zip(times, times[1:])])
+    for tr in traces:
+        for rid in tr.finished_ids:
+            if rid in metrics:
+                metrics[rid].finished_time = tr.end_time
+    return metrics
+
+
 def step_token_timeline_figure(traces: list[StepTrace], lang: str = "en",
                                clock_label: str | None = None) -> go.Figure:
     """The token raster of ``token_timeline_figure`` built from ``StepTrace``s only (``step_token_times``), so
@@ -143,7 +161,7 @@ def _cause(rid: str, steps: list[StepTrace], lang: str) -> dict:
 
 
 def find_stalls(request_metrics: dict[str, RequestMetrics], traces: list[StepTrace], threshold_s: float,
-                lang: str = "en") -> list[dict]:
+                lang: str = "en", origin: float | None = None) -> list[dict]:
     """Every inter-token latency above ``threshold_s``, with the step that caused it named.
 
     Args:
@@ -151,10 +169,11 @@ def find_stalls(request_metrics: dict[str, RequestMetrics], traces: list[StepTra
         traces: ``engine.traces`` (sorted by step, as the engine records them).
         threshold_s: the stall threshold in seconds (>= 0).
         lang: language of the ``cause`` text.
+        origin: time zero of ``time_s`` (s, engine clock); default the first arrival.
 
     Returns:
         One dict per stall, sorted by time: ``request_id``, ``token_index`` (the late token's index in the
-        output), ``time_s`` (when it came out, s since the first arrival), ``itl_s``, ``step`` (the causing
+        output), ``time_s`` (when it came out, s since ``origin``), ``itl_s``, ``step`` (the causing
         step), ``kind`` ("prefill", "preempted", "batch"), ``cause_request_id``, ``cause_tokens``,
         ``cause``, e.g. "step 42: 2,048-token prefill of request 7", and ``short``, the figure label
         ("step 42: 2,048-token prefill of 7").
@@ -164,7 +183,7 @@ def find_stalls(request_metrics: dict[str, RequestMetrics], traces: list[StepTra
     """
     if threshold_s < 0:
         raise ValueError(f"threshold_s must be >= 0 seconds, got {threshold_s}")
-    origin = time_origin(request_metrics)
+    origin = time_origin(request_metrics) if origin is None else origin
     end_times = [tr.end_time for tr in traces]
     stalls = []
     for rid, m in request_metrics.items():
@@ -214,8 +233,9 @@ def labelled_stalls(stalls: list[dict], max_labels: int = MAX_STALL_LABELS) -> l
 
 
 def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrace], threshold_s: float,
-               lang: str = "en", max_labels: int = MAX_STALL_LABELS, clock_label: str | None = None) -> go.Figure:
-    """Every ITL (ms) against the time its token came out (s since the first arrival); stalls above
+               lang: str = "en", max_labels: int = MAX_STALL_LABELS, clock_label: str | None = None,
+               origin: float | None = None) -> go.Figure:
+    """Every ITL (ms) against the time its token came out (s since the first arrival, or since ``origin``); stalls above
     ``threshold_s`` in red, the threshold as a dashed line, and the ``max_labels`` largest stalls
     (``labelled_stalls``) named by the step that caused them.
 
@@ -225,11 +245,14 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
 
     Args:
         clock_label: the clock the times are on, shown as the subtitle.
+        origin: time zero of the x axis (s, engine clock): default the first arrival; a live view of a step
+            stream (``step_request_metrics``) passes its first step's start, and the axis says "since first step".
 
     Raises:
         ValueError: negative threshold; ``max_labels`` outside [0, 10].
     """
-    origin = time_origin(request_metrics)
+    xaxis_key = "time_since_arrival" if origin is None else "time_since_first_step"
+    origin = time_origin(request_metrics) if origin is None else origin
     xs, ys, text = [], [], []
     for rid, m in request_metrics.items():
         times = token_times(m)
@@ -237,7 +260,7 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
             xs.append(times[i + 1] - origin)
             ys.append(gap * 1000)
             text.append(f"{t('request', lang)} {rid}, #{i + 1}")
-    stalls = find_stalls(request_metrics, traces, threshold_s, lang)
+    stalls = find_stalls(request_metrics, traces, threshold_s, lang, origin=origin)
     labelled = labelled_stalls(stalls, max_labels)
     fig = go.Figure(go.Scatter(x=xs, y=ys, mode="markers", name=t("itl", lang), text=text,
                                marker={"size": 5, "color": "#1f77b4", "opacity": 0.6},
@@ -273,6 +296,6 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
                              name=f"{t('threshold', lang)} {threshold_ms:.1f} {t('ms', lang)}", hoverinfo="skip",
                              line={"dash": "dash", "color": "#444444", "width": 1}))
     fig.update_layout(title=titled(t("itl_title", lang).format(threshold_ms=threshold_ms), clock_label),
-                      xaxis={"title": t("time_since_arrival", lang), "range": [x_lo - x_pad, x_hi + x_pad]},
+                      xaxis={"title": t(xaxis_key, lang), "range": [x_lo - x_pad, x_hi + x_pad]},
                       yaxis=yaxis, margin={"t": TOP_MARGIN})
     return fig
