@@ -477,17 +477,18 @@ def server_clock_label(feed: ServerFeed, lang: str) -> str:
 
 def server_messages(feed: ServerFeed, lang: str) -> None:
     """The feed's state in words: connecting, failed (why), stopped; steps dropped by the server or here."""
-    url, steps = feed.url, feed.num_received
+    url, steps, last = feed.url, feed.num_received, feed.last_trace
+    fields = {"url": url, "steps": steps, "step": None if last is None else last.step}
+    early = "_early" if last is None else ""
     if feed.state == "connecting":
         st.info(t("server_connecting", lang).format(url=url))
     elif feed.state == "failed":
-        kind, error = feed.error.kind, feed.error.detail
         key = {"unreachable": "server_unreachable", "not_minengine": "server_not_minengine",
-               "bad_event": "server_bad_event", "dropped": "server_dropped"}[kind]
-        st.error(t(key, lang).format(url=url, error=error, steps=steps))
+               "bad_event": "server_bad_event", "dropped": "server_dropped" + early}[feed.error.kind]
+        st.error(t(key, lang).format(error=feed.error.detail, **fields))
     elif feed.state == "stopped":
-        key = "server_session_ended" if feed.stop_reason == "session_ended" else "server_stopped"
-        st.info(t(key, lang).format(url=url, steps=steps))
+        key = "server_session_ended" if feed.stop_reason == "session_ended" else "server_stopped" + early
+        st.info(t(key, lang).format(**fields))
     if feed.num_dropped:
         st.warning(t("server_num_dropped", lang).format(n=feed.num_dropped))
     if feed.num_lost:
@@ -506,7 +507,7 @@ def server_metric_cards(feed: ServerFeed, lang: str) -> None:
     def fmt(key: str, scale: float = 1.0, spec: str = ",.0f", suffix: str = "") -> str:
         return "–" if m.get(key) is None else f"{m[key] * scale:{spec}}{suffix}"
 
-    st.caption(t("server_metrics", lang))
+    st.caption(t("server_metrics" if feed.state == "connected" else "server_metrics_last", lang))
     # Counters and means only: the gauges (running, waiting, KV use) are in the status line and the figures,
     # step by step; a /metrics reading up to 2 s old beside them would disagree.
     cards = (("sm_finished", fmt("requests_finished")), ("sm_prompt", fmt("prompt_tokens")),

@@ -201,9 +201,31 @@ def test_a_connection_that_drops_mid_run_keeps_the_figures_and_says_so(app):
         attach(app, canned.url)
         tick_until(app, lambda: bool(app.error), timeout_s=10, what="the error")
     errors = [e.value for e in app.error]
-    assert len(errors) == 1 and "dropped after 6 steps" in errors[0], errors
+    assert len(errors) == 1 and "dropped after step 5 (6 steps received here)" in errors[0], errors
     assert any("skipped 2 steps" in w.value for w in app.warning)  # the server's num_dropped
     assert len(titles(app)) == SERVER_FIGURES and status_step(app) == 5 and "connection lost" in status(app)
     assert "cmpl-01234567…-0" in figure_text(app)
     app.run()
     assert not app.exception and app.button(key="server_disconnect").disabled
+
+
+def test_a_server_without_block_tables_draws_the_rest(app, bundled_model):
+    with running_server(bundled_model, trace_block_tables=False) as bare:
+        attach(app, bare.url)
+        clients = ClientLoad(bare.url, concurrent=2, shared=0, long=0, max_tokens=16).start()
+        try:
+            tick_until(app, lambda: status(app) is not None and status_step(app) >= 10, what="10 steps")
+        finally:
+            clients.stop()
+        assert any("does not record block tables" in i.value for i in app.info)
+        assert len(titles(app)) == SERVER_FIGURES - 2 and not app.error  # no pool, no tables; the rest
+        feed(app).stop()
+
+
+def test_a_connection_that_drops_before_any_step_says_so(app):
+    with CannedServer(http_head(), [chunk(sse("engine", ENGINE)), b"3e8\r\nevent: st"]) as canned:
+        attach(app, canned.url)
+        tick_until(app, lambda: bool(app.error), timeout_s=10, what="the error")
+    errors = [e.value for e in app.error]
+    assert len(errors) == 1 and "dropped before any step arrived" in errors[0], errors
+    assert not app.get("plotly_chart") and status(app) is None

@@ -210,6 +210,8 @@ def test_a_bad_url_and_a_closed_port_are_messages(processes, browser):
     assert page.locator(".js-plotly-plot").count() == 0
     no_exception(page, "bad url")
     assert page.get_by_role("button", name="Disconnect").is_disabled()
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENS / "server_unreachable_en.png"))
     assert not page_errors, page_errors
 
 
@@ -234,6 +236,8 @@ def test_a_server_killed_mid_run_is_a_message_and_the_figures_stay(processes, br
     assert len(errors) == 1 and "press Connect to attach again" in errors[0], errors
     assert page.locator(".js-plotly-plot .gtitle").count() == SERVER_FIGURES  # the steps received stay
     assert "connection lost" in page.evaluate("() => document.body.innerText")
+    page.wait_for_timeout(1000)
+    page.screenshot(path=str(SCREENS / "server_killed_en.png"))
     no_exception(page, "killed")
     assert page.get_by_role("button", name="Disconnect").is_disabled()
     assert not page_errors, page_errors

@@ -315,12 +315,17 @@ _STRINGS: dict[str, tuple[str, str]] = {
                              "GET /v1/engine/steps。"),
     "server_bad_event": ("{url} sent a step this dashboard cannot read ({error}): is it another minengine version?",
                          "{url} 发来一个本仪表盘无法读取的步骤（{error}）：是否是另一个版本的 minengine？"),
-    "server_dropped": ("The connection to {url} dropped after {steps:,} steps ({error}). The figures show the steps "
-                       "received; press Connect to attach again.",
-                       "与 {url} 的连接在收到 {steps:,} 步后中断（{error}）。图中是已收到的步骤；"
+    "server_dropped": ("The connection to {url} dropped after step {step} ({steps:,} steps received here): {error}. "
+                       "The figures show the steps received; press Connect to attach again.",
+                       "与 {url} 的连接在第 {step} 步之后中断（这里共收到 {steps:,} 步）：{error}。图中是已收到的步骤；"
                        "点击“连接”可重新连接。"),
-    "server_stopped": ("Disconnected from {url} after {steps:,} steps; press Connect to attach again.",
-                       "已断开与 {url} 的连接（共收到 {steps:,} 步）；点击“连接”可重新连接。"),
+    "server_dropped_early": ("The connection to {url} dropped before any step arrived: {error}. Press Connect to "
+                             "attach again.", "与 {url} 的连接在收到任何步骤之前中断：{error}。点击“连接”可重新连接。"),
+    "server_stopped": ("Disconnected from {url} after step {step} ({steps:,} steps received here); press Connect to "
+                       "attach again.", "已断开与 {url} 的连接（在第 {step} 步之后，这里共收到 {steps:,} 步）；"
+                       "点击“连接”可重新连接。"),
+    "server_stopped_early": ("Disconnected from {url}; press Connect to attach again.",
+                             "已断开与 {url} 的连接；点击“连接”可重新连接。"),
     "server_session_ended": ("The feed from {url} stopped when this browser session went away; press Connect to "
                              "attach again.", "浏览器会话离开后，来自 {url} 的步骤流已停止；点击“连接”可重新连接。"),
     "server_num_dropped": ("The server skipped {n:,} steps for this dashboard (it read them too slowly); the step "
@@ -335,6 +340,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "clock_live_server_other": ("{clock}: live server", "{clock}：实时服务器"),
     "server_metrics": ("Since the server started, from its /metrics (read every 2 s):",
                        "自服务器启动以来，来自其 /metrics（每 2 秒读取一次）："),
+    "server_metrics_last": ("Since the server started, from its /metrics (the last reading before the feed ended):",
+                            "自服务器启动以来，来自其 /metrics（步骤流结束前的最后一次读取）："),
     "server_metrics_error": ("The server's /metrics could not be read: {error}", "无法读取服务器的 /metrics：{error}"),
     "sm_prompt": ("Prompt tokens", "提示令牌"),
     "sm_preemptions": ("Preemptions", "抢占次数"),
