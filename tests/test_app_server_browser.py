@@ -176,9 +176,12 @@ def test_attached_to_a_live_server_under_load_in_both_languages(processes, brows
 
         page.get_by_role("button", name="断开", exact=True).click()
         page.get_by_text("已断开与").first.wait_for(timeout=30_000)
+        # the last redraw has the steps received up to the disconnect (plotly may draw it after the status line)
+        wait_until(lambda: live_step(page) is not None and pool_step(page) == live_step(page), 30,
+                   "the figures to catch up with the status line", page)
         held = pool_step(page)
         page.wait_for_timeout(3000)
-        assert pool_step(page) == held  # the picture holds
+        assert pool_step(page) == held == live_step(page)  # the picture holds
         wait_until(lambda: connections_to(dashboard.pid, processes["server_port"]) == 0, 20, "the feed to close")
 
         # attach again, then close the tab: the session ends, and with it the feed
