@@ -57,6 +57,17 @@ _TITLE_PAIRS_JS = """() => Array.from(document.querySelectorAll('.js-plotly-plot
              (p.querySelector('.gtitle-subtitle') || {}).textContent || ''])"""
 
 
+def figure_count(page, want: int, tries: int = 6) -> int:
+    """Visible figures, once there are ``want`` of them (or after ``tries``)."""
+    n = -1
+    for _ in range(tries):
+        n = len(page.evaluate(_TITLE_PAIRS_JS))
+        if n == want:
+            break
+        page.wait_for_timeout(700)
+    return n
+
+
 def subtitle_count(page, text: str, want: int, tries: int = 6) -> int:
     """How many visible figures have ``text`` as their subtitle, once it reads ``want`` (or after ``tries``)."""
     n = -1
@@ -237,7 +248,7 @@ def test_a_server_killed_mid_run_is_a_message_and_the_figures_stay(processes, br
             stop(victim)
     errors = errors_shown(page)
     assert len(errors) == 1 and "press Connect to attach again" in errors[0], errors
-    assert page.locator(".js-plotly-plot .gtitle").count() == SERVER_FIGURES  # the steps received stay
+    assert figure_count(page, SERVER_FIGURES) == SERVER_FIGURES  # the steps received stay
     assert "connection lost" in page.evaluate("() => document.body.innerText")
     page.wait_for_timeout(1000)
     page.screenshot(path=str(SCREENS / "server_killed_en.png"))
