@@ -245,7 +245,7 @@ def live_view(player: LivePlayer, lang: str, speed: float) -> None:
     def frame() -> None:
         try:
             player.tick()
-        except RuntimeError as exc:  # the engine's own guards (e.g. a run that does not finish)
+        except Exception as exc:  # the engine's guards (a run that does not finish) or any engine error: a message
             st.session_state["run_error"] = ("run_failed", str(exc))
             st.session_state.pop("live", None)
             st.rerun()
@@ -629,8 +629,8 @@ def main() -> None:
             if st.session_state.pop("finish_requested", False):
                 with st.spinner(t("running_engine", lang)):
                     player.finish()
-        except RuntimeError as exc:  # the engine's own guards (e.g. a run that does not finish)
-            st.session_state.pop("live")
+        except Exception as exc:  # the engine's guards (a run that does not finish) or any engine error: a message
+            st.session_state.pop("live", None)
             st.error(t("run_failed", lang).format(error=exc))
             return
         if not player.done:

@@ -8,6 +8,8 @@ import math
 import re
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -547,6 +549,38 @@ def test_live_player_paces_pauses_resumes_and_finishes():
     other = LivePlayer(_FakeStream(7), timer=lambda: now[0])
     other.finish()
     assert other.done and len(other.traces) == 7
+
+
+class _SlowStream(_FakeStream):
+    """A stream that sleeps inside ``poll`` and records whether two callers were ever inside it at once."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.inside, self.overlapped = 0, False
+
+    def poll(self, max_steps, budget_s=math.inf):
+        self.inside += 1
+        self.overlapped |= self.inside > 1
+        time.sleep(0.002)
+        try:
+            return super().poll(min(max_steps, 3), budget_s)
+        finally:
+            self.inside -= 1
+
+
+def test_live_player_never_polls_its_stream_from_two_threads():
+    """Streamlit can run the live fragment's tick and a full rerun's "Finish now" at once (seen: two threads
+    stepping one engine, a KeyError in the detokenizer and a failed rollback): the player serialises them."""
+    for _ in range(5):
+        stream = _SlowStream(60)
+        player = LivePlayer(stream, speed=0)
+        ticker = threading.Thread(target=lambda: [player.tick() for _ in range(40)])
+        ticker.start()
+        time.sleep(0.003)
+        player.finish()
+        ticker.join()
+        assert not stream.overlapped
+        assert player.done and [tr.step for tr in player.traces] == list(range(60))
 
 
 def test_trace_from_dict_round_trips_json(textbook_runs):

@@ -6,12 +6,15 @@ a server's step feed (``minengine.viz.server_feed.ServerFeed``: each ``StepTrace
 is another. ``LivePlayer`` paces it:
 each ``tick`` takes as many new steps as the speed allows for the real time that passed (or as many as fit a
 time budget at full speed), nothing while paused, and keeps every trace so far for the figures, which are the
-same ``minengine.viz`` builders as for a finished run.
+same ``minengine.viz`` builders as for a finished run. One lock serialises ``tick`` and ``finish``: Streamlit can
+run a page's ``run_every`` fragment and a full rerun (e.g. "Finish now") at the same time, and two threads must
+never step one engine.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
@@ -64,6 +67,7 @@ class LivePlayer:
         self._timer = timer
         self._credit = 1.0  # steps owed: the first tick shows a step at once
         self._last: float | None = None
+        self._lock = threading.Lock()  # one caller at a time polls the stream (see the module docstring)
         self.speed = speed
 
     @property
@@ -98,6 +102,10 @@ class LivePlayer:
         Raises:
             whatever the stream raises (e.g. ``RuntimeError`` from the engine's guards).
         """
+        with self._lock:
+            return self._tick()
+
+    def _tick(self) -> list[StepTrace]:
         now = self._timer()
         if self.paused or self.done:
             self._last = None
@@ -124,12 +132,14 @@ class LivePlayer:
             del self.traces[:len(self.traces) - self.keep]
 
     def finish(self) -> list[StepTrace]:
-        """Take every remaining step now, at full speed; returns them."""
-        new = []
-        while not self.done:
-            new += self.stream.poll(1 << 30)
-        self._append(new)
-        return new
+        """Take every remaining step now, at full speed (after a ``tick`` in flight in another thread); returns
+        them."""
+        with self._lock:
+            new = []
+            while not self.done:
+                new += self.stream.poll(1 << 30)
+            self._append(new)
+            return new
 
 
 def trace_from_dict(d: dict) -> StepTrace:
