@@ -574,7 +574,7 @@ def test_live_player_never_polls_its_stream_from_two_threads():
     for _ in range(5):
         stream = _SlowStream(60)
         player = LivePlayer(stream, speed=0)
-        ticker = threading.Thread(target=lambda: [player.tick() for _ in range(40)])
+        ticker = threading.Thread(target=lambda p=player: [p.tick() for _ in range(40)])
         ticker.start()
         time.sleep(0.003)
         player.finish()
