@@ -99,7 +99,7 @@ def check_views(at: AppTest, lang: str) -> dict[str, str]:
     for name in ("TTFT", "TPOT", "ITL"):
         p50, p95, p99 = (float(v.replace(",", "")) for k, v in m.items() if k.startswith(name))
         assert 0 < p50 <= p95 <= p99 < 60_000  # milliseconds
-    throughput = float(next(v for k, v in m.items() if "tok/s" in k or "令牌/秒" in k).replace(",", ""))
+    throughput = float(next(v for k, v in m.items() if "tok/s" in k or "词元/秒" in k).replace(",", ""))
     assert throughput > 0
     ab = [md.value for md in at.markdown if "P99 TBT" in md.value]
     assert len(ab) == 1 and re.search(r"\d+\.\d (ms|毫秒)", ab[0])

@@ -166,10 +166,10 @@ I18N_TERMS = ["chunked_prefill", "head_of_line_blocking", "admission", "victim",
 @pytest.mark.parametrize("chapter", CHAPTERS)
 def test_glossary_matches_dashboard_terms(chapter):
     """A glossary term that the dashboard also names gets the same Chinese term (minengine.viz.i18n), read with
-    the course's rule that token is 词元 (the dashboard's strings may still say 令牌)."""
+    the course's rule that token is 词元."""
     from minengine.viz.i18n import t
 
-    terms = {t(key, "en"): t(key, "zh").replace("令牌", "词元") for key in I18N_TERMS}
+    terms = {t(key, "en"): t(key, "zh") for key in I18N_TERMS}
     glossary = next(c.source for c in load(chapter).cells
                     if c.cell_type == "markdown" and c.source.startswith("## Glossary"))
     for row in glossary.splitlines()[4:]:

@@ -269,7 +269,7 @@ def test_find_stalls_on_a_hand_built_trace():
                                              "step 2: 2,048-token prefill of request 7"]
     assert [s["token_index"] for s in stalls] == [1, 2] and [s["time_s"] for s in stalls] == [2.0, 3.0]
     zh = viz.find_stalls({"r0": m}, traces, 0.5, lang="zh")
-    assert zh[1]["cause"] == "第 2 步：请求 7 的 2,048 令牌预填充"
+    assert zh[1]["cause"] == "第 2 步：请求 7 的 2,048 词元预填充"
     assert viz.find_stalls({"r0": m}, traces, 1.0) == []
 
 
@@ -300,7 +300,7 @@ def test_ab_sentence_states_the_three_differences(textbook_runs):
     numbers = [float(x) for x in re.findall(r"-?\d+\.\d", text)]
     assert numbers[:2] == [round(on.summary.itl_p99 * 1000, 1), round(off.summary.itl_p99 * 1000, 1)]
     assert "P99 TBT" in text and "TTFT" in text and "tok/s" in text
-    assert "令牌/秒" in viz.ab_sentence(on.summary, off.summary, "A", "B", "zh")
+    assert "词元/秒" in viz.ab_sentence(on.summary, off.summary, "A", "B", "zh")
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
@@ -659,3 +659,13 @@ def test_clock_labels_in_both_languages():
     assert clock_label(spec, "en") == "modelled: H100 SXM, Llama-3-70B shapes, TP 8"
     assert clock_label(spec, "zh") == "建模：H100 SXM 上的 Llama-3-70B 形状，TP 8"
     assert clock_label(ClockSpec("cpu"), "zh") == "实测：CPU 时间"
+
+
+def test_dashboard_chinese_follows_the_course_glossary():
+    """Token is 词元 (never 令牌) and a prefill chunk is 分块 (块 alone is the KV block), as in the course."""
+    for key in i18n.keys():
+        english, chinese = i18n.t(key, "en"), i18n.t(key, "zh")
+        assert "令牌" not in chinese, f"{key}: 令牌 -> 词元 in {chinese!r}"
+        if "prefill chunk" in english:
+            assert "分块" in chinese, f"{key}: chunk -> 分块 in {chinese!r}"
+

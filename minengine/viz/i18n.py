@@ -2,7 +2,7 @@
 
 Terms follow the course textbook: 分块预填充 chunked prefill, 队首阻塞 head-of-line blocking, 准入 admission,
 牺牲者 victim, 序列槽位 sequence slot, 预填充 prefill, 解码 decode, 前缀缓存命中 prefix cache hit, 抢占 preemption,
-块表 block table, 槽位映射 slot mapping, 令牌预算 token budget. Strings with ``{name}`` fields are ``str.format``
+块表 block table, 槽位映射 slot mapping, 词元预算 token budget. Strings with ``{name}`` fields are ``str.format``
 templates; callers fill them after ``t``.
 """
 
@@ -24,7 +24,7 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "preemption": ("preemption", "抢占"),
     "block_table": ("block table", "块表"),
     "slot_mapping": ("slot mapping", "槽位映射"),
-    "token_budget": ("token budget", "令牌预算"),
+    "token_budget": ("token budget", "词元预算"),
     "request": ("request", "请求"),
     # ---- figure titles and axes (units in brackets) ------------------------------------------------------
     "block_pool_title": ("KV block pool at step {step} ({used} of {total} blocks in use)",
@@ -45,24 +45,24 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "owned_by": ("owned by {owners}", "属于 {owners}"),
     "no_running": ("no running request at this step", "此步没有运行中的请求"),
     "batch_title": ("Batch composition per step (hatched = prefill chunk, solid = decode)",
-                    "每步的批次组成（斜线 = 预填充块，实心 = 解码）"),
+                    "每步的批次组成（斜线 = 预填充分块，实心 = 解码）"),
     "step_axis": ("step", "步"),
-    "tokens_per_step": ("tokens in the step (tokens)", "本步令牌数（令牌）"),
-    "prefill_chunk": ("prefill chunk", "预填充块"),
+    "tokens_per_step": ("tokens in the step (tokens)", "本步词元数（词元）"),
+    "prefill_chunk": ("prefill chunk", "预填充分块"),
     "admitted": ("admitted", "准入"),
     "preempted": ("preempted (victim)", "被抢占（牺牲者）"),
     "finished": ("finished", "完成"),
-    "token_timeline_title": ("When each request's tokens came out", "每个请求的令牌何时产出"),
+    "token_timeline_title": ("When each request's tokens came out", "每个请求的词元何时产出"),
     "time_since_arrival": ("time since first arrival (s)", "距首个请求到达的时间（秒）"),
     "time_since_first_step": ("time since first step (s)", "距第一步开始的时间（秒）"),
     "arrival": ("arrival", "到达"),
     "first_scheduled": ("first scheduled", "首次调度"),
-    "first_token": ("first token", "首个令牌"),
-    "output_token": ("output token", "输出令牌"),
+    "first_token": ("first token", "首个词元"),
+    "output_token": ("output token", "输出词元"),
     "itl_title": ("Inter-token latency (ITL/TBT); stalls above {threshold_ms:.1f} ms marked",
-                  "令牌间延迟（ITL/TBT）；标出超过 {threshold_ms:.1f} 毫秒的停顿"),
-    "itl_axis": ("inter-token latency (ms)", "令牌间延迟（毫秒）"),
-    "itl": ("ITL", "令牌间延迟"),
+                  "词元间延迟（ITL/TBT）；标出超过 {threshold_ms:.1f} 毫秒的停顿"),
+    "itl_axis": ("inter-token latency (ms)", "词元间延迟（毫秒）"),
+    "itl": ("ITL", "词元间延迟"),
     "stall": ("stall", "停顿"),
     "threshold": ("threshold", "阈值"),
     "ms": ("ms", "毫秒"),
@@ -75,22 +75,22 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "used_blocks": ("used", "已用"),
     "free_uncached_blocks": ("free", "空闲"),
     "latency_title": ("Latency distributions (CDF)", "延迟分布（累积分布）"),
-    "ttft_ms": ("TTFT (ms)", "首令牌延迟 TTFT（毫秒）"),
-    "tpot_ms": ("TPOT (ms)", "每令牌时间 TPOT（毫秒）"),
+    "ttft_ms": ("TTFT (ms)", "首词元延迟 TTFT（毫秒）"),
+    "tpot_ms": ("TPOT (ms)", "每词元时间 TPOT（毫秒）"),
     "fraction_axis": ("fraction of requests", "请求比例"),
     "no_data": ("no data", "无数据"),
     # ---- stall causes (find_stalls) ----------------------------------------------------------------------
     "cause_prefill": ("step {step}: {tokens:,}-token prefill of request {rid}",
-                      "第 {step} 步：请求 {rid} 的 {tokens:,} 令牌预填充"),
+                      "第 {step} 步：请求 {rid} 的 {tokens:,} 词元预填充"),
     "cause_preempted": ("step {step}: request {rid} preempted, its K/V recomputed",
                         "第 {step} 步：请求 {rid} 被抢占，其 K/V 需重算"),
     "cause_batch": ("step {step}: {tokens:,}-token batch of {num} requests",
-                    "第 {step} 步：{num} 个请求共 {tokens:,} 令牌的批次"),
+                    "第 {step} 步：{num} 个请求共 {tokens:,} 词元的批次"),
     "cause_not_scheduled": ("request {rid} not scheduled for {num} steps", "请求 {rid} 有 {num} 步未被调度"),
     # the short forms label the largest stalls in the ITL figure
-    "short_prefill": ("step {step}: {tokens:,}-token prefill of {rid}", "第 {step} 步：{rid} 的 {tokens:,} 令牌预填充"),
+    "short_prefill": ("step {step}: {tokens:,}-token prefill of {rid}", "第 {step} 步：{rid} 的 {tokens:,} 词元预填充"),
     "short_preempted": ("step {step}: {rid} preempted", "第 {step} 步：{rid} 被抢占"),
-    "short_batch": ("step {step}: {tokens:,}-token batch", "第 {step} 步：{tokens:,} 令牌的批次"),
+    "short_batch": ("step {step}: {tokens:,}-token batch", "第 {step} 步：{tokens:,} 词元的批次"),
     # ---- dashboard -----------------------------------------------------------------------------------------
     "app_title": ("minengine: watch the scheduler", "minengine：观察调度器"),
     "app_intro": ("Runs the real engine (the bundled tiny model, on this CPU) step by step and draws what the "
@@ -120,14 +120,14 @@ _STRINGS: dict[str, tuple[str, str]] = {
                       "到达时间与长度来自 Azure LLM 推理轨迹 2023（对话），Patel 等，Splitwise，ISCA 2024。"),
     "preset_e_help": ("Your own synthetic workload: Poisson arrivals, uniform lengths.",
                       "自定义合成负载：泊松到达，长度均匀分布。"),
-    "long_prompt_scale": ("Scale of the 8,000-token prompt", "8,000 令牌提示的缩放比例"),
+    "long_prompt_scale": ("Scale of the 8,000-token prompt", "8,000 词元提示的缩放比例"),
     "scale_note_a": ("Scaled for this CPU: the long prompt has {tokens:,} tokens (8,000 × {scale}).",
-                     "为本机 CPU 缩放：长提示为 {tokens:,} 令牌（8,000 × {scale}）。"),
+                     "为本机 CPU 缩放：长提示为 {tokens:,} 词元（8,000 × {scale}）。"),
     "scale_note_d": ("Scaled for this CPU: first {n} requests of the trace, token lengths × {scale}, "
                      "arrival times as recorded.",
-                     "为本机 CPU 缩放：取轨迹前 {n} 个请求，令牌长度 × {scale}，到达时间按原记录。"),
+                     "为本机 CPU 缩放：取轨迹前 {n} 个请求，词元长度 × {scale}，到达时间按原记录。"),
     "trace_max_requests": ("Requests taken from the trace", "从轨迹中取的请求数"),
-    "trace_length_scale": ("Token length scale", "令牌长度缩放"),
+    "trace_length_scale": ("Token length scale", "词元长度缩放"),
     "trace_missing": ("The Azure trace file is not here ({path}); preset (d) is skipped. Upload a CSV in the same "
                       "format (TIMESTAMP,ContextTokens,GeneratedTokens) below.",
                       "这里没有 Azure 轨迹文件（{path}）；跳过预设 (d)。可在下面上传同格式的 CSV"
@@ -137,22 +137,22 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "trace_bad_upload": ("The uploaded trace could not be read: {error}", "无法读取上传的轨迹：{error}"),
     "trace_using_upload": ("Using the uploaded trace ({n} requests).", "使用上传的轨迹（{n} 个请求）。"),
     "num_requests": ("Number of requests", "请求数"),
-    "prompt_len_range": ("Prompt length range (tokens)", "提示长度范围（令牌）"),
-    "output_len_range": ("Output length range (tokens)", "输出长度范围（令牌）"),
+    "prompt_len_range": ("Prompt length range (tokens)", "提示长度范围（词元）"),
+    "output_len_range": ("Output length range (tokens)", "输出长度范围（词元）"),
     "arrival_rate": ("Arrival rate (requests/s, 0 = all at once)", "到达率（请求/秒，0 = 同时到达）"),
     "engine": ("Engine", "引擎"),
     "max_num_batched_tokens": ("Token budget (max_num_batched_tokens, tokens)",
-                               "令牌预算（max_num_batched_tokens，令牌）"),
+                               "词元预算（max_num_batched_tokens，词元）"),
     "enable_chunked_prefill": ("Chunked prefill (enable_chunked_prefill)", "分块预填充（enable_chunked_prefill）"),
     "long_prefill_token_threshold": ("Longest prefill chunk (long_prefill_token_threshold, 0 = no cap)",
-                                     "最长预填充块（long_prefill_token_threshold，0 = 不限）"),
-    "block_size": ("Block size (block_size, tokens)", "块大小（block_size，令牌）"),
+                                     "最长预填充分块（long_prefill_token_threshold，0 = 不限）"),
+    "block_size": ("Block size (block_size, tokens)", "块大小（block_size，词元）"),
     "num_kv_blocks": ("KV blocks (num_kv_blocks)", "KV 块数（num_kv_blocks）"),
     "max_num_seqs": ("Sequence slots (max_num_seqs)", "序列槽位（max_num_seqs）"),
     "enable_prefix_caching": ("Prefix caching (enable_prefix_caching)", "前缀缓存（enable_prefix_caching）"),
     "temperature": ("Sampling temperature (0 = greedy)", "采样温度（0 = 贪心）"),
     "stall_threshold": ("Stall threshold (ms; 0 = {k:g} × the run's median ITL)",
-                        "停顿阈值（毫秒；0 = 本次运行令牌间延迟中位数的 {k:g} 倍）"),
+                        "停顿阈值（毫秒；0 = 本次运行词元间延迟中位数的 {k:g} 倍）"),
     "run": ("Run", "运行"),
     "press_run": ("Choose a workload and press Run.", "选择负载并点击“运行”。"),
     "stale_run": ("The controls changed since this run: press Run to run the new settings.",
@@ -175,14 +175,14 @@ _STRINGS: dict[str, tuple[str, str]] = {
                  "step, the bars and the token timeline grow to the right. When the run ends, its tabs let you go "
                  "back to any step.",
                  "引擎运行时，每次重绘都加入这段时间里完成的步骤：块池显示最新一步；"
-                 "批次柱和令牌时间线向右增长。运行结束后，下面的标签页可以回到任意一步。"),
+                 "批次柱和词元时间线向右增长。运行结束后，下面的标签页可以回到任意一步。"),
     "bad_input": ("Bad input: {error}", "输入有误：{error}"),
     "run_failed": ("The engine refused this run: {error}", "引擎拒绝了这次运行：{error}"),
     "budget_raised": ("Without {cp} a whole prompt must fit in one step, so the token budget is raised to "
                       "{tokens:,} tokens (max_model_len + max_num_seqs: the longest prompt beside one decode per "
                       "slot).",
-                      "关闭{cp}时整个提示必须在一步内完成，因此令牌预算提高到 {tokens:,} 令牌"
-                      "（max_model_len + max_num_seqs：最长提示加上每个槽位一个解码令牌）。"),
+                      "关闭{cp}时整个提示必须在一步内完成，因此词元预算提高到 {tokens:,} 词元"
+                      "（max_model_len + max_num_seqs：最长提示加上每个槽位一个解码词元）。"),
     "tab_blocks": ("Block tables", "块表"),
     "tab_batch": ("Batch composition", "批次组成"),
     "tab_tbt": ("TBT timeline", "TBT 时间线"),
@@ -210,24 +210,24 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "cap_batch": ("Each bar is one step; each colour one request. Watch the long prompt's hatched {pf} chunks "
                   "share steps with the solid decodes under the {tb} line; ▲ marks {adm}, ✖ a preemption, "
                   "● a finished request.",
-                  "每根柱子是一步，每种颜色是一个请求。观察长提示的斜线{pf}块如何在{tb}线下与实心解码共享一步；"
+                  "每根柱子是一步，每种颜色是一个请求。观察长提示的斜线{pf}分块如何在{tb}线下与实心解码共享一步；"
                   "▲ 表示{adm}，✖ 表示抢占，● 表示请求完成。"),
     "cap_timeline": ("One row per request; each dot is an output token. Gaps in a row are stalls: the request "
                      "waited while another step ran.",
-                     "每行一个请求，每个点是一个输出令牌。行中的空隙就是停顿：请求在等待其他步骤运行。"),
+                     "每行一个请求，每个点是一个输出词元。行中的空隙就是停顿：请求在等待其他步骤运行。"),
     "cap_itl": ("Every inter-token gap of every request. Red points are stalls above the threshold; the {n} largest "
                 "are labelled with the step that caused them (①, ②, …), and the table below names the cause of "
                 "every one.",
-                "每个请求的每个令牌间隔。红点是超过阈值的停顿；最大的 {n} 个标出了造成它的那一步（①、②…），"
+                "每个请求的每个词元间隔。红点是超过阈值的停顿；最大的 {n} 个标出了造成它的那一步（①、②…），"
                 "下表列出每个停顿的原因。"),
     "stall_table": ("Stalls and their causes", "停顿及其原因"),
     "col_label": ("label", "标注"),
-    "col_token": ("output token #", "输出令牌序号"),
+    "col_token": ("output token #", "输出词元序号"),
     "col_time": ("time (s)", "时间（秒）"),
-    "col_itl": ("ITL (ms)", "令牌间延迟（毫秒）"),
+    "col_itl": ("ITL (ms)", "词元间延迟（毫秒）"),
     "col_cause": ("caused by", "原因"),
-    "tokens_unit": ("tokens", "令牌"),
-    "no_stalls": ("No ITL above {threshold_ms:.1f} ms.", "没有超过 {threshold_ms:.1f} 毫秒的令牌间延迟。"),
+    "tokens_unit": ("tokens", "词元"),
+    "no_stalls": ("No ITL above {threshold_ms:.1f} ms.", "没有超过 {threshold_ms:.1f} 毫秒的词元间延迟。"),
     "cap_queue": ("Running requests are bounded by {slot}s; waiting grows when the {tb} or the KV pool is full.",
                   "运行中的请求数受{slot}限制；当{tb}或 KV 池满时，等待数增加。"),
     "cap_kv": ("Used blocks climb as prompts are prefilled; cached-but-free blocks are prefixes kept for later "
@@ -235,13 +235,13 @@ _STRINGS: dict[str, tuple[str, str]] = {
                "预填充时已用块上升；已缓存但空闲的块是留给之后命中的前缀；空闲降为零时调度器必须抢占。"),
     "cap_latency": ("The further right a curve, the slower. TTFT includes queueing and every prefill chunk; "
                     "TPOT is the mean gap after the first token.",
-                    "曲线越靠右越慢。TTFT 包括排队和所有预填充块；TPOT 是首令牌之后的平均间隔。"),
+                    "曲线越靠右越慢。TTFT 包括排队和所有预填充分块；TPOT 是首词元之后的平均间隔。"),
     "metric_ttft": ("TTFT P{q} (ms)", "TTFT P{q}（毫秒）"),
     "metric_tpot": ("TPOT P{q} (ms)", "TPOT P{q}（毫秒）"),
     "metric_itl": ("ITL (TBT) P{q} (ms)", "ITL（TBT）P{q}（毫秒）"),
-    "metric_throughput": ("Output throughput (tok/s)", "输出吞吐（令牌/秒）"),
+    "metric_throughput": ("Output throughput (tok/s)", "输出吞吐（词元/秒）"),
     "metric_preemptions": ("Preemptions", "抢占次数"),
-    "metric_prefix": ("Prefix cache hit tokens (hit rate)", "前缀缓存命中令牌（命中率）"),
+    "metric_prefix": ("Prefix cache hit tokens (hit rate)", "前缀缓存命中词元（命中率）"),
     "metric_requests": ("Requests / steps", "请求数 / 步数"),
     "ab_knob": ("Setting to compare (A = on, B = off)", "对比的设置（A = 开启，B = 关闭）"),
     "prefix_caching": ("prefix caching", "前缀缓存"),
@@ -252,9 +252,9 @@ _STRINGS: dict[str, tuple[str, str]] = {
                     "{tput_a:.1f} vs {tput_b:.1f} tok/s ({tput_pct:+.0f}%).",
                     "{a}相对于{b}：P99 TBT 为 {itl_ms_a:.1f} 毫秒对 {itl_ms_b:.1f} 毫秒（{itl_pct:+.0f}%），"
                     "P99 TTFT 为 {ttft_ms_a:.1f} 毫秒对 {ttft_ms_b:.1f} 毫秒（{ttft_pct:+.0f}%），"
-                    "输出吞吐为 {tput_a:.1f} 对 {tput_b:.1f} 令牌/秒（{tput_pct:+.0f}%）。"),
+                    "输出吞吐为 {tput_a:.1f} 对 {tput_b:.1f} 词元/秒（{tput_pct:+.0f}%）。"),
     "cap_ab": ("The same workload under both configs; compare the ITL spikes and the batch shapes.",
-               "同一负载在两种配置下运行；比较令牌间延迟的尖峰和批次形状。"),
+               "同一负载在两种配置下运行；比较词元间延迟的尖峰和批次形状。"),
     "run_time": ("The engine took {seconds:.1f} s of real time on this machine (model loading included, pauses "
                  "not) for {steps} steps; the times in the figures are on the clock {clock}.",
                  "引擎在本机用了 {seconds:.1f} 秒实际时间（含模型加载，不含暂停），共 {steps} 步；"
@@ -269,7 +269,7 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "clock_modelled_help": ("The tokens are computed by the bundled model on this CPU; each step lasts what a "
                             "roofline model says it would on this GPU for this model shape. The same on every "
                             "machine, every run.",
-                            "令牌由本机 CPU 上的内置模型真实计算；每一步的时长按屋顶线模型估算该 GPU 上运行该模型"
+                            "词元由本机 CPU 上的内置模型真实计算；每一步的时长按屋顶线模型估算该 GPU 上运行该模型"
                             "形状所需的时间。在任何机器上、每次运行都相同。"),
     "clock_cpu_help": ("Each step lasts the CPU time this process spent on it: real, but it depends on this "
                        "machine.", "每一步的时长为本进程在该步上花费的 CPU 时间：真实，但取决于本机。"),
@@ -300,8 +300,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
                       "requests finished since you connected. {model}: {blocks:,} KV blocks of {block_size} tokens, "
                       "token budget {budget:,} tokens, {seqs} sequence slots.",
                       "**实时服务器 {url}，{state}：** 第 {step} 步，{running} 个运行中，{waiting} 个等待中；"
-                      "连接以来完成 {finished} 个请求。{model}：{blocks:,} 个 KV 块（每块 {block_size} 令牌），"
-                      "令牌预算 {budget:,} 令牌，{seqs} 个序列槽位。"),
+                      "连接以来完成 {finished} 个请求。{model}：{blocks:,} 个 KV 块（每块 {block_size} 词元），"
+                      "词元预算 {budget:,} 词元，{seqs} 个序列槽位。"),
     "server_state_connected": ("live", "实时接收中"),
     "server_state_stopped": ("disconnected", "已断开"),
     "server_state_failed": ("connection lost", "连接中断"),
@@ -343,11 +343,11 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "server_metrics_last": ("Since the server started, from its /metrics (the last reading before the feed ended):",
                             "自服务器启动以来，来自其 /metrics（步骤流结束前的最后一次读取）："),
     "server_metrics_error": ("The server's /metrics could not be read: {error}", "无法读取服务器的 /metrics：{error}"),
-    "sm_prompt": ("Prompt tokens", "提示令牌"),
+    "sm_prompt": ("Prompt tokens", "提示词元"),
     "sm_preemptions": ("Preemptions", "抢占次数"),
     "sm_prefix": ("Prefix cache hit rate", "前缀缓存命中率"),
     "sm_finished": ("Finished requests", "已完成请求"),
-    "sm_generation": ("Generated tokens", "已生成令牌"),
+    "sm_generation": ("Generated tokens", "已生成词元"),
     "sm_ttft": ("Mean TTFT (ms)", "平均 TTFT（毫秒）"),
     "sm_itl": ("Mean ITL (ms)", "平均 ITL（毫秒）"),
     "sm_e2e": ("Mean E2E latency (ms)", "平均端到端延迟（毫秒）"),
@@ -356,7 +356,7 @@ _STRINGS: dict[str, tuple[str, str]] = {
                    "step feed carries no arrival times: the token timeline and the ITL start where a request was "
                    "first scheduled (TTFT is in the cards above, from /metrics).",
                    "每张图都按服务器自己的步骤记录实时绘制，显示最近 {window} 步。时间为服务器的挂钟时间，"
-                   "请求之间的空闲表现为空隙。步骤流不含到达时间：令牌时间线和令牌间延迟从请求首次被调度时算起"
+                   "请求之间的空闲表现为空隙。步骤流不含到达时间：词元时间线和词元间延迟从请求首次被调度时算起"
                    "（TTFT 见上方卡片，来自 /metrics）。"),
     "model_missing": ("The bundled model is not at {path}. Run scripts/train_tiny_model.py or set MINENGINE_MODEL.",
                       "内置模型不在 {path}。请运行 scripts/train_tiny_model.py 或设置 MINENGINE_MODEL。"),
