@@ -34,8 +34,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "block_column": ("block id mod {cols}", "块号 mod {cols}"),
     "block_row": ("block id ÷ {cols}", "块号 ÷ {cols}"),
     "logical_block": ("logical block index", "逻辑块序号"),
-    "logical_block_wrapped": ("logical block index (a long table wraps: row “+{cols}” goes on from block {cols})",
-                              "逻辑块序号（长块表换行：“+{cols}”行从第 {cols} 块接着排）"),
+    "logical_block_wrapped": ("logical block (row “+{cols}” goes on from block {cols})",
+                              "逻辑块序号（“+{cols}”行从第 {cols} 块接着排）"),
     "free_block": ("free", "空闲"),
     "cached_free_block": ("cached, free (evictable prefix)", "已缓存但空闲（可驱逐的前缀）"),
     "shared_block": ("shared by several requests (number = ref count)", "多个请求共享（数字 = 引用计数）"),
@@ -212,9 +212,11 @@ _STRINGS: dict[str, tuple[str, str]] = {
                   "● a finished request.",
                   "每根柱子是一步，每种颜色是一个请求。观察长提示的斜线{pf}分块如何在{tb}线下与实心解码共享一步；"
                   "▲ 表示{adm}，✖ 表示抢占，● 表示请求完成。"),
-    "cap_timeline": ("One row per request; each dot is an output token. Gaps in a row are stalls: the request "
-                     "waited while another step ran.",
-                     "每行一个请求，每个点是一个输出词元。行中的空隙就是停顿：请求在等待其他步骤运行。"),
+    "cap_timeline": ("One row per request; each tick is an output token, ○ the request's arrival (or first "
+                     "scheduling), ◆ its first token. Gaps in a row are stalls: the request waited while another "
+                     "step ran.",
+                     "每行一个请求，每条短竖线是一个输出词元，○ 是请求到达（或首次调度），◆ 是首个词元。"
+                     "行中的空隙就是停顿：请求在等待其他步骤运行。"),
     "cap_itl": ("Every inter-token gap of every request. Red points are stalls above the threshold; the {n} largest "
                 "are labelled with the step that caused them (①, ②, …), and the table below names the cause of "
                 "every one.",
@@ -297,10 +299,10 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "server_waiting": ("Connected to {url} ({model}): waiting for its first step. Send it a request.",
                        "已连接 {url}（{model}）：等待第一步。请向它发送请求。"),
     "server_status": ("**Live server {url}, {state}:** step {step}, {running} running, {waiting} waiting; {finished} "
-                      "requests finished since you connected. {model}: {blocks:,} KV blocks of {block_size} tokens, "
+                      "requests finished in the steps received (the replayed history included). {model}: {blocks:,} KV blocks of {block_size} tokens, "
                       "token budget {budget:,} tokens, {seqs} sequence slots.",
                       "**实时服务器 {url}，{state}：** 第 {step} 步，{running} 个运行中，{waiting} 个等待中；"
-                      "连接以来完成 {finished} 个请求。{model}：{blocks:,} 个 KV 块（每块 {block_size} 词元），"
+                      "收到的各步中完成 {finished} 个请求（含回放的历史）。{model}：{blocks:,} 个 KV 块（每块 {block_size} 词元），"
                       "词元预算 {budget:,} 词元，{seqs} 个序列槽位。"),
     "server_state_connected": ("live", "实时接收中"),
     "server_state_stopped": ("disconnected", "已断开"),
