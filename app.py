@@ -27,6 +27,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from minengine.config import BUNDLED_MODEL
 from minengine.timing import ClockSpec, get_hardware
+from minengine.timing.capacity import memory_fit
 from minengine.viz import (
     STALL_MARKS,
     ab_sentence,
@@ -159,6 +160,11 @@ def clock_controls(lang: str) -> ClockSpec:
     model, tp = sb.selectbox(t("clock_model", lang), DASHBOARD_MODELS, key="clock_model",
                              format_func=lambda m: model_choice_label(*m))
     sb.caption(t("clock_modelled_help", lang))
+    fit = memory_fit(hardware, model, tp)
+    if not fit.fits:  # priced all the same, but no engine could serve it: say so beside the choice
+        sb.warning(t("clock_does_not_fit", lang).format(
+            model=model_choice_label(model, tp), hardware=get_hardware(hardware).name,
+            need_gb=fit.weight_bytes_per_device / 1e9, have_gb=fit.usable_bytes_per_device / 1e9))
     return ClockSpec("modelled", hardware=hardware, model=model, tp=tp)
 
 

@@ -336,14 +336,20 @@ def test_clock_selector(app):
     assert subtitles(app).count("modelled: H100 SXM, Llama-3-8B shapes") == 7
     run(app)
     assert metrics(app) == h100  # modelled time: the same numbers, run after run
+    assert not app.sidebar.warning  # H100 holds Llama-3-8B
     app.selectbox(key="clock_hardware").set_value("l4").run()
     run(app)
     assert subtitles(app).count("modelled: L4, Llama-3-8B shapes") == 7
+    assert not app.sidebar.warning  # 16.1 GB of weights in 21.6 GB
     tpot = {name: float(metric(m, "TPOT P50").replace(",", "")) for name, m in (("h100", h100), ("l4", metrics(app)))}
     assert tpot["l4"] > 5 * tpot["h100"]  # 300 GB/s vs 3.35 TB/s: decode is memory-bound
     app.selectbox(key="clock_model").set_value(("llama-3-70b", 4)).run()
     run(app)
     assert subtitles(app).count("modelled: L4, Llama-3-70B shapes, TP 4") == 7
+    # 70B over 4 L4s: 35.3 GB of weights per GPU, 21.6 GB usable: priced, but flagged as impossible
+    assert [w.value for w in app.sidebar.warning if "does not fit L4" in w.value and "35.3 GB" in w.value]
+    app.selectbox(key="clock_model").set_value(("llama-3-70b", 8)).run()
+    assert not app.sidebar.warning  # TP 8: 17.6 GB per GPU fits
     app.radio(key="clock_kind_en").set_value("cpu").run()
     assert not [s for s in app.selectbox if s.key == "clock_hardware"]  # no GPU to choose for measured time
     run(app)

@@ -299,11 +299,20 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "server_waiting": ("Connected to {url} ({model}): waiting for its first step. Send it a request.",
                        "已连接 {url}（{model}）：等待第一步。请向它发送请求。"),
     "server_status": ("**Live server {url}, {state}:** step {step}, {running} running, {waiting} waiting; {finished} "
-                      "requests finished in the steps received (the replayed history included). {model}: {blocks:,} KV blocks of {block_size} tokens, "
+                      "requests finished in the steps received (the replayed history included). "
+                      "{model}: {blocks:,} KV blocks of {block_size} tokens, "
                       "token budget {budget:,} tokens, {seqs} sequence slots.",
                       "**实时服务器 {url}，{state}：** 第 {step} 步，{running} 个运行中，{waiting} 个等待中；"
-                      "收到的各步中完成 {finished} 个请求（含回放的历史）。{model}：{blocks:,} 个 KV 块（每块 {block_size} 词元），"
+                      "收到的各步中完成 {finished} 个请求（含回放的历史）。"
+                      "{model}：{blocks:,} 个 KV 块（每块 {block_size} 词元），"
                       "词元预算 {budget:,} 词元，{seqs} 个序列槽位。"),
+    "clock_does_not_fit": ("{model} does not fit {hardware}: its weights need {need_gb:.1f} GB per GPU, 90 % of "
+                           "the GPU's memory is {have_gb:.1f} GB (no room for a KV cache). The times below are "
+                           "what the roofline says, for a deployment no engine could run: pick more GPUs (TP) or "
+                           "a bigger GPU.",
+                           "{model} 放不进 {hardware}：每块 GPU 需要 {need_gb:.1f} GB 存放权重，而 GPU 显存的 90% 只有 "
+                           "{have_gb:.1f} GB（没有 KV 缓存的空间）。下面的时间只是屋顶线模型的估算，对应一个没有引擎"
+                           "能运行的部署：请选择更多 GPU（TP）或更大的 GPU。"),
     "server_state_connected": ("live", "实时接收中"),
     "server_state_stopped": ("disconnected", "已断开"),
     "server_state_failed": ("connection lost", "连接中断"),
