@@ -386,6 +386,13 @@ def test_request_colours_are_distinct_and_never_block_colours():
     assert len(REQUEST_PALETTE) == len(set(REQUEST_PALETTE)) >= 24
     assert not {SHARED_COLOR.lower(), "#eeeeee", "#a6cee3"} & {c.lower() for c in REQUEST_PALETTE}
     assert viz.colors.request_color("r4") != viz.colors.request_color("r10")
+    color = viz.colors.request_color
+    assert len({color(f"dec-{i}") for i in range(len(REQUEST_PALETTE))}) == len(REQUEST_PALETTE)
+    # a named request stays clear of the first numbered ones (ch04: "long" beside "dec-0".."dec-9")
+    assert color("long") not in {color(f"dec-{i}") for i in range(10)}
+    # a server's ids all end in the choice index "-0": the number there is not the request's
+    server = [f"cmpl-{h}-0" for h in ("71418df7a3", "0b1c2d3e4f", "9f8e7d6c5b", "5a4b3c2d1e")]
+    assert len({color(r) for r in server}) > 1
 
 
 def _stall_run(num_requests: int, num_steps: int):

@@ -41,13 +41,20 @@ REQUEST_PALETTE = _distinct_palette(
     reserved=[FREE_COLOR, CACHED_FREE_COLOR, SHARED_COLOR])
 
 
+_NUMBERED_ID = re.compile(r"^(?:[A-Za-z][A-Za-z_-]{0,15}|.*#)(\d+)$")  # "r7", "req-12", "azure-4", "cmpl-…-0 #17"
+
+
 def request_color(request_id: str) -> str:
-    """The colour of one request: ids ending in a number (``r7``, ``req-12``) use that number, so the first
-    ``len(REQUEST_PALETTE)`` (28) requests of a run never collide; other ids use a CRC32 of the id
-    (deterministic across processes, unlike ``hash``)."""
-    m = re.search(r"(\d+)$", request_id)
-    index = int(m.group(1)) if m else zlib.crc32(request_id.encode())
-    return REQUEST_PALETTE[index % len(REQUEST_PALETTE)]
+    """The colour of one request. A short name and a number (``r7``, ``req-12``, ``dec-0``; or a feed's display
+    name ending in ``#17``) use that number, so the first ``len(REQUEST_PALETTE)`` (28) requests of a run never
+    collide. Any other id (``long``, a server's ``cmpl-71418df7...-0``, whose trailing 0 is the choice index
+    and the same for every request) uses a CRC32 of the whole id (deterministic across processes, unlike
+    ``hash``) into the upper half of the palette, clear of the low numbers that numbered ids take first."""
+    m = _NUMBERED_ID.match(request_id)
+    if m:
+        return REQUEST_PALETTE[int(m.group(1)) % len(REQUEST_PALETTE)]
+    half = len(REQUEST_PALETTE) // 2
+    return REQUEST_PALETTE[half + zlib.crc32(request_id.encode()) % (len(REQUEST_PALETTE) - half)]
 
 
 def discrete_colorscale(colors: list[str]) -> list[list]:
