@@ -17,6 +17,7 @@ bundled tiny Shakespeare model).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -70,6 +71,8 @@ SOURCES = ("local", "server")
 SERVER_WINDOWS = (50, 100, 200, 500, 1000)  # steps of a server's feed on screen
 SERVER_WINDOW = 100  # the default: ~0.3 s of steps at ~8 ms each (bundled model, 2 cores, 8 clients)
 SERVER_TICK_S = 2.0  # a live server's view redraws seven figures (~0.5 s of plotly on a busy 2-core machine)
+SERVER_IDLE_TICK_S = 6.0  # ... every 6 s once no step came for SERVER_IDLE_AFTER_S (an idle server: ~1/3 the CPU)
+SERVER_IDLE_AFTER_S = 10.0
 
 
 # ---- cached heavy work ---------------------------------------------------------------------------------------
@@ -423,8 +426,8 @@ def disconnect_server() -> None:
 
 def stop_server_feed() -> None:
     """The source changed (or a new connection replaces this one): stop the feed and forget it."""
-    st.session_state.pop("server_error", None)
-    st.session_state.pop("server_figures", None)
+    for key in ("server_error", "server_figures", "server_idle", "server_last_new"):
+        st.session_state.pop(key, None)
     player = st.session_state.pop("server_player", None)
     if player is not None:
         player.stream.stop()
@@ -465,11 +468,22 @@ def server_live_view(player: LivePlayer, lang: str, window: int) -> None:
         else:
             st.button(t("live_pause", lang), key="server_pause", on_click=player.pause)
 
-    @st.fragment(run_every=SERVER_TICK_S if live and not player.paused else None)
+    idle = st.session_state.get("server_idle", False)
+    tick_s = SERVER_IDLE_TICK_S if idle else SERVER_TICK_S
+
+    @st.fragment(run_every=tick_s if live and not player.paused else None)
     def frame() -> None:
-        player.tick()
+        new = player.tick()
         if live and feed.done:
             st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause)
+        # the redraw rate follows the traffic: back to SERVER_TICK_S at the first new step, slower when quiet
+        now = time.monotonic()
+        if new or "server_last_new" not in st.session_state:
+            st.session_state["server_last_new"] = now
+        quiet = now - st.session_state["server_last_new"] >= SERVER_IDLE_AFTER_S
+        if live and quiet != idle:
+            st.session_state["server_idle"] = quiet
+            st.rerun()  # the whole page: the fragment is registered again with the other interval
         draw_server(player, lang, window)
 
     frame()

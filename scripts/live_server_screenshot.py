@@ -190,18 +190,25 @@ def pool_step(page) -> int | None:
     return None
 
 
-def shot_when_consistent(page, height: int, timeout_s: float = 30) -> bytes:
-    """A screenshot of the top ``height`` px taken when the figures show the step the status line says (on a
-    busy machine plotly can be a redraw behind); the last try if that never happens within ``timeout_s``."""
+def shot_when_consistent(page, height: int, timeout_s: float = 60) -> bytes:
+    """A screenshot of the top ``height`` px taken when all seven figures are drawn and show the step the status
+    line says (on a busy machine plotly can be a redraw behind).
+
+    Raises:
+        RuntimeError: that never happened within ``timeout_s`` (no picture is better than an empty one).
+    """
     deadline = time.monotonic() + timeout_s
-    while True:
+    while time.monotonic() < deadline:
         step = live_step(page)
-        if (step is not None and pool_step(page) == step) or time.monotonic() > deadline:
+        drawn = page.evaluate("() => document.querySelectorAll('.js-plotly-plot .main-svg').length")
+        if step is not None and pool_step(page) == step and drawn >= 7:
             page.wait_for_timeout(300)  # plotly's last layout pass
             png = page.screenshot(clip={"x": 0, "y": 0, "width": 1600, "height": height})
-            if live_step(page) == step or time.monotonic() > deadline:
+            if live_step(page) == step:
                 return png
         page.wait_for_timeout(100)
+    raise RuntimeError(f"the figures never settled on the status line's step within {timeout_s:.0f} s "
+                       "(a machine too busy for the dashboard?): no screenshot written")
 
 
 def save_small_png(png: bytes, out: Path, width: int = 1400, colors: int = 128) -> int:
