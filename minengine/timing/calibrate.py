@@ -150,7 +150,7 @@ def _timed_step(engine, timer: Callable[[], float]) -> float:
 def calibrate(engine, prefill_sizes: Sequence[int] = (16, 32, 64, 128, 256, 512),
               decode_batch_sizes: Sequence[int] = (1, 2, 4, 8, 16, 32), decode_context: int = 128,
               repeats: int = 5, warmup: int = 2, threads: int | None = 1,
-              timer: Callable[[], float] = time.perf_counter, seed: int = 0) -> CalibrationResult:
+              timer: Callable[[], float] = time.process_time, seed: int = 0) -> CalibrationResult:
     """Measure ``engine``'s step times over a sweep and fit the CPU cost model to them.
 
     Prefill sizes larger than the engine's token budget or ``max_model_len``, and decode batches larger than
@@ -164,7 +164,8 @@ def calibrate(engine, prefill_sizes: Sequence[int] = (16, 32, 64, 128, 256, 512)
         decode_context: prompt tokens of the decoding requests.
         repeats, warmup: timed and untimed repetitions per point (the median is kept).
         threads: torch threads during the measurement (restored afterwards); None = leave as is.
-        timer: the time source (wall time of the step by default).
+        timer: the time source: this process's CPU time by default (with one thread, the step's compute; other
+            work on a shared machine does not leak into it), ``time.perf_counter`` for wall time.
 
     Returns:
         ``CalibrationResult`` (``.hardware`` is the fitted preset).
