@@ -58,6 +58,9 @@ class Request:
     # Prefix-cache: chained hashes of the full blocks of all_token_ids (filled by the KV cache manager).
     block_hashes: list[bytes] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    # Leading tokens whose KV arrives from elsewhere at admission (vLLM's KV connector; a disaggregated decode
+    # replica receiving a prefill's KV): admission allocates their blocks and counts them computed, once.
+    num_external_computed_tokens: int = 0
     num_preemptions: int = 0
     # Tokens the current (re)prefill covers: the prompt, and after a recompute preemption the prompt plus the
     # outputs so far. Until all of them are computed the request is prefilling, its last token included (vLLM

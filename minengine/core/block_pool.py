@@ -39,6 +39,7 @@ class BlockPool:
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
         self._cached: dict[bytes, KVBlock] = {}
+        self._num_cached_free = 0  # free blocks with a hash, kept up to date so reading it costs O(1)
 
     @property
     def num_free_blocks(self) -> int:
@@ -48,7 +49,7 @@ class BlockPool:
     @property
     def num_cached_free_blocks(self) -> int:
         """Free blocks that still hold a cached prefix (reusable until evicted)."""
-        return sum(1 for i in self._free if self.blocks[i].block_hash is not None)
+        return self._num_cached_free
 
     def is_free(self, block: KVBlock) -> bool:
         return block.block_id in self._free
@@ -71,6 +72,7 @@ class BlockPool:
             if block.block_hash is not None:  # eviction: the cached prefix is gone
                 del self._cached[block.block_hash]
                 block.block_hash = None
+                self._num_cached_free -= 1
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -80,6 +82,8 @@ class BlockPool:
         for block in blocks:
             if block.ref_cnt == 0:
                 del self._free[block.block_id]
+                if block.block_hash is not None:
+                    self._num_cached_free -= 1
             block.ref_cnt += 1
 
     def free_blocks(self, blocks: list[KVBlock]) -> None:
@@ -94,6 +98,8 @@ class BlockPool:
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 self._free[block.block_id] = None
+                if block.block_hash is not None:
+                    self._num_cached_free += 1
 
     def cache_full_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Index a full block under its chained hash. If another block already holds the same content, the
@@ -102,6 +108,8 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self._cached[block_hash] = block
+        if block.block_id in self._free:
+            self._num_cached_free += 1
 
     def ref_counts(self) -> list[int]:
         return [b.ref_cnt for b in self.blocks]
@@ -111,3 +119,4 @@ class BlockPool:
         for block in self._cached.values():
             block.block_hash = None
         self._cached.clear()
+        self._num_cached_free = 0

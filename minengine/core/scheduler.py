@@ -196,6 +196,7 @@ class Scheduler:
                 self.running.remove(request)
                 request.status = undo.status
                 request.num_cached_tokens = undo.num_cached_tokens
+                request.num_external_computed_tokens = undo.num_external_computed_tokens
                 if undo.swapped_block_ids:
                     request.swapped_block_ids = list(undo.swapped_block_ids)
                     self.swap_space.reclaim(request.swapped_block_ids)

@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 @dataclass(slots=True)
 class Undo:
     """One scheduled request's state before the step, so that a failed step can give it back
-    (``Scheduler.rollback``): its first ``num_blocks`` blocks, status, progress and swap blocks. Read-only by
-    convention (not ``frozen``: one is made per scheduled request per step, and a frozen dataclass costs ~3x
-    more to build)."""
+    (``Scheduler.rollback``): its first ``num_blocks`` blocks, status, progress, swap blocks and received KV.
+    Read-only by convention (not ``frozen``: one is made per scheduled request per step, and a frozen dataclass
+    costs ~3x more to build)."""
 
     request: Request
     num_blocks: int
@@ -33,11 +33,13 @@ class Undo:
     swapped_block_ids: tuple[int, ...]
     num_cached_tokens: int
     last_scheduled_step: int | None
+    num_external_computed_tokens: int = 0
 
     @classmethod
     def of(cls, request: Request, num_blocks: int) -> Undo:
         return cls(request, num_blocks, request.status, request.num_computed_tokens,
-                   tuple(request.swapped_block_ids), request.num_cached_tokens, request.last_scheduled_step)
+                   tuple(request.swapped_block_ids), request.num_cached_tokens, request.last_scheduled_step,
+                   request.num_external_computed_tokens)
 
 
 class StepBuilder:
@@ -158,21 +160,26 @@ class StepBuilder:
 
     # ---- admission mechanics --------------------------------------------------------------------------
     def _allocate_new(self, request: Request, limit: int, free: int) -> int:
-        """Blocks for a (re)started prompt out of ``free`` blocks: the prefix-cache hit, then a first chunk."""
+        """Blocks for a (re)started prompt out of ``free`` blocks: the prefix-cache hit, the tokens whose KV
+        arrives from elsewhere (``num_external_computed_tokens``, all or nothing), then a first chunk."""
         sched = self.scheduler
         hit_blocks, num_hit = self.kv.get_computed_blocks(request)
-        num_uncomputed = request.num_tokens - num_hit
+        num_external = max(0, min(request.num_external_computed_tokens, request.num_tokens - 1) - num_hit)
+        num_uncomputed = request.num_tokens - num_hit - num_external
         if not sched.enable_chunked_prefill and num_uncomputed > limit:
             return 0
         num_new = sched.chunk(num_uncomputed, limit)
         free -= sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hit blocks in the free queue are taken back
-        if self.kv.num_blocks_needed(request, num_new, len(hit_blocks)) > free:
+        if self.kv.num_blocks_needed(request, num_external + num_new, len(hit_blocks)) > free:
+            if num_external:
+                return 0  # the received KV needs all its blocks at once
             num_new = self._probe(num_new, free, already_computed=num_hit)
             if num_new == 0:
                 return 0
-        if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
+        if self.kv.allocate_slots(request, num_external + num_new, hit_blocks) is None:
             raise RuntimeError("admission allocation failed after the free-block check")  # a bug guard
-        request.num_computed_tokens = num_hit  # the prefix hit counts as computed
+        request.num_computed_tokens = num_hit + num_external  # the prefix hit and the received KV are computed
+        request.num_external_computed_tokens = 0  # received once: after a recompute preemption it is recomputed
         if request.status is RequestStatus.WAITING:  # first admission: what the prefix cache statistics count
             request.num_cached_tokens = num_hit
             self.out.prefix_queried_tokens += request.num_tokens

@@ -10,8 +10,6 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-import torch
-
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.policies import PolicySettings
@@ -24,14 +22,13 @@ from minengine.metrics.prometheus import PrometheusStatLogger
 from minengine.metrics.reader import Metric, get_metrics_snapshot
 from minengine.metrics.stats import ServingSummary, summarize
 from minengine.metrics.trace import ScheduledChunk, StepTrace
-from minengine.models.loader import load_model, load_tokenizer
 from minengine.outputs import RequestMetrics, RequestOutput
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.timing.clocks import Clock, as_clock
-from minengine.worker.model_runner import ModelRunner, kv_bytes_per_block
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# torch is imported where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``)
+# schedules without it.
 DEFAULT_MAX_KV_BLOCKS = 2048
 
 Prompt = str | dict | list[int]
@@ -41,6 +38,8 @@ def _available_bytes(device: str) -> int | None:
     """Memory a new allocation can use on the device (CUDA: free) or in the host (CPU: psutil's "available",
     which counts reclaimable page cache, unlike MemFree), in bytes; None when it cannot be read."""
     if device == "cuda":
+        import torch
+
         return torch.cuda.mem_get_info()[0]
     try:
         import psutil
@@ -67,30 +66,29 @@ class LLMEngine:
             a clock with step hooks (``minengine.timing``: ``ModelledClock``, ``MeasuredClock``, ``make_clock``)
             that ``step()`` tells where each step begins (``begin_step()``) and ends
             (``end_step(scheduler_output)``). Arrival, scheduling, token and finish times all come from it.
+        runner: a model-free stand-in for the ``ModelRunner`` (``minengine.fleet.TokenFreeRunner``): the engine
+            then loads no weights, no tokenizer and no torch, and takes the model's sizes from
+            ``runner.model_config`` (``vocab_size``, ``max_position_embeddings``, ``eos_token_id``) and
+            ``runner.kv_bytes_per_block(block_size)``. Scheduling, metrics and traces are unchanged: this is how
+            the fleet simulator runs the engine's own scheduler on a modelled clock. ``None``: load
+            ``config.model``.
 
     Raises:
         ValueError: bad settings, or settings that do not fit the model (``max_model_len``, KV pool).
     """
 
-    def __init__(self, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter):
+    def __init__(self, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter,
+                 runner=None):
         self.config = config
         self.clock = as_clock(clock)
-        device = config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise ValueError("device='cuda' but torch sees no CUDA device")
-        if device == "cpu" and config.num_cpu_threads is not None:
-            torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
-        self.model, self.hf_config, self.model_path = load_model(config.model, _DTYPES[config.dtype], device,
-                                                                 config.revision, config.trust_remote_code)
-        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None,
-                                        revision=config.revision if config.tokenizer else None,
-                                        trust_remote_code=config.trust_remote_code)
+        if runner is None:
+            device, bytes_per_block = self._load_model(config)
+        else:  # model-free: nothing to load, no KV tensors to allocate
+            device, bytes_per_block = None, runner.kv_bytes_per_block(config.block_size)
+            self.model, self.hf_config, self.model_path, self.tokenizer = None, runner.model_config, None, None
         config.check_against_model(self.hf_config.max_position_embeddings)
         self.eos_token_id = self._eos_token_id()
 
-        bytes_per_block = kv_bytes_per_block(self.model, config.block_size, _DTYPES[config.dtype])
         if config.num_kv_blocks is not None:
             num_blocks = config.num_kv_blocks
         elif config.kv_cache_memory_bytes is not None:
@@ -101,7 +99,7 @@ class LLMEngine:
         else:
             num_blocks = min(DEFAULT_MAX_KV_BLOCKS,
                              config.max_num_seqs * cdiv(config.max_model_len, config.block_size))
-            if config.gpu_memory_utilization is not None:  # vLLM's knob as a budget on the free memory
+            if config.gpu_memory_utilization is not None and device is not None:  # vLLM's knob: of free memory
                 available = _available_bytes(device)
                 if available is not None:
                     num_blocks = min(num_blocks, int(config.gpu_memory_utilization * available) // bytes_per_block)
@@ -115,8 +113,9 @@ class LLMEngine:
             swap_blocks = num_blocks if config.swap_space_blocks is None else config.swap_space_blocks
             if config.swap_space_blocks is None and config.swap_space_bytes is not None:
                 swap_blocks = config.swap_space_bytes // bytes_per_block
-        _check_memory(self.kv_cache_bytes, device, "num_kv_blocks / kv_cache_memory_bytes")
-        _check_memory(swap_blocks * bytes_per_block, "cpu", "swap_space_blocks")
+        if device is not None:
+            _check_memory(self.kv_cache_bytes, device, "num_kv_blocks / kv_cache_memory_bytes")
+            _check_memory(swap_blocks * bytes_per_block, "cpu", "swap_space_blocks")
 
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.num_swap_blocks = swap_blocks
@@ -128,8 +127,12 @@ class LLMEngine:
                                    config.long_prefill_token_threshold, policy=config.scheduling_policy,
                                    policy_settings=settings, preemption_mode=config.preemption_mode,
                                    swap_space_blocks=swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks)
-        self.runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
-                                  num_swap_blocks=swap_blocks, max_num_seqs=config.max_num_seqs)
+        if runner is None:
+            from minengine.worker.model_runner import ModelRunner
+
+            runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
+                                 num_swap_blocks=swap_blocks, max_num_seqs=config.max_num_seqs)
+        self.runner = runner
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
         self._past_metrics: list[RequestMetrics] = []  # finished requests whose id was used again
@@ -143,6 +146,28 @@ class LLMEngine:
              "num_cpu_blocks": str(swap_blocks), "enable_prefix_caching": str(config.enable_prefix_caching),
              "cache_dtype": config.dtype})
         self._record_state()
+
+    def _load_model(self, config: EngineConfig) -> tuple[str, int]:
+        """Load the model and tokenizer of ``config``; returns (resolved device, KV bytes per block)."""
+        import torch
+
+        from minengine.models.loader import load_model, load_tokenizer
+        from minengine.worker.model_runner import kv_bytes_per_block
+
+        dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[config.dtype]
+        device = config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device")
+        if device == "cpu" and config.num_cpu_threads is not None:
+            torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
+        self.model, self.hf_config, self.model_path = load_model(config.model, dtype, device, config.revision,
+                                                                 config.trust_remote_code)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None,
+                                        revision=config.revision if config.tokenizer else None,
+                                        trust_remote_code=config.trust_remote_code)
+        return device, kv_bytes_per_block(self.model, config.block_size, dtype)
 
     @classmethod
     def from_config(cls, **kwargs) -> LLMEngine:

@@ -8,12 +8,15 @@ whose children's completions it gathers (``parallel_sampling.py``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minengine.engine.parallel_sampling import ParentRequest
 from minengine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from minengine.request import Request
 from minengine.sampling_params import RequestOutputKind
-from minengine.worker.sampler import TokenLogprobs
+
+if TYPE_CHECKING:  # the sampler imports torch; an engine on a model-free runner (minengine.fleet) runs without it
+    from minengine.worker.sampler import TokenLogprobs
 
 
 def streamable_length(text: str, stop: list[str]) -> int:

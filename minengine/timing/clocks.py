@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from minengine.timing.cost_model import StepCost, StepCostModel, StepWork
+from minengine.timing.cost_model import StepCost, StepCostModel
 from minengine.timing.hardware import Hardware, get_hardware
 from minengine.timing.model_shape import ModelShape, get_model_shape
 
@@ -202,10 +202,10 @@ class ModelledClock:
 
     def end_step(self, scheduler_output) -> None:
         """Advance by the modelled duration of the step ``scheduler_output`` describes (0 for an empty one)."""
-        work = StepWork.from_scheduler_output(scheduler_output)
-        if work.is_empty:
+        if not (scheduler_output.scheduled or scheduler_output.blocks_to_swap_out
+                or scheduler_output.blocks_to_swap_in):
             return
-        cost = self.cost_model.cost(work)
+        cost = self.cost_model.cost_of(scheduler_output)
         self._now += cost.time_s
         self.last_cost = cost
         if self.keep_costs:

@@ -201,6 +201,21 @@ class StepCostModel:
         self.shape = get_model_shape(shape)
         self.tp = tp
         self.block_size = block_size
+        # Per-step constants (a fleet simulation costs millions of steps): the same expressions as in ``_cost``'s
+        # docstring formulas, evaluated once, in the same order, so the floats are bit-identical.
+        hw, m = self.hardware, self.shape
+        kv_heads_per_gpu = -(-m.num_kv_heads // tp)  # KV heads are replicated when fewer than tp
+        self._kv_share = kv_heads_per_gpu / m.num_kv_heads
+        self._num_layer_params = m.num_layer_params
+        self._lm_head_params = m.lm_head_params
+        self._linear_flops_per_token = 2.0 * m.num_layer_params
+        self._attention_flops_per_pair = 4.0 * m.num_layers * m.q_size
+        self._lm_head_flops_per_row = 2.0 * m.lm_head_params
+        self._kv_bytes_per_token = m.kv_bytes_per_token
+        self._embedding_bytes_per_token = m.hidden_size * m.dtype_bytes
+        self._compute_rate = hw.peak_flops_for(m.dtype_bytes) * hw.mfu
+        self._memory_rate = hw.memory_bandwidth * hw.mbu
+        self._swap_block_bytes = self.block_size * m.kv_bytes_per_token
 
     @property
     def label(self) -> str:
@@ -219,42 +234,59 @@ class StepCostModel:
         """
         if not isinstance(work, StepWork):
             work = StepWork.of(work)
-        hw, m, tp = self.hardware, self.shape, self.tp
-        tokens, sampled, nreq = work.num_tokens, work.num_sampled, len(work.requests)
-        pairs = sum(r.attention_pairs for r in work.requests)
-        context = sum(r.context_len + r.num_new_tokens for r in work.requests)
-        kv_heads_per_gpu = -(-m.num_kv_heads // tp)  # KV heads are replicated when fewer than tp
-        kv_share = kv_heads_per_gpu / m.num_kv_heads
+        reqs = work.requests
+        return self._cost(sum(r.num_new_tokens for r in reqs), sum(r.num_sampled for r in reqs), len(reqs),
+                          sum(r.attention_pairs for r in reqs), sum(r.context_len + r.num_new_tokens for r in reqs),
+                          work.num_swap_out_blocks + work.num_swap_in_blocks)
 
-        linear_flops = 2.0 * m.num_layer_params * tokens / tp
-        attention_flops = 4.0 * m.num_layers * m.q_size * pairs / tp
-        lm_head_flops = 2.0 * m.lm_head_params * sampled / tp
+    def cost_of(self, scheduler_output) -> StepCost:
+        """The cost of the step a ``SchedulerOutput`` describes: the same numbers as
+        ``cost(StepWork.from_scheduler_output(scheduler_output))``, without building the ``StepWork`` (what a
+        ``ModelledClock`` calls every step)."""
+        tokens = sampled = pairs = context = 0
+        for s in scheduler_output.scheduled:
+            n, c = len(s.token_ids), s.start_pos
+            tokens += n
+            sampled += int(getattr(s, "num_sampled", s.sample))
+            pairs += n * c + n * (n + 1) // 2
+            context += c + n
+        return self._cost(tokens, sampled, len(scheduler_output.scheduled), pairs, context,
+                          len(scheduler_output.blocks_to_swap_out) + len(scheduler_output.blocks_to_swap_in))
+
+    def _cost(self, tokens: int, sampled: int, nreq: int, pairs: int, context: int, swap_blocks: int) -> StepCost:
+        """The ``StepCost`` of a step of ``tokens`` new tokens over ``nreq`` requests, ``sampled`` LM-head rows,
+        ``pairs`` causal query-key pairs, ``context`` = sum of (context before + new tokens) and ``swap_blocks``
+        swapped KV blocks (the formulas in the module docstring)."""
+        hw, tp = self.hardware, self.tp
+        linear_flops = self._linear_flops_per_token * tokens / tp
+        attention_flops = self._attention_flops_per_pair * pairs / tp
+        lm_head_flops = self._lm_head_flops_per_row * sampled / tp
         flops = linear_flops + attention_flops + lm_head_flops
 
-        weight_bytes = (m.num_layer_params + (m.lm_head_params if sampled else 0)) * m.dtype_bytes / tp
-        kv_bytes = (context + tokens) * m.kv_bytes_per_token * kv_share
-        other_bytes = tokens * m.hidden_size * m.dtype_bytes  # embedding rows (replicated)
+        weight_bytes = (self._num_layer_params + (self._lm_head_params if sampled else 0)) * self.shape.dtype_bytes / tp
+        kv_bytes = (context + tokens) * self._kv_bytes_per_token * self._kv_share
+        other_bytes = tokens * self._embedding_bytes_per_token  # embedding rows (replicated)
         nbytes = weight_bytes + kv_bytes + other_bytes if tokens else 0.0
 
-        compute = flops / (hw.peak_flops_for(m.dtype_bytes) * hw.mfu)
-        memory = nbytes / (hw.memory_bandwidth * hw.mbu)
+        compute = flops / self._compute_rate
+        memory = nbytes / self._memory_rate
         comm, comm_bytes = self._allreduce_time(tokens, sampled)
-        swap_blocks = work.num_swap_out_blocks + work.num_swap_in_blocks
-        swap = swap_blocks * self.block_size * m.kv_bytes_per_token * kv_share / hw.host_link_bandwidth
-        overhead = hw.step_overhead_s + hw.per_request_overhead_s * nreq if not work.is_empty else 0.0
+        swap = swap_blocks * self._swap_block_bytes * self._kv_share / hw.host_link_bandwidth
+        empty = nreq == 0 and swap_blocks == 0
+        overhead = hw.step_overhead_s + hw.per_request_overhead_s * nreq if not empty else 0.0
         device = max(compute, memory) if hw.combine == "max" else compute + memory
-        parts = {"compute": compute, "memory": memory, "communication": comm}
-        bound = max(parts, key=parts.get) if tokens else "idle"
+        if tokens:
+            bound = "memory" if memory > compute else "compute"  # ties: compute, as max() over the dict below
+            if comm > (memory if memory > compute else compute):
+                bound = "communication"
+        else:
+            bound = "idle"
         return StepCost(time_s=device + comm + swap + overhead, compute_time_s=compute, memory_time_s=memory,
                         communication_time_s=comm, swap_time_s=swap, overhead_s=overhead, flops=flops,
                         bytes=nbytes, communication_bytes=comm_bytes, bound=bound, num_tokens=tokens,
                         num_requests=nreq, num_sampled=sampled, linear_flops=linear_flops,
                         attention_flops=attention_flops, lm_head_flops=lm_head_flops, weight_bytes=weight_bytes,
                         kv_bytes=kv_bytes, other_bytes=other_bytes if tokens else 0.0)
-
-    def cost_of(self, scheduler_output) -> StepCost:
-        """The cost of the step a ``SchedulerOutput`` describes (see ``StepWork.from_scheduler_output``)."""
-        return self.cost(StepWork.from_scheduler_output(scheduler_output))
 
     def _allreduce_time(self, tokens: int, sampled: int) -> tuple[float, float]:
         """Seconds and bytes sent per GPU for the step's all-reduces: two per layer over ``tokens x hidden``

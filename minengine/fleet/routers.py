@@ -1,0 +1,175 @@
+"""Routers: which replica an arriving request goes to (and, disaggregated, which decode replica gets its KV).
+
+A router sees the candidate replicas that can hold the request at all (the fleet filters them first, so no router
+can send a request where it cannot fit) and their load as the fleet knows it at that moment:
+
+- ``outstanding_requests`` / ``outstanding_tokens``: requests routed there and not finished, and their
+  ``prompt + max_tokens`` tokens;
+- ``kv_load``: the share of the KV pool held during the replica's step in progress, plus the blocks the prompts
+  waiting there will take (what the pool will hold once its queue is admitted);
+- ``cached_prefix_tokens(request)``: how many leading prompt tokens the replica's prefix cache holds right now
+  (its real ``BlockPool``, full blocks by chained hash, free-but-cached blocks included).
+
+Routers, each a small class behind ``Router.select``:
+- ``round-robin``: each candidate in turn (the baseline of every load balancer).
+- ``random``: uniformly at random, seeded (``FleetConfig.seed``).
+- ``least-outstanding-tokens``: the least work assigned and not done (a "least load" balancer).
+- ``least-kv-usage``: the least ``kv_load`` (llm-d's KV-cache-utilization scorer reads vLLM's
+  ``gpu_cache_usage_perc`` the same way).
+- ``prefix-aware``: SGLang's cache-aware rule (sgl-model-gateway ``policies/cache_aware.rs``): when the load
+  (outstanding requests) is imbalanced, i.e. ``max - min > balance_abs_threshold`` and
+  ``max > balance_rel_threshold x min``, the least loaded replica; otherwise the replica with the longest cached
+  prefix if it covers more than ``cache_threshold`` of the prompt, else the least loaded one. Defaults are the
+  gateway's (0.3, 64, 1.5). SGLang's router keeps an approximate radix tree of what it sent where; this one reads
+  each replica's actual prefix cache, as Mooncake's Conductor does with its global KV metadata (Qin et al., FAST
+  2025, section 5) and llm-d's precise prefix-cache scorer does from KV events.
+
+Ties go to the lowest replica index, so every router is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from minengine.fleet.simulator import FleetRequest
+
+
+class ReplicaView(Protocol):
+    """What a router may read about a replica (``minengine.fleet.replica.Replica`` implements it)."""
+
+    index: int
+    num_kv_blocks: int
+    outstanding_requests: int
+    outstanding_tokens: int
+
+    @property
+    def kv_load(self) -> float: ...
+
+    def cached_prefix_tokens(self, request: FleetRequest) -> int: ...
+
+
+class Router:
+    """Chooses one of ``candidates`` (a non-empty list, in replica index order) for ``request``.
+
+    Args:
+        seed: for routers that draw random numbers.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def select(self, request: FleetRequest, candidates: Sequence[ReplicaView]) -> ReplicaView:
+        raise NotImplementedError
+
+
+def _least(candidates: Sequence[ReplicaView], key) -> ReplicaView:
+    """The candidate with the smallest ``key``; ties: the first (lowest index)."""
+    return min(candidates, key=key)
+
+
+class RoundRobin(Router):
+    """Each candidate in turn: the k-th request goes to candidate ``k mod n`` of those that can hold it."""
+
+    name = "round-robin"
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self._next = 0
+
+    def select(self, request, candidates):
+        choice = candidates[self._next % len(candidates)]
+        self._next += 1
+        return choice
+
+
+class RandomRouter(Router):
+    """Uniformly at random among the candidates (``random.Random(seed)``)."""
+
+    name = "random"
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self._rng = random.Random(seed)
+
+    def select(self, request, candidates):
+        return candidates[self._rng.randrange(len(candidates))]
+
+
+class LeastOutstandingTokens(Router):
+    """The replica with the fewest outstanding tokens (``prompt + max_tokens`` of requests not finished)."""
+
+    name = "least-outstanding-tokens"
+
+    def select(self, request, candidates):
+        return _least(candidates, lambda r: r.outstanding_tokens)
+
+
+class LeastKVUsage(Router):
+    """The replica whose KV pool is least loaded (``kv_load``: held blocks + blocks of queued prompts, as a
+    share of its pool, so replicas of different sizes compare fairly)."""
+
+    name = "least-kv-usage"
+
+    def select(self, request, candidates):
+        return _least(candidates, lambda r: r.kv_load)
+
+
+class PrefixAware(Router):
+    """SGLang's cache-aware routing with its load-balance guard (see the module docstring).
+
+    Args:
+        cache_threshold: least share of the prompt the best replica's cache must cover, in [0, 1).
+        balance_abs_threshold: outstanding-request gap (max - min) above which the load counts as imbalanced.
+        balance_rel_threshold: ... and ``max > balance_rel_threshold x min``.
+
+    Attributes:
+        num_by_cache, num_by_load: how many requests went by prefix affinity / by load.
+    """
+
+    name = "prefix-aware"
+
+    def __init__(self, seed: int = 0, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
+                 balance_rel_threshold: float = 1.5):
+        super().__init__(seed)
+        if not 0 <= cache_threshold < 1:
+            raise ValueError(f"cache_threshold must be in [0, 1), got {cache_threshold!r}")
+        if balance_abs_threshold < 0 or balance_rel_threshold < 1:
+            raise ValueError("balance_abs_threshold must be >= 0 and balance_rel_threshold >= 1, got "
+                             f"{balance_abs_threshold!r}, {balance_rel_threshold!r}")
+        self.cache_threshold = cache_threshold
+        self.balance_abs_threshold = balance_abs_threshold
+        self.balance_rel_threshold = balance_rel_threshold
+        self.num_by_cache = 0
+        self.num_by_load = 0
+
+    def select(self, request, candidates):
+        loads = [r.outstanding_requests for r in candidates]
+        least_loaded = candidates[loads.index(min(loads))]
+        high, low = max(loads), min(loads)
+        if high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low:
+            self.num_by_load += 1
+            return least_loaded
+        matched = [r.cached_prefix_tokens(request) for r in candidates]
+        best = max(matched)
+        if best > self.cache_threshold * request.prompt_len:
+            self.num_by_cache += 1
+            return candidates[matched.index(best)]
+        self.num_by_load += 1
+        return least_loaded
+
+
+ROUTERS: dict[str, type[Router]] = {
+    cls.name: cls for cls in (RoundRobin, RandomRouter, LeastOutstandingTokens, LeastKVUsage, PrefixAware)
+}
+
+
+def make_router(name: str, seed: int = 0) -> Router:
+    """A fresh router called ``name`` (a key of ``ROUTERS``). Raises ``ValueError`` for an unknown name."""
+    if name not in ROUTERS:
+        raise ValueError(f"router must be one of {tuple(ROUTERS)}, got {name!r}")
+    return ROUTERS[name](seed)

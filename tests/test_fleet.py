@@ -1,0 +1,415 @@
+"""The fleet lab (``minengine.fleet``): many token-free replicas of the real engine on modelled GPUs.
+
+- one replica gives exactly the per-request metrics of ``LLMEngine`` replaying the trace with the same modelled
+  clock and a token-free runner (every policy, preemption by recompute and swap, prefix hits);
+- routers send every request somewhere and never to a replica that cannot hold it (heterogeneous pools);
+- with an infinite link, a disaggregated fleet is its prefill timing (a colocated fleet of the prefill replicas
+  answering one token) plus its decode timing (an engine receiving the KV at the prefill's end);
+- conservation on random fleets: every request finishes once with all its tokens, every block is free again,
+  every replica's load counters return to zero; determinism for a seed;
+- the engine changes the fleet needs: the O(1) cached-free-block count, external KV at admission (vLLM's KV
+  connector), the cost model's fast path, no torch on the token-free path.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import subprocess
+import sys
+from collections import deque
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from minengine.config import EngineConfig
+from minengine.core.kv_cache_manager import KVCacheManager, cdiv
+from minengine.core.scheduler import Scheduler
+from minengine.fleet import (
+    LINKS,
+    ROUTERS,
+    FleetConfig,
+    FleetSimulator,
+    KVLink,
+    PercentileSLO,
+    ReplicaSpec,
+    kv_pool_blocks,
+    simulate,
+    synthetic_prompt_ids,
+    token_free_engine,
+)
+from minengine.outputs import RequestMetrics
+from minengine.request import Request, RequestStatus
+from minengine.sampling_params import SamplingParams
+from minengine.timing import StepCostModel, StepWork
+from minengine.timing.model_shape import LLAMA_3_8B
+from minengine.workloads import Trace, TraceRequest, replay
+from tests.fake_engine import FakeEngine
+
+SMALL = dict(max_num_batched_tokens=128, max_num_seqs=8, max_model_len=2048)  # FleetConfig / EngineConfig fields
+
+
+def make_trace(n: int, seed: int = 0, rate: float = 40.0, max_prompt: int = 300, max_output: int = 40,
+               families: int = 4, shared: int = 64) -> Trace:
+    """``n`` requests, Poisson arrivals at ``rate``/s; prompts of ``families`` groups share their first ``shared``
+    tokens (so prefix caching hits), the rest of each prompt is distinct."""
+    rng = random.Random(seed)
+    t, reqs = 0.0, []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        plen, olen, fam = rng.randint(1, max_prompt), rng.randint(1, max_output), rng.randrange(families)
+        head = [1000 + fam * 100 + k for k in range(shared)]
+        tail = [50_000 + i * 400 + k for k in range(plen)]
+        ids = (head + tail)[:plen] if rng.random() < 0.7 else tail
+        reqs.append(TraceRequest(t, plen, olen, ids, f"r{i}"))
+    return Trace(reqs, source=f"test(seed={seed})")
+
+
+def engine_config(num_kv_blocks: int, **overrides) -> EngineConfig:
+    fields = dict(num_kv_blocks=num_kv_blocks, block_size=16, trace_block_tables=False, num_cpu_threads=None, **SMALL)
+    fields.update(overrides)
+    return EngineConfig(**fields)
+
+
+# ---- one replica == the engine ------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy,mode", [("decode-first", "recompute"), ("prefill-first", "recompute"),
+                                         ("balanced", "swap"), ("round-robin", "recompute")])
+def test_one_replica_equals_llm_engine_replay(policy, mode):
+    trace = make_trace(60, seed=1, rate=200.0)
+    cfg = FleetConfig(replicas=(ReplicaSpec(num_kv_blocks=40),), scheduling_policy=policy, preemption_mode=mode,
+                      **SMALL)
+    fleet = simulate(trace, cfg)
+    engine = token_free_engine(engine_config(40, scheduling_policy=policy, preemption_mode=mode), "llama-3-8b",
+                               max_position_embeddings=SMALL["max_model_len"])
+    ref = replay(engine, trace)
+    assert fleet.request_metrics == ref.request_metrics  # every field: times, ITLs, preemptions, cached tokens
+    s = fleet.summary()
+    assert s.num_preemptions == ref.summary().num_preemptions > 0, "the pool must be small enough to preempt"
+    assert s.prefix_hit_tokens == ref.summary().prefix_hit_tokens > 0
+    assert fleet.num_steps == len(ref.steps)
+
+
+# ---- routers ----------------------------------------------------------------------------------------------------
+HETERO = (ReplicaSpec(num_kv_blocks=6), ReplicaSpec(num_kv_blocks=64), ReplicaSpec(num_kv_blocks=20),
+          ReplicaSpec(num_kv_blocks=64))
+
+
+@pytest.mark.parametrize("router", sorted(ROUTERS))
+def test_routers_send_every_request_to_a_replica_that_can_hold_it(router):
+    trace = make_trace(120, seed=2, rate=80.0, max_prompt=600, max_output=60)
+    sim = FleetSimulator(FleetConfig(replicas=HETERO, router=router, **SMALL), trace)
+    result = sim.run()
+    blocks = [r.num_kv_blocks for r in sim.replicas]
+    used = set()
+    for req in sim.requests:
+        first, decode = result.assignments[req.request_id]
+        assert decode == -1 and 0 <= first < len(blocks)
+        assert cdiv(req.prompt_len + req.output_len, 16) <= blocks[first], (router, req.request_id)
+        used.add(first)
+    assert len(result.request_metrics) == len(trace)
+    assert 0 in used or router in ("prefix-aware", "least-kv-usage"), "the small replica takes small requests"
+    assert sum(r.num_requests for r in result.replicas) == len(trace)
+
+
+@pytest.mark.parametrize("router", sorted(ROUTERS))
+def test_disaggregated_routers_respect_both_pools(router):
+    replicas = (ReplicaSpec("prefill", num_kv_blocks=8), ReplicaSpec("prefill", num_kv_blocks=64),
+                ReplicaSpec("decode", num_kv_blocks=10), ReplicaSpec("decode", num_kv_blocks=64))
+    trace = make_trace(80, seed=3, rate=60.0, max_prompt=500, max_output=80)
+    sim = FleetSimulator(FleetConfig(replicas=replicas, router=router, decode_router=router, **SMALL), trace)
+    result = sim.run()
+    for req in sim.requests:
+        p, d = result.assignments[req.request_id]
+        assert sim.replicas[p].role == "prefill" and sim.replicas[p].can_hold(req.prompt_len + 1)
+        if req.output_len > 1:
+            assert sim.replicas[d].role == "decode" and sim.replicas[d].can_hold(req.prompt_len + req.output_len)
+        else:
+            assert d == -1  # one output token: the prefill replica answers alone
+    assert result.transfers.count == sum(r.output_len > 1 for r in sim.requests)
+
+
+def test_prefix_aware_router_finds_the_cached_prefix():
+    """Four families of long shared prefixes over four replicas: prefix-aware keeps each family on one replica,
+    round-robin spreads it, so the prefix-aware fleet serves more prompt tokens from cache."""
+    trace = make_trace(160, seed=4, rate=30.0, max_prompt=400, shared=320, families=4)
+    cfg = dict(replicas=(ReplicaSpec(num_kv_blocks=200),) * 4, **SMALL)
+    aware = simulate(trace, FleetConfig(router="prefix-aware", **cfg))
+    spread = simulate(trace, FleetConfig(router="round-robin", **cfg))
+    assert aware.prefix_hit_rate > spread.prefix_hit_rate + 0.05
+    assert aware.router_counts["num_by_cache"] > 0
+
+
+# ---- disaggregation with an infinite link ----------------------------------------------------------------------
+def test_infinite_link_single_request_matches_colocated():
+    trace = Trace([TraceRequest(0.0, 700, 30, None, "only")])
+    co = simulate(trace, FleetConfig.colocated(1, **SMALL))
+    dis = simulate(trace, FleetConfig.disaggregated(1, 1, link="infinite", **SMALL))
+    a, b = co.request_metrics["only"], dis.request_metrics["only"]
+    assert (a.ttft, a.finished_time, a.itls, a.num_output_tokens) == (b.ttft, b.finished_time, b.itls, 30)
+
+
+def test_infinite_link_is_prefill_timing_plus_decode_timing():
+    trace = make_trace(50, seed=5, rate=100.0, max_output=30)
+    prefill, decode = ReplicaSpec("prefill", num_kv_blocks=60), ReplicaSpec("decode", num_kv_blocks=40)
+    dis_sim = FleetSimulator(FleetConfig(replicas=(prefill, prefill, decode), link="infinite", **SMALL), trace)
+    dis = dis_sim.run()
+
+    # prefill timing: the same prefill replicas, colocated, answering one token per request
+    one_token = trace.with_requests([TraceRequest(r.arrival_time, r.prompt_len, 1, r.prompt_token_ids, r.request_id)
+                                     for r in trace])
+    pre = simulate(one_token, FleetConfig(replicas=(ReplicaSpec(num_kv_blocks=60),) * 2, **SMALL))
+    for rid, m in dis.request_metrics.items():
+        assert m.ttft == pre.request_metrics[rid].ttft
+        assert m.first_scheduled_time == pre.request_metrics[rid].first_scheduled_time
+
+    # decode timing: one engine that receives each prompt's KV when its prefill ended (no transfer time)
+    engine = token_free_engine(engine_config(40), "llama-3-8b", max_position_embeddings=SMALL["max_model_len"])
+    reqs = {r.request_id: r for r in dis_sim.requests}
+    pending = deque(sorted((dis.request_metrics[r.request_id].first_token_time, r.index, r.request_id)
+                           for r in dis_sim.requests if r.output_len > 1))
+
+    def add(t: float, rid: str) -> None:
+        r = reqs[rid]
+        ids = trace[r.index].prompt_token_ids or synthetic_prompt_ids(r.index, r.prompt_len, LLAMA_3_8B.vocab_size)
+        params = SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        request = engine.make_request(rid, {"prompt_token_ids": ids}, params, arrival_time=t)
+        request.output_token_ids = [0]
+        request.num_external_computed_tokens = len(ids)
+        engine.enqueue(request)
+
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][0] <= engine.clock():
+            t, _, rid = pending.popleft()
+            add(t, rid)
+        if not engine.has_unfinished_requests():
+            engine.clock.advance_to(pending[0][0])
+            continue
+        engine.step()
+    for rid, m in engine.request_metrics.items():
+        full = dis.request_metrics[rid]
+        assert full.finished_time == m.finished_time
+        assert full.itls[1:] == m.itls
+        assert full.first_token_time + full.itls[0] == pytest.approx(m.first_token_time, rel=1e-12)
+    assert dis.transfers.count == len(engine.request_metrics) and dis.transfers.total_time_s == 0
+
+
+def test_finite_link_delays_the_second_token_by_the_transfer():
+    trace = Trace([TraceRequest(0.0, 2000, 10, None, "a")])
+    inf = simulate(trace, FleetConfig.disaggregated(1, 1, link="infinite"))
+    eth = simulate(trace, FleetConfig.disaggregated(1, 1, link="ethernet-100g"))
+    expected = LINKS["ethernet-100g"].transfer_time(2000 * LLAMA_3_8B.kv_bytes_per_token)
+    assert eth.transfers.total_time_s == pytest.approx(expected)
+    assert eth.request_metrics["a"].itls[0] == pytest.approx(inf.request_metrics["a"].itls[0] + expected)
+    assert eth.request_metrics["a"].ttft == inf.request_metrics["a"].ttft
+
+
+# ---- conservation and determinism --------------------------------------------------------------------------------
+fleets = st.fixed_dictionaries({
+    "disaggregated": st.booleans(), "n1": st.integers(1, 3), "n2": st.integers(1, 3),
+    "blocks": st.integers(12, 80), "router": st.sampled_from(sorted(ROUTERS)),
+    "decode_router": st.sampled_from(sorted(ROUTERS)), "policy": st.sampled_from(["decode-first", "prefill-first",
+                                                                                  "round-robin"]),
+    "mode": st.sampled_from(["recompute", "swap"]), "prefix": st.booleans(), "budget": st.sampled_from([32, 128, 512]),
+    "link": st.sampled_from(sorted(LINKS)), "seed": st.integers(0, 3),
+})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(f=fleets, n=st.integers(1, 40), trace_seed=st.integers(0, 1000))
+def test_conservation_on_random_fleets(f, n, trace_seed):
+    trace = make_trace(n, seed=trace_seed, rate=50.0, max_prompt=200, max_output=30)
+    common = dict(router=f["router"], decode_router=f["decode_router"], scheduling_policy=f["policy"],
+                  preemption_mode=f["mode"], enable_prefix_caching=f["prefix"], max_num_batched_tokens=f["budget"],
+                  link=f["link"], seed=f["seed"], max_num_seqs=8, max_model_len=2048)
+    if f["disaggregated"]:
+        replicas = (ReplicaSpec("prefill", num_kv_blocks=f["blocks"]),) * f["n1"] + \
+                   (ReplicaSpec("decode", num_kv_blocks=f["blocks"]),) * f["n2"]
+    else:
+        replicas = (ReplicaSpec(num_kv_blocks=f["blocks"]),) * f["n1"]
+    sim = FleetSimulator(FleetConfig(replicas=replicas, **common), trace)
+    result = sim.run()
+    assert list(result.request_metrics) == [r.request_id for r in sim.requests]  # each exactly once
+    assert sim.num_finishes == n
+    for req in sim.requests:
+        m = result.request_metrics[req.request_id]
+        assert m.num_output_tokens == req.output_len and m.finish_reason == "length"
+        assert len(m.itls) == req.output_len - 1 and m.ttft >= 0
+    for replica in sim.replicas:
+        assert not replica.engine.has_unfinished_requests()
+        assert replica.engine.kv_cache_manager.num_free_blocks == replica.num_kv_blocks
+        assert replica.engine.scheduler.swap_space.num_used_blocks == 0
+        assert (replica.outstanding_requests, replica.outstanding_tokens, replica.kv_load) == (0, 0, 0.0)
+
+
+def test_deterministic_for_a_seed():
+    trace = make_trace(80, seed=6, rate=80.0)
+    cfg = FleetConfig.disaggregated(2, 2, router="random", decode_router="random", seed=3, **SMALL)
+    a, b = simulate(trace, cfg), simulate(trace, cfg)
+    assert a.request_metrics == b.request_metrics and a.assignments == b.assignments
+    assert [r.busy_time_s for r in a.replicas] == [r.busy_time_s for r in b.replicas]
+    other = simulate(trace, FleetConfig.disaggregated(2, 2, router="random", decode_router="random", seed=4, **SMALL))
+    assert other.assignments != a.assignments  # the seed is what the random router draws from
+
+
+# ---- results -------------------------------------------------------------------------------------------------------
+def test_result_numbers_and_timeline():
+    trace = make_trace(40, seed=7, rate=20.0)
+    cfg = FleetConfig.colocated(2, timeline_interval_s=0.0, keep_step_traces=True, **SMALL)
+    sim = FleetSimulator(cfg, trace)
+    result = sim.run()
+    for stats, replica in zip(result.replicas, sim.replicas):
+        assert len(stats.times) == stats.num_steps == len(replica.step_traces)  # interval 0: every step sampled
+        assert stats.busy_time_s == pytest.approx(sum(t.duration for t in replica.step_traces))
+        assert stats.peak_used_blocks == max(t.num_used_blocks for t in replica.step_traces)
+    busy = [r.busy_time_s for r in result.replicas]
+    assert result.load_imbalance() == pytest.approx(max(busy) / (sum(busy) / 2))
+    s = result.summary()
+    assert s.num_requests == 40 and s.num_steps == result.num_steps
+    ttfts = sorted(m.ttft for m in result.request_metrics.values())
+    assert result.latency("ttft", 100) == ttfts[-1]
+    assert "steps/s" in result.describe() and result.steps_per_second > 0
+
+
+def test_percentile_slo_is_distserves():
+    ms = {}
+    for i in range(10):  # TTFT 0.1 .. 1.0 s; TPOT 10 ms except the last request (100 ms)
+        ms[str(i)] = RequestMetrics(arrival_time=0.0, first_token_time=0.1 * (i + 1), num_output_tokens=11,
+                                    finished_time=0.1 * (i + 1) + (1.0 if i == 9 else 0.1), finish_reason="length")
+    from minengine.fleet.results import FleetResult, TransferStats
+
+    r = FleetResult(FleetConfig(), ms, [], TransferStats(), 0, 0, 1.0, 1.0)
+    p90_ttft = r.latency("ttft", 90)
+    assert p90_ttft == pytest.approx(0.91)
+    assert r.meets_percentile_slo(PercentileSLO(ttft_s=0.95, tpot_s=0.02))  # P90 TPOT is still 10 ms
+    assert not r.meets_percentile_slo(PercentileSLO(ttft_s=0.9))
+    assert not r.meets_percentile_slo(PercentileSLO(tpot_s=0.02, percentile=99))
+    assert r.attainment(PercentileSLO(ttft_s=0.5)) == 0.5
+    with pytest.raises(ValueError, match="ttft_s"):
+        PercentileSLO(ttft_s=0)
+
+
+# ---- sizes, links, validation ---------------------------------------------------------------------------------------
+def test_kv_pool_and_link_arithmetic():
+    # H100 80 GB x 0.9 - Llama-3-8B BF16 weights, in blocks of 16 tokens x 128 KiB
+    expected = int((80e9 * 0.9 - LLAMA_3_8B.num_params * 2) // (16 * 131072))
+    assert LLAMA_3_8B.kv_bytes_per_token == 131072 and kv_pool_blocks("h100", "llama-3-8b") == expected
+    assert kv_pool_blocks("h100", "llama-3-70b", tp=4) > kv_pool_blocks("h100", "llama-3-70b", tp=2) > 0
+    with pytest.raises(ValueError, match="do not fit"):
+        kv_pool_blocks("l4", "llama-3-70b")
+    ib = LINKS["ib-400g"]
+    assert ib.transfer_time(1000 * 131072) == pytest.approx(10e-6 + 131_072_000 / 50e9)
+    assert ib.transfer_time(1000 * 131072, lanes=2) == pytest.approx(10e-6 + 131_072_000 / 100e9)
+    assert LINKS["infinite"].transfer_time(1e12) == 0.0
+    with pytest.raises(ValueError, match="bandwidth"):
+        KVLink("x", 0)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(router="fastest"), "router"), (dict(decode_router="x"), "decode_router"), (dict(link="wifi"), "KV link"),
+    (dict(replicas=(ReplicaSpec("prefill"),)), "decode"), (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(replicas=(ReplicaSpec("mixed"), ReplicaSpec("decode"))), "all 'mixed'"),
+    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"), (dict(scheduling_policy="lifo"), "scheduling"),
+    (dict(timeline_interval_s=-1), "timeline_interval_s"), (dict(replicas=()), "replicas"),
+])
+def test_config_rejects_bad_values(fields, match):
+    with pytest.raises(ValueError, match=match):
+        FleetConfig(**fields)
+    with pytest.raises(ValueError, match="role"):
+        ReplicaSpec("both")
+    with pytest.raises(ValueError, match="num_replicas"):
+        FleetConfig.colocated(0)
+
+
+def test_too_long_requests_are_clipped_to_the_largest_pool():
+    trace = Trace([TraceRequest(0.0, 5000, 100, None, "long"), TraceRequest(0.1, 10, 5, None, "short")])
+    result = simulate(trace, FleetConfig(replicas=(ReplicaSpec(num_kv_blocks=64),), **SMALL))
+    assert result.num_clipped == 1
+    m = result.request_metrics["long"]
+    assert m.num_prompt_tokens + m.num_output_tokens == 64 * 16 and m.num_output_tokens == 100
+
+
+def test_synthetic_prompts_share_no_first_block():
+    vocab = LLAMA_3_8B.vocab_size
+    firsts = {tuple(synthetic_prompt_ids(i, 16, vocab)) for i in range(5000)}
+    assert len(firsts) == 5000
+    ids = synthetic_prompt_ids(12345, 300_000, vocab)  # longer than the vocabulary: wraps
+    assert len(ids) == 300_000 and all(0 <= t < vocab for t in ids[::997])
+    assert synthetic_prompt_ids(3, 16, vocab, seed=1) != synthetic_prompt_ids(3, 16, vocab)
+
+
+def test_fleet_path_imports_no_torch():
+    code = ("import sys\nfrom minengine.fleet import FleetConfig, simulate\nfrom minengine.workloads import Trace, "
+            "TraceRequest\nr = simulate(Trace([TraceRequest(0.0, 100, 5, None, 'a')]), FleetConfig.disaggregated(1, 1))"
+            "\nassert len(r.request_metrics) == 1\nprint('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+# ---- the engine pieces the fleet relies on -----------------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(work=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 8), st.integers(0, 2)), min_size=1, max_size=10),
+       blocks=st.integers(10, 40), reset_at=st.integers(0, 30))
+def test_cached_free_block_count_matches_a_recount(work, blocks, reset_at):
+    eng = FakeEngine(num_blocks=blocks, block_size=4, budget=24, max_num_seqs=4)
+    for i, (plen, max_tokens, fam) in enumerate(work):
+        if cdiv(plen + max_tokens, 4) <= blocks:
+            eng.add(str(i), [fam * 7 + j % 5 + 3 for j in range(plen)], max_tokens)
+    pool = eng.kv.pool
+
+    def recount() -> int:
+        return sum(1 for b in pool.blocks if pool.is_free(b) and b.block_hash is not None)
+
+    while eng.sched.has_unfinished_requests():
+        eng.step()
+        assert pool.num_cached_free_blocks == recount()
+        if eng.steps == reset_at and not eng.kv.num_used_blocks:
+            pool.reset_prefix_cache()
+            assert pool.num_cached_free_blocks == recount() == 0
+    assert pool.num_cached_free_blocks == recount()
+
+
+def test_external_kv_is_admitted_only_when_its_blocks_are_free():
+    kv = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
+    sched = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=100)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    sched.add_request(Request("big", list(range(3, 23)), params, 0.0))  # 20 tokens: 5 blocks, then 6
+    sched.update_from_output(sched.schedule(), {"big": 7})
+    received = Request("rx", list(range(100, 112)), params, 0.0)  # 12 prompt tokens whose KV arrived
+    received.output_token_ids = [9]
+    received.num_external_computed_tokens = 12
+    sched.add_request(received)
+    out = sched.schedule()  # 6 of 8 blocks held: rx needs ceil(13 / 4) = 4
+    assert [s.request_id for s in out.scheduled] == ["big"] and received.status is RequestStatus.WAITING
+    sched.update_from_output(out, {"big": 7})
+    sched.finish_requests(["big"], RequestStatus.FINISHED_ABORTED)
+    out = sched.schedule()
+    (s,) = out.scheduled
+    assert (s.request_id, s.start_pos, s.num_new_tokens, s.sample, s.is_prefill) == ("rx", 12, 1, True, False)
+    assert out.prefix_hit_tokens == 0 and len(kv.get_block_ids("rx")) == 4
+    assert all(kv.pool.get_cached_block(h) is not None for h in received.block_hashes[:3])  # received KV indexed
+    assert received.num_external_computed_tokens == 0  # consumed: a recompute preemption recomputes it
+    sched.preempt(received, out)
+    assert received.num_computed_tokens == 0
+    sched.add_request(Request("filler", [1] * 4, params, 0.0))
+    out = sched.schedule()
+    assert out.scheduled[0].request_id == "rx" and out.scheduled[0].start_pos == 12  # hits its own cached blocks
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_cost_of_is_cost_of_step_work_bit_for_bit(tp):
+    from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+
+    rng = random.Random(tp)
+    for shape in ("llama-3-8b", "llama-3-70b", "qwen2.5-7b"):
+        model = StepCostModel("h100", shape, tp=tp)
+        for _ in range(50):
+            scheduled = []
+            for i in range(rng.randint(0, 6)):
+                n = rng.choice([1, 1, 7, 512, 2048])
+                scheduled.append(ScheduledRequest(str(i), [0] * n, rng.randint(0, 9000), [], rng.random() < 0.8,
+                                                  n > 1, SamplingParams(), 0))
+            so = SchedulerOutput(scheduled=scheduled, blocks_to_swap_out=[(0, 0)] * rng.randint(0, 3),
+                                 blocks_to_swap_in=[(0, 0)] * rng.randint(0, 2))
+            assert model.cost_of(so) == model.cost(StepWork.from_scheduler_output(so))
+    assert math.isfinite(model.cost_of(SchedulerOutput()).time_s)
