@@ -259,7 +259,10 @@ def test_result_numbers_and_timeline():
     sim = FleetSimulator(cfg, trace)
     result = sim.run()
     for stats, replica in zip(result.replicas, sim.replicas):
-        assert len(stats.times) == stats.num_steps == len(replica.step_traces)  # interval 0: every step sampled
+        assert stats.num_steps == len(replica.step_traces)
+        starts = [t.start_time for t in replica.step_traces]
+        assert set(starts) <= set(stats.times) and stats.times == sorted(stats.times)  # interval 0: every step
+        assert (stats.used_blocks[-1], stats.running[-1], stats.waiting[-1]) == (0, 0, 0)  # idle at the end
         assert stats.busy_time_s == pytest.approx(sum(t.duration for t in replica.step_traces))
         assert stats.peak_used_blocks == max(t.num_used_blocks for t in replica.step_traces)
     busy = [r.busy_time_s for r in result.replicas]
@@ -349,9 +352,10 @@ def test_fleet_path_imports_no_torch():
 # ---- the engine pieces the fleet relies on -----------------------------------------------------------------------
 @settings(max_examples=60, deadline=None)
 @given(work=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 8), st.integers(0, 2)), min_size=1, max_size=10),
-       blocks=st.integers(10, 40), reset_at=st.integers(0, 30))
-def test_cached_free_block_count_matches_a_recount(work, blocks, reset_at):
-    eng = FakeEngine(num_blocks=blocks, block_size=4, budget=24, max_num_seqs=4)
+       blocks=st.integers(10, 40), reset_at=st.integers(0, 30), mode=st.sampled_from(["recompute", "swap"]))
+def test_cached_free_block_count_matches_a_recount(work, blocks, reset_at, mode):
+    eng = FakeEngine(num_blocks=blocks, block_size=4, budget=24, max_num_seqs=4, preemption_mode=mode,
+                     swap_blocks=blocks // 2)
     for i, (plen, max_tokens, fam) in enumerate(work):
         if cdiv(plen + max_tokens, 4) <= blocks:
             eng.add(str(i), [fam * 7 + j % 5 + 3 for j in range(plen)], max_tokens)
@@ -363,6 +367,8 @@ def test_cached_free_block_count_matches_a_recount(work, blocks, reset_at):
     while eng.sched.has_unfinished_requests():
         eng.step()
         assert pool.num_cached_free_blocks == recount()
+        for rid, table in eng.kv.req_to_blocks.items():  # the id copy of each block table stays in step
+            assert eng.kv.get_block_ids(rid) == [b.block_id for b in table]
         if eng.steps == reset_at and not eng.kv.num_used_blocks:
             pool.reset_prefix_cache()
             assert pool.num_cached_free_blocks == recount() == 0

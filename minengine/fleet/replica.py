@@ -192,9 +192,12 @@ class Replica:
                 traces.clear()
         return outputs
 
-    def settle(self) -> None:
-        """The replica went idle: its KV use is what its pool holds now (the finished requests' blocks are back)."""
+    def settle(self, now: float) -> None:
+        """The replica went idle at ``now``: its KV use is what its pool holds now (the finished requests' blocks
+        are back). The timeline records the idle state, and the next step's start."""
         self.used_blocks = self.engine.kv_cache_manager.num_used_blocks
+        self.timeline.append(now, self.used_blocks, 0, 0)
+        self._next_sample = now
 
     def _record(self, trace: StepTrace) -> None:
         self.num_steps += 1

@@ -232,7 +232,7 @@ class FleetSimulator:
                 if out.finished:
                     self._on_finished(replica, out, t)
         if not replica.engine.has_unfinished_requests():
-            replica.settle()
+            replica.settle(t)
             return
         if self.max_steps is not None and self.num_steps >= self.max_steps:
             raise RuntimeError(f"fleet run did not finish within max_steps={self.max_steps} steps")

@@ -1,0 +1,319 @@
+# ruff: noqa: E501  (markdown and cell sources are long by nature)
+"""Chapter 10: the fleet: the engine's own scheduler on many modelled GPUs: routing, disaggregation, goodput, capacity.
+
+Self-contained: it needs neither the bundled model nor the earlier chapters (only ``minengine`` and, for the real
+traces, ``../shared/data``; a synthetic trace stands in without it)."""
+
+from cells import code, exercise, glossary, header, md, summary
+
+SETUP_FLEET = """\
+# Setup: the fleet lab (no model weights, no torch), the course helpers and the figure builders.
+import math
+import sys
+
+import plotly.graph_objects as go
+
+import minengine.viz as viz
+import minengine.viz.fleet_figures as fleet_viz
+from minengine.config import EngineConfig
+from minengine.course import FAST, check, check_close, pick, show
+from minengine.engine.llm_engine import LLMEngine
+from minengine.fleet import LINKS, ROUTERS, FleetConfig, PercentileSLO, TokenFreeRunner, simulate, token_free_engine
+from minengine.fleet.planning import max_goodput, min_replicas
+from minengine.sampling_params import SamplingParams
+from minengine.timing import StepCostModel, StepWork
+from minengine.timing.model_shape import LLAMA_3_8B
+from minengine.workloads import (Trace, TraceRequest, azure_conv_path, find_data_dir, load_azure_trace, load_mooncake_trace,
+                                 mooncake_path, replay, speed_up, synthetic_trace)
+
+print("fast mode (MINENGINE_FAST=1):", FAST, "| torch loaded:", "torch" in sys.modules)
+"""
+
+CELLS = [
+    *header(10, "The fleet: one scheduler, many GPUs", [
+        "Explain what a token-free simulation keeps (the real scheduler, KV cache, prefix cache, modelled step times) and drops (the tokens), and why reusing the engine's own scheduler makes a fleet simulation trustworthy.",
+        "Route requests across replicas (round-robin, least outstanding tokens, least KV usage, prefix-aware with a load-balance threshold) and measure the prefix-hit rate and the load imbalance.",
+        "Size and time the KV transfer of disaggregated prefill/decode over NVLink, InfiniBand and Ethernet.",
+        "Compare colocated and disaggregated fleets at equal GPU count with DistServe's goodput (P90 TTFT and P90 TPOT), find the best prefill:decode split, and plan the GPUs a trace needs.",
+    ], ["Zhong et al., *DistServe: Disaggregating Prefill and Decoding for Goodput-optimized LLM Serving*, OSDI 2024",
+        "Patel et al., *Splitwise: Efficient Generative LLM Inference Using Phase Splitting*, ISCA 2024 (and the Azure trace)",
+        "Qin et al., *Mooncake: A KVCache-centric Disaggregated Architecture for LLM Serving*, FAST 2025 (and its trace)",
+        "Agrawal et al., *Vidur: A Large-Scale Simulation Framework for LLM Inference*, MLSys 2024",
+        "SGLang Model Gateway, cache-aware routing policy (`sgl-model-gateway/src/policies/cache_aware.rs`); SGLang v0.4 release notes",
+        "Agrawal et al., *Sarathi-Serve*, OSDI 2024 (chunked prefill)"]),
+    code(SETUP_FLEET),
+    md("""
+    ## A serving system is many engines
+    One engine (chapters 1-7) serves one GPU, or a few with tensor parallelism. A service is a **fleet**: many replicas
+    behind a **router**, and possibly separate pools for **prefill** and **decode** that hand each request's KV cache over a
+    link (DistServe, Splitwise, Mooncake). Production systems do this with real distributed engines. Here we do it on a
+    laptop by running minengine's *own* scheduler for every replica, with every step timed by the roofline cost model of
+    a named GPU (chapter 1). Vidur simulates fleets the same way but re-implements the scheduler; here the simulated
+    scheduler **is** the engine's, so every policy of chapters 4-7 works at fleet scale unchanged.
+
+    ## The engine without the model
+    What does a serving experiment need from the model? Not the tokens: a trace gives prompt and output lengths, and
+    `ignore_eos=True` with `max_tokens` = the output length makes each request generate exactly that many tokens. What is
+    left of the model is its **sizes**: the vocabulary, the context length and the KV bytes per token. `TokenFreeRunner`
+    stands in for the model runner: it computes nothing and returns a token for every request that samples.
+    """),
+    code("""
+    engine = token_free_engine(EngineConfig(num_kv_blocks=4096, max_num_batched_tokens=2048, max_num_seqs=256,
+                                            max_model_len=8192, trace_block_tables=False), "llama-3-8b", hardware="h100")
+    print(type(engine).__name__, "with", type(engine.runner).__name__, "| clock:", engine.clock.label)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    engine.add_request("long", {"prompt_token_ids": list(range(3000))}, params, arrival_time=0.0)
+    engine.add_request("short", {"prompt_token_ids": list(range(5000, 5100))}, params, arrival_time=0.0)
+    while engine.has_unfinished_requests():
+        engine.step()
+        t = engine.traces[-1]
+        print(f"step {t.step}: {[(c.request_id, c.num_tokens) for c in t.chunks]} -> {t.duration * 1000:6.2f} ms "
+              f"({engine.clock.last_cost.bound}-bound)")
+    show(f"The same `LLMEngine`, its scheduler and KV cache manager; the 3,000-token prompt was chunked by the 2,048-token "
+         f"budget, and the modelled clock says the whole run took **{engine.clock() * 1000:.1f} ms** on an H100 "
+         f"for Llama-3-8B. Torch loaded: {'torch' in sys.modules}.")
+    """),
+    md("""
+    ## The traces
+    The Azure LLM inference trace (conversation service, 2023: real arrival times and lengths, no prefix information) and
+    the Mooncake trace (real lengths and prefix structure from Kimi's conversations). Without `../shared/data` a
+    synthetic Poisson trace stands in and the numbers below change.
+    """),
+    code("""
+    data = find_data_dir()
+    HAVE_TRACES = azure_conv_path(data) is not None and mooncake_path(data) is not None
+    if HAVE_TRACES:
+        azure = load_azure_trace(azure_conv_path(data), max_requests=pick(1200, 300))
+        mooncake = load_mooncake_trace(mooncake_path(data), max_requests=pick(1000, 250), vocab_size=LLAMA_3_8B.vocab_size)
+    else:
+        azure = synthetic_trace(pick(1200, 300), rate=5.0, prompt_len=1024, output_len=200, range_ratio=0.9)
+        mooncake = azure
+    print(azure)
+    print(mooncake)
+    print(f"Azure window: mean rate {azure.mean_rate:.2f} req/s, mean prompt {sum(r.prompt_len for r in azure) / len(azure):.0f} tokens, "
+          f"mean output {sum(r.output_len for r in azure) / len(azure):.0f} tokens")
+    """),
+    md("""
+    ## One replica is the engine
+    `simulate(trace, FleetConfig.colocated(1))` runs the trace on one replica with the fleet's event loop. It must give
+    exactly what `replay` gives for the same engine on the same clock (chapter 7), request by request.
+    """),
+    code("""
+    small = azure[:pick(200, 60)]
+    one = simulate(small, FleetConfig.colocated(1, max_model_len=16384))
+    cfg = EngineConfig(num_kv_blocks=one.replicas[0].num_kv_blocks, max_num_batched_tokens=2048, max_num_seqs=256,
+                       max_model_len=16384, trace_block_tables=False, num_cpu_threads=None)
+    ref = replay(token_free_engine(cfg, "llama-3-8b", max_position_embeddings=16384), small, too_long="error")
+    same = sum(one.request_metrics[rid] == ref.request_metrics[rid] for rid in ref.request_metrics)
+    show(f"{same} of {len(small)} requests have identical metrics (every timestamp and every inter-token gap) in the fleet "
+         f"and in the engine's own replay.")
+    """),
+    md("""
+    ## A fleet and its router
+    Four H100s, one Llama-3-8B replica each, the Azure window at 4x its recorded rate. Each replica's lane shows its KV use
+    and its queue over simulated time.
+    """),
+    code("""
+    busy = speed_up(azure, 4.0)
+    fleet = simulate(busy, FleetConfig.colocated(4, router="least-outstanding-tokens"))
+    print(fleet.describe())
+    fleet_viz.fleet_lanes_figure(fleet, "kv").show()
+    fleet_viz.fleet_load_figure(fleet).show()
+    """),
+    md("""
+    A **router** chooses a replica for each arriving request among those that can hold it:
+    - **round-robin** and **random** ignore the load; **least outstanding tokens** sends to the replica with the least
+      work assigned and unfinished (`prompt + max_tokens`); **least KV usage** to the one whose KV pool is least loaded.
+    - **prefix-aware** is SGLang's cache-aware rule: if the load (outstanding requests) is *imbalanced* (max - min > 64 and
+      max > 1.5 x min) send to the least loaded replica; otherwise to the replica whose prefix cache holds the longest part
+      of the prompt, if that part is more than 30 % of it; else to the least loaded. Mooncake's scheduler is cache-aware in
+      the same spirit. Here the router reads each replica's real prefix cache.
+
+    On the Mooncake trace, where conversations re-send their history, the choice decides how much prefill is skipped.
+    """),
+    code("""
+    routers = {}
+    for name in ROUTERS:
+        routers[name] = simulate(mooncake, FleetConfig.colocated(4, router=name))
+    for name, r in routers.items():
+        print(f"{name:26s} prefix hit rate {r.prefix_hit_rate:6.1%} | TTFT P50 {r.latency('ttft', 50) * 1000:7.0f} ms, "
+              f"P99 {r.latency('ttft', 99) * 1000:7.0f} ms | load imbalance {r.load_imbalance():.2f}")
+    best_router = max(routers, key=lambda k: routers[k].prefix_hit_rate)
+    viz.latency_cdf_figure(routers[best_router].request_metrics).update_layout(title=f"{best_router}: TTFT and TPOT").show()
+    show(f"**{best_router}** serves {routers[best_router].prefix_hit_rate:.1%} of prompt tokens from cache, round-robin "
+         f"{routers['round-robin'].prefix_hit_rate:.1%}; its P50 TTFT is {routers[best_router].latency('ttft', 50) * 1000:.0f} ms "
+         f"against {routers['round-robin'].latency('ttft', 50) * 1000:.0f} ms.")
+    """),
+    md("""
+    **Load imbalance** is the busiest replica's busy time over the mean (1.0 = perfectly even). Cache affinity trades some
+    balance for hits: the load-balance threshold is what keeps a popular prefix from melting one replica.
+
+    ## Disaggregation: prefill here, decode there
+    A long prefill in the same step as other requests' decodes stalls them (chapter 4): prefill-decode **interference**.
+    DistServe and Splitwise put prefill and decode on different GPUs, so decodes never wait for a prefill; the price is
+    moving each prompt's KV cache from the prefill GPU to the decode GPU. Its size is the prompt length times the KV
+    bytes per token: 2 (K and V) x layers x KV heads x head size x bytes per value.
+    """),
+    code("""
+    kv = LLAMA_3_8B.kv_bytes_per_token
+    print(f"Llama-3-8B: 2 x {LLAMA_3_8B.num_layers} layers x {LLAMA_3_8B.num_kv_heads} KV heads x {LLAMA_3_8B.head_dim} x "
+          f"{LLAMA_3_8B.dtype_bytes} bytes = {kv:,} bytes per token")
+    for name, link in LINKS.items():
+        if math.isfinite(link.bandwidth):
+            print(f"{link.name:24s} a 1,000-token prompt ({1000 * kv / 1e6:.0f} MB) in {link.transfer_time(1000 * kv) * 1000:6.2f} ms")
+    prefill_ms = StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(1000, 0, 1)])).time_s * 1000
+    show(f"Prefilling those 1,000 tokens takes {prefill_ms:.1f} ms on an H100: over 400 Gb/s InfiniBand the transfer adds "
+         f"{LINKS['ib-400g'].transfer_time(1000 * kv) / (prefill_ms / 1000):.0%} of it, over 100 Gb/s Ethernet "
+         f"{LINKS['ethernet-100g'].transfer_time(1000 * kv) / (prefill_ms / 1000):.0%}.")
+    """),
+    md("""
+    In the fleet, a finished prefill sends its KV to the decode replica the decode router picks; each replica sends and
+    receives one transfer at a time. The decode replica admits the request only when its KV has arrived **and** its
+    blocks are free: the engine's scheduler takes it as a request whose first `prompt_len` tokens are already computed
+    (`num_external_computed_tokens`, vLLM's KV-connector idea). Same four GPUs, same load:
+    """),
+    code("""
+    colocated = simulate(busy, FleetConfig.colocated(4))
+    disaggregated = simulate(busy, FleetConfig.disaggregated(2, 2, link="ib-400g"))
+    for name, r in (("colocated 4", colocated), ("disaggregated 2:2", disaggregated)):
+        print(f"{name:18s} P90 TTFT {r.latency('ttft', 90) * 1000:6.0f} ms | P90 TPOT {r.latency('tpot', 90) * 1000:5.1f} ms | "
+              f"P99 ITL {r.latency('itl', 99) * 1000:6.1f} ms")
+    fleet_viz.fleet_lanes_figure(disaggregated, "queue").show()
+    """),
+    md("""
+    ## Goodput: who wins depends on the SLO
+    DistServe's **goodput** is the highest request rate at which the P90 TTFT and the P90 TPOT both meet their bounds.
+    `max_goodput` compresses the trace's arrivals by a factor k and searches the highest k that passes. Two SLOs: a
+    *chatbot* one (DistServe's: TTFT 250 ms, TPOT 100 ms) and a *tight TPOT* one (1.5x one unloaded decode step).
+    """),
+    code("""
+    step_s = StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(1, 1000, 1)])).time_s
+    SLOS = {"chatbot": PercentileSLO(ttft_s=0.25, tpot_s=0.1), "tight TPOT": PercentileSLO(ttft_s=0.25, tpot_s=round(1.5 * step_s, 3))}
+    window = azure[:pick(1000, 250)]
+    splits = pick((1, 2, 3), (2,))
+    layouts = {"colocated 4": FleetConfig.colocated(4)} | {f"disaggregated {p}:{4 - p}": FleetConfig.disaggregated(p, 4 - p) for p in splits}
+    goodputs = {}
+    for slo_name, slo in SLOS.items():
+        for name, config in layouts.items():
+            goodputs[slo_name, name] = max_goodput(window, config, slo, start_multiplier=8.0, rel_tol=pick(0.05, 0.2), max_probes=pick(10, 5))
+            g = goodputs[slo_name, name]
+            print(f"{slo_name:10s} ({slo}) {name:18s} goodput {g.goodput:6.2f} req/s = {g.per_gpu:5.2f} per GPU")
+    best = {s: max((n for n in layouts), key=lambda n: goodputs[s, n].goodput) for s in SLOS}
+    fig = go.Figure([go.Bar(name=s, x=list(layouts), y=[goodputs[s, n].goodput for n in layouts]) for s in SLOS])
+    fig.update_layout(title="Goodput of 4 modelled H100s (Llama-3-8B) on the Azure window", yaxis_title="requests/s within the SLO", barmode="group")
+    fig.show()
+    gain = {s: goodputs[s, best_dis].goodput / goodputs[s, "colocated 4"].goodput
+            for s in SLOS for best_dis in [max((n for n in layouts if n != "colocated 4"), key=lambda n: goodputs[s, n].goodput)]}
+    direction = ("larger under the tight TPOT bound: DistServe's direction" if gain["tight TPOT"] > gain["chatbot"] * 1.05
+                 else "not larger under the tight TPOT bound, unlike DistServe's direction")
+    show(" ".join(f"Under the **{s}** SLO the best layout is **{best[s]}** ({goodputs[s, best[s]].goodput:.2f} req/s; colocated "
+                  f"{goodputs[s, 'colocated 4'].goodput:.2f})." for s in SLOS)
+         + f" The best disaggregated fleet serves {gain['tight TPOT']:.2f}x the colocated goodput under the tight TPOT bound and "
+           f"{gain['chatbot']:.2f}x under the chatbot SLO: the gain of disaggregation is {direction}.")
+    """),
+    md("""
+    DistServe reports its largest gains when the TPOT bound is tight, where prefill-decode interference rather than compute
+    limits a colocated engine; Sarathi-Serve argues that chunked prefill (minengine's default) removes much of that
+    interference without splitting the GPUs. DistServe searches the split per SLO; Splitwise sizes its pools per workload.
+    This window is short (a burst, not a steady state): `python benchmarks/fleet.py` runs the comparison at 2, 4 and 8 GPUs
+    on longer windows.
+
+    ## Capacity planning
+    How many GPUs does this traffic need at k times its rate? `min_replicas` searches the fewest replicas whose run meets
+    the SLO (doubling, then bisection).
+    """),
+    code("""
+    plan = {}
+    for k in pick((1.0, 8.0, 32.0), (1.0, 16.0)):
+        plan[k] = min_replicas(speed_up(window, k), lambda n: FleetConfig.colocated(n), SLOS["chatbot"], start=1)
+        print(f"{k:g}x ({window.mean_rate * k:.1f} req/s): {plan[k].num_replicas} H100s (probes: "
+              f"{[(int(p.value), p.passed) for p in plan[k].probes]})")
+    """),
+    md("## Try it: a fleet of your own"),
+    code("""
+    import ipywidgets as widgets
+
+
+    def fleet_experiment(gpus=4, layout="colocated", prefill_share=0.5, router="least-outstanding-tokens", link="ib-400g", rate=4.0):
+        if layout == "colocated":
+            config = FleetConfig.colocated(gpus, router=router)
+        else:
+            p = min(gpus - 1, max(1, round(gpus * prefill_share)))
+            config = FleetConfig.disaggregated(p, gpus - p, router=router, link=link)
+        result = simulate(speed_up(window, rate), config)
+        print(result.describe())
+        fleet_viz.fleet_lanes_figure(result, "kv").show()
+
+
+    widgets.interact_manual(fleet_experiment, gpus=widgets.IntSlider(value=4, min=2, max=16),
+                            layout=["colocated", "disaggregated"], prefill_share=widgets.FloatSlider(value=0.5, min=0.1, max=0.9, step=0.1),
+                            router=list(ROUTERS), link=[k for k in LINKS if k != "infinite"],
+                            rate=widgets.FloatSlider(value=4.0, min=0.5, max=16.0, step=0.5))
+    """),
+    *exercise(1, """
+        How many **milliseconds** does it take to move the KV cache of a 2,000-token Llama-3-8B prompt (BF16) over
+        100 Gb/s Ethernet (12.5 GB/s)? Count K and V in every layer; the link's fixed latency is negligible.
+        """, "Bytes per token: 2 x num_layers x num_kv_heads x head_dim x dtype_bytes (`LLAMA_3_8B` has them). Bytes / (bytes per second) = seconds.", "answer_1",
+        """
+        bytes_per_token = 2 * LLAMA_3_8B.num_layers * LLAMA_3_8B.num_kv_heads * LLAMA_3_8B.head_dim * LLAMA_3_8B.dtype_bytes
+        answer_1 = 2000 * bytes_per_token / 12.5e9 * 1000
+        """,
+        """
+        check_close("Exercise 1: KV transfer time (ms)", answer_1, LINKS["ethernet-100g"].transfer_time(2000 * LLAMA_3_8B.kv_bytes_per_token) * 1000,
+                    rel_tol=0.02, hint="K and V, every layer, 2 bytes each; 100 Gb/s is 12.5 GB/s, not 100 GB/s")
+        """),
+    *exercise(2, """
+        Compute the **load imbalance** of the 4-replica run `fleet` yourself: the busiest replica's busy time over the mean
+        busy time (`fleet.replicas[i].busy_time_s`, seconds).
+        """, "max(busy) / (sum(busy) / len(busy)).", "answer_2",
+        """
+        busy_times = [r.busy_time_s for r in fleet.replicas]
+        answer_2 = max(busy_times) / (sum(busy_times) / len(busy_times))
+        """,
+        """
+        check_close("Exercise 2: load imbalance", answer_2, fleet.load_imbalance(), rel_tol=1e-6, hint="max over MEAN, not over min")
+        """),
+    *exercise(3, """
+        Which router served the largest share of prompt tokens from the prefix cache on the Mooncake trace? Answer its name
+        as a string (a key of `routers`).
+        """, "Look at `routers[name].prefix_hit_rate`.", "answer_3",
+        """
+        answer_3 = max(routers, key=lambda name: routers[name].prefix_hit_rate)
+        """,
+        """
+        check("Exercise 3: the router with the most prefix hits", answer_3, max(routers, key=lambda name: routers[name].prefix_hit_rate))
+        """),
+    *exercise(4, """
+        DistServe compares systems by goodput **per GPU**. What is the per-GPU goodput (requests/s per GPU) of the
+        *disaggregated 2:2* fleet under the tight TPOT SLO? Use `goodputs["tight TPOT", "disaggregated 2:2"]`, whose
+        `.multiplier` is the highest speed-up that met the SLO and `.base_rate` the window's own rate (req/s).
+        """, "Goodput = multiplier x base rate; then divide by the GPUs of the whole fleet (prefill and decode).", "answer_4",
+        """
+        g = goodputs["tight TPOT", "disaggregated 2:2"]
+        answer_4 = g.multiplier * g.base_rate / 4
+        """,
+        """
+        g = goodputs["tight TPOT", "disaggregated 2:2"]
+        check_close("Exercise 4: goodput per GPU", answer_4, g.multiplier * g.base_rate / g.num_gpus, rel_tol=0.01,
+                    hint="multiply the speed-up by the trace's rate, and count all 4 GPUs")
+        """),
+    *summary([
+        "A fleet simulation needs the scheduler, the KV cache and a step-time model, not the tokens: `TokenFreeRunner` + `ModelledClock` turn minengine's own engine into a replica.",
+        "Routers trade balance for cache hits; a prefix-aware router with a load-balance threshold (SGLang, Mooncake) hits the prefix cache far more often than load-only routers on conversation traffic.",
+        "Disaggregation moves prompt_len x KV bytes per token (128 KiB per token for Llama-3-8B) per request, milliseconds over InfiniBand; it removes prefill-decode interference.",
+        "Goodput (P90 TTFT and P90 TPOT within bounds) decides between colocated and disaggregated: the answer and the best P:D split depend on the SLO.",
+        "Capacity planning is a search over simulated fleets: the fewest GPUs whose run meets the SLO at the planned rate.",
+    ]),
+    *glossary([
+        ("replica", "副本", "one engine instance (on tp GPUs) of a fleet"),
+        ("router", "路由器", "chooses the replica for each request"),
+        ("prefix-aware routing", "前缀感知路由", "send a request where its prefix is cached, unless the load is imbalanced"),
+        ("load imbalance", "负载不均衡", "busiest replica's busy time over the mean"),
+        ("disaggregated prefill/decode", "预填充/解码分离", "prefill and decode on different GPUs, KV moved between them"),
+        ("KV transfer", "KV 传输", "prompt tokens x KV bytes per token over a link"),
+        ("goodput", "有效吞吐", "highest rate whose P90 TTFT and P90 TPOT meet the SLO (DistServe)"),
+        ("capacity planning", "容量规划", "fewest GPUs that serve a traffic level within the SLO"),
+        ("prefill", "预填充", "computing a prompt's KV cache"),
+        ("decode", "解码", "generating one token per step"),
+    ]),
+]
