@@ -36,8 +36,8 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.blocks = [KVBlock(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.blocks = list(map(KVBlock, range(num_blocks)))
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached: dict[bytes, KVBlock] = {}
         self._num_cached_free = 0  # free blocks with a hash, kept up to date so reading it costs O(1)
 
