@@ -60,6 +60,9 @@ class EngineConfig:
             shrink it to what fits (down to one block) instead of leaving the request waiting.
         seed: seed for requests without their own ``SamplingParams.seed``.
         trace_block_tables: record each step's block tables and ref counts in the trace (for drawing).
+        disable_log_stats: vLLM's knob: do not update the Prometheus series (``get_metrics``, the server's
+            ``/metrics``) after every step; the per-request metrics, traces and ``summary()`` are unaffected. The
+            fleet simulator sets it: a replica's millions of steps need no Prometheus counters.
         num_cpu_threads: torch intra-op threads on ``device="cpu"`` (``torch.set_num_threads``, process-wide);
             ``None`` leaves torch's setting alone. vLLM has no such field (its CPU backend binds threads with
             the ``VLLM_CPU_OMP_THREADS_BIND`` environment variable); the default 1 was measured: see
@@ -101,6 +104,7 @@ class EngineConfig:
     shrink_prefill_chunks: bool = False
     seed: int = 0
     trace_block_tables: bool = True
+    disable_log_stats: bool = False
     num_cpu_threads: int | None = 1
     gpu_memory_utilization: float | None = None
     swap_space_bytes: int | None = None
@@ -120,7 +124,7 @@ class EngineConfig:
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
             raise ValueError(f"tokenizer must be a directory or hub id (a non-empty string) or None, "
                              f"got {self.tokenizer!r}")
-        for name in ("enable_chunked_prefill", "enable_prefix_caching", "trace_block_tables"):
+        for name in ("enable_chunked_prefill", "enable_prefix_caching", "trace_block_tables", "disable_log_stats"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:

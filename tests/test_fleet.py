@@ -419,3 +419,17 @@ def test_cost_of_is_cost_of_step_work_bit_for_bit(tp):
                                  blocks_to_swap_in=[(0, 0)] * rng.randint(0, 2))
             assert model.cost_of(so) == model.cost(StepWork.from_scheduler_output(so))
     assert math.isfinite(model.cost_of(SchedulerOutput()).time_s)
+
+
+def test_disable_log_stats_skips_prometheus_only():
+    trace = make_trace(30, seed=8, rate=100.0)
+    runs = {}
+    for disabled in (False, True):
+        engine = token_free_engine(engine_config(40, disable_log_stats=disabled), "llama-3-8b",
+                                   max_position_embeddings=SMALL["max_model_len"])
+        runs[disabled] = (engine, replay(engine, trace))
+    (on, a), (off, b) = runs[False], runs[True]
+    assert a.request_metrics == b.request_metrics and a.summary() == b.summary()
+    assert any(m.name == "vllm:num_requests_running" for m in on.get_metrics())
+    with pytest.raises(RuntimeError, match="disable_log_stats"):
+        off.get_metrics()

@@ -15,7 +15,8 @@ swap_space (GiB)           ``swap_space_bytes`` (used by ``preemption_mode="swap
 scheduling_policy="fcfs"   ``"decode-first"`` (vLLM's FCFS serves running requests first); "priority" as is
 dtype="auto"               float32 on the CPU; on CUDA the checkpoint's dtype (float16 for a float32 one)
 tensor_parallel_size, ...  must be 1 (one device); quantization None, kv_cache_dtype "auto", cpu_offload_gb 0
-enforce_eager, ...         accepted, no effect (no CUDA graphs, stats always kept)
+disable_log_stats          ``EngineConfig.disable_log_stats``: no Prometheus updates per step
+enforce_eager, ...         accepted, no effect (no CUDA graphs)
 =========================  ==================================================================================
 """
 
@@ -36,7 +37,6 @@ _VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
     "num_gpu_blocks_override": (int, None, None, "KV blocks in the pool (= num_kv_blocks)"),
     "swap_space": (float, None, None, "CPU swap space in GiB for preemption_mode=swap (default: num_kv_blocks)"),
     "enforce_eager": (bool, False, None, "accepted; no effect (no CUDA graphs)"),
-    "disable_log_stats": (bool, False, None, "accepted; no effect (stats are always kept)"),
     "disable_custom_all_reduce": (bool, False, None, "accepted; no effect"),
     "max_seq_len_to_capture": (int, None, None, "accepted; no effect"),
     "tokenizer_mode": (str, "auto", ("auto",), "must be 'auto'"),

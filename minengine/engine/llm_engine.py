@@ -140,6 +140,7 @@ class LLMEngine:
         self.traces: list[StepTrace] = []
         self.num_steps = 0  # steps recorded so far (the next trace's ``step``), kept when old traces are dropped
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.log_stats = not config.disable_log_stats
         self.stat_logger = PrometheusStatLogger(
             config.served_model_name, config.max_model_len,
             {"block_size": str(config.block_size), "num_gpu_blocks": str(num_blocks),
@@ -352,8 +353,9 @@ class LLMEngine:
                 parent = ParentRequest(group.request_id, group.params.n, group.params.output_kind, child,
                                        self.request_metrics[child.request_id])
             self.output_processor.add_request(child, index, parent)
-        self.stat_logger.record_new_request(group.params.n)
-        self._record_state(self.stat_logger.last_cached_free_blocks)  # queueing frees no block
+        if self.log_stats:
+            self.stat_logger.record_new_request(group.params.n)
+            self._record_state(self.stat_logger.last_cached_free_blocks)  # queueing frees no block
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
         """Finish requests with reason "abort" in whatever state they are, freeing their blocks (an ``n > 1``
@@ -370,9 +372,10 @@ class LLMEngine:
             self._finish_metrics(request, now)
             del self._detok[request.request_id]
         self.output_processor.abort([r.request_id for r in aborted])
-        self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
-                                         for r in aborted)
-        self._record_state()
+        if self.log_stats:
+            self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
+                                             for r in aborted)
+            self._record_state()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -494,7 +497,9 @@ class LLMEngine:
         return done
 
     def _record_stats(self, trace: StepTrace | None, got_token: list[Request], finished: list[Request]) -> None:
-        """Update the Prometheus series after a step."""
+        """Update the Prometheus series after a step (not with ``disable_log_stats``)."""
+        if not self.log_stats:
+            return
         self.stat_logger.record_step(trace, got_token, self.request_metrics)
         self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
                                          for r in finished)
@@ -504,6 +509,8 @@ class LLMEngine:
     def _record_state(self, num_cached_free_blocks: int | None = None) -> None:
         """Queue and pool gauges. ``num_cached_free_blocks`` saves a scan of the free queue when the caller
         knows it (None: count now)."""
+        if not self.log_stats:
+            return
         s, kv = self.scheduler, self.kv_cache_manager
         if num_cached_free_blocks is None:
             num_cached_free_blocks = kv.pool.num_cached_free_blocks
@@ -543,7 +550,13 @@ class LLMEngine:
 
     def get_metrics(self) -> list[Metric]:
         """vLLM's ``LLMEngine.get_metrics()``: a snapshot of the Prometheus series (``minengine.metrics.reader``
-        Counter / Gauge / Histogram objects, vLLM's names; the totals count since the engine started)."""
+        Counter / Gauge / Histogram objects, vLLM's names; the totals count since the engine started).
+
+        Raises:
+            RuntimeError: the engine runs with ``disable_log_stats`` (as vLLM: the series are not kept).
+        """
+        if not self.log_stats:
+            raise RuntimeError("stat logging is disabled (EngineConfig.disable_log_stats=True)")
         return get_metrics_snapshot(self.stat_logger.registry)
 
     def reset_prefix_cache(self) -> bool:

@@ -21,7 +21,7 @@ from minengine.fleet.token_free import TokenFreeRunner
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestOutput
 from minengine.request import Request
-from minengine.sampling_params import SamplingParams
+from minengine.sampling_params import RequestOutputKind, SamplingParams
 from minengine.timing.clocks import ModelledClock
 from minengine.timing.cost_model import StepCostModel
 
@@ -79,8 +79,8 @@ class Replica:
             max_model_len=config.max_model_len, enable_chunked_prefill=config.enable_chunked_prefill,
             long_prefill_token_threshold=config.long_prefill_token_threshold,
             enable_prefix_caching=config.enable_prefix_caching, scheduling_policy=config.scheduling_policy,
-            preemption_mode=config.preemption_mode, trace_block_tables=False, num_cpu_threads=None,
-            seed=config.seed)
+            preemption_mode=config.preemption_mode, trace_block_tables=False, disable_log_stats=True,
+            num_cpu_threads=None, seed=config.seed)
         cost_model = StepCostModel(spec.hardware, config.shape, tp=spec.tp, block_size=config.block_size)
         self.clock = ModelledClock(cost_model, keep_costs=False)
         self.engine = LLMEngine(engine_config, clock=self.clock,
@@ -157,7 +157,9 @@ class Replica:
         Raises:
             ValueError: as ``LLMEngine.make_request``.
         """
-        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        # FINAL_ONLY (vLLM's output kind): the fleet reads a request's output once, when it finishes
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
         request = self.engine.make_request(request_id, {"prompt_token_ids": prompt_ids}, params,
                                            arrival_time=arrival_time)
         if block_hashes:
