@@ -433,3 +433,23 @@ def test_disable_log_stats_skips_prometheus_only():
     assert any(m.name == "vllm:num_requests_running" for m in on.get_metrics())
     with pytest.raises(RuntimeError, match="disable_log_stats"):
         off.get_metrics()
+
+
+def test_lanes_figures_resample_each_replica_timeline():
+    from minengine.viz.fleet_figures import fleet_description, fleet_lanes_figure, fleet_load_figure, resample
+
+    assert resample([1.0, 2.0, 4.0], [10, 20, 40], [0.5, 1.0, 3.9, 5.0]) == [0, 10, 20, 40]
+    result = simulate(make_trace(60, seed=9, rate=60.0), FleetConfig.disaggregated(2, 2, timeline_interval_s=0.0,
+                                                                                  **SMALL))
+    fig = fleet_lanes_figure(result, "kv", num_bins=50)
+    heat = fig.data[0]
+    assert list(heat.y) == ["P0", "P1", "D0", "D1"] and len(heat.z) == 4 and len(heat.z[0]) == 50
+    assert all(0 <= v <= 100 for row in heat.z for v in row) and max(max(row) for row in heat.z) > 0
+    assert "modelled: H100 SXM, Llama-3-8B shapes" in fig.layout.title.text
+    queue = fleet_lanes_figure(result, "queue", lang="zh", num_bins=20)
+    assert "副本泳道" in queue.layout.title.text
+    assert [bar.y for bar in fleet_load_figure(result).data][0] == tuple(r.busy_time_s for r in result.replicas)
+    assert "分离式" in fleet_description(result.config, "zh") and fleet_description(result.config) == \
+        result.config.describe()
+    with pytest.raises(ValueError, match="metric"):
+        fleet_lanes_figure(result, "tokens")

@@ -168,7 +168,9 @@ class FleetSimulator:
             if prompt_len + output_len > limit:
                 prompt_len, output_len = _fit(prompt_len, output_len, limit)
                 clipped += 1
-            tokens = None if r.prompt_token_ids is None else list(r.prompt_token_ids[:prompt_len])
+            tokens = r.prompt_token_ids  # shared with the trace, not copied (a Mooncake trace holds 61M ids)
+            if tokens is not None and len(tokens) != prompt_len:
+                tokens = tokens[:prompt_len]
             out.append(FleetRequest(index, r.request_id, float(r.arrival_time), prompt_len, output_len, tokens,
                                     vocab, bs, cfg.seed))
         return out, clipped
