@@ -4,5 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export TRITON_INTERPRET=1
-python3 -m ruff check minengine tests scripts benchmarks app.py
+python3 -m ruff check minengine tests scripts benchmarks app.py pages
 python3 -m pytest -q "$@"

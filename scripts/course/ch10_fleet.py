@@ -145,8 +145,9 @@ CELLS = [
          f"against {routers['round-robin'].latency('ttft', 50) * 1000:.0f} ms.")
     """),
     md("""
-    **Load imbalance** is the busiest replica's busy time over the mean (1.0 = perfectly even). Cache affinity trades some
-    balance for hits: the load-balance threshold is what keeps a popular prefix from melting one replica.
+    **Load imbalance** is the busiest replica's busy time over the mean (1.0 = perfectly even). Cache affinity can trade
+    balance for hits; the load-balance threshold is what keeps a popular prefix from overloading one replica (SGLang's
+    reason for it).
 
     ## Disaggregation: prefill here, decode there
     A long prefill in the same step as other requests' decodes stalls them (chapter 4): prefill-decode **interference**.
@@ -299,9 +300,9 @@ CELLS = [
         """),
     *summary([
         "A fleet simulation needs the scheduler, the KV cache and a step-time model, not the tokens: `TokenFreeRunner` + `ModelledClock` turn minengine's own engine into a replica.",
-        "Routers trade balance for cache hits; a prefix-aware router with a load-balance threshold (SGLang, Mooncake) hits the prefix cache far more often than load-only routers on conversation traffic.",
+        "A router sees the replicas that can hold a request and their load; SGLang's and Mooncake's cache-aware routing sends a request where its prefix is cached unless the load is imbalanced. Compare routers by prefix-hit rate, TTFT and load imbalance.",
         "Disaggregation moves prompt_len x KV bytes per token (128 KiB per token for Llama-3-8B) per request, milliseconds over InfiniBand; it removes prefill-decode interference.",
-        "Goodput (P90 TTFT and P90 TPOT within bounds) decides between colocated and disaggregated: the answer and the best P:D split depend on the SLO.",
+        "Goodput (the highest rate whose P90 TTFT and P90 TPOT meet the SLO) is the figure of merit for colocated vs disaggregated fleets: compare at equal GPUs, for each SLO, and search the P:D split.",
         "Capacity planning is a search over simulated fleets: the fewest GPUs whose run meets the SLO at the planned rate.",
     ]),
     *glossary([
