@@ -390,11 +390,16 @@ def test_external_kv_is_admitted_only_when_its_blocks_are_free():
     sched.update_from_output(out, {"big": 7})
     sched.finish_requests(["big"], RequestStatus.FINISHED_ABORTED)
     out = sched.schedule()
+    sched.rollback(out)  # a failed step gives the received KV back, untouched
+    assert received.status is RequestStatus.WAITING and received.num_external_computed_tokens == 12
+    assert received.num_computed_tokens == 0 and kv.num_free_blocks == 8
+    out = sched.schedule()
     (s,) = out.scheduled
     assert (s.request_id, s.start_pos, s.num_new_tokens, s.sample, s.is_prefill) == ("rx", 12, 1, True, False)
     assert out.prefix_hit_tokens == 0 and len(kv.get_block_ids("rx")) == 4
-    assert all(kv.pool.get_cached_block(h) is not None for h in received.block_hashes[:3])  # received KV indexed
     assert received.num_external_computed_tokens == 0  # consumed: a recompute preemption recomputes it
+    sched.update_from_output(out, {"rx": 11})
+    assert all(kv.pool.get_cached_block(h) is not None for h in received.block_hashes[:3])  # received KV indexed
     sched.preempt(received, out)
     assert received.num_computed_tokens == 0
     sched.add_request(Request("filler", [1] * 4, params, 0.0))

@@ -96,8 +96,10 @@ class IncrementalDetokenizer:
 
     def advanced(self, token_id: int) -> IncrementalDetokenizer:
         """A copy that has seen ``token_id`` as the next output token (this detokenizer is unchanged)."""
-        new = copy.copy(self)
-        new._stream = copy.copy(self._stream)  # DecodeStream copies its state
+        new = object.__new__(type(self))  # a shallow copy (what copy.copy does), without its generic machinery:
+        new.__dict__.update(self.__dict__)  # this runs for every token of every request
+        if self._stream is not None:
+            new._stream = copy.copy(self._stream)  # DecodeStream copies its state
         new._step(token_id)
         return new
 

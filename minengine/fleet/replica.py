@@ -160,6 +160,7 @@ class Replica:
         # FINAL_ONLY (vLLM's output kind): the fleet reads a request's output once, when it finishes
         params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True,
                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        self.clock.advance_to(arrival_time)  # an idle replica's clock catches up (a busy one is ahead already)
         request = self.engine.make_request(request_id, {"prompt_token_ids": prompt_ids}, params,
                                            arrival_time=arrival_time)
         if block_hashes:
