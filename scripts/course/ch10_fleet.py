@@ -4,7 +4,7 @@
 Self-contained: it needs neither the bundled model nor the earlier chapters (only ``minengine`` and, for the real
 traces, ``../shared/data``; a synthetic trace stands in without it)."""
 
-from cells import code, exercise, glossary, header, md, summary
+from cells import code, conclusion, exercise, glossary, header, md, question, summary
 
 SETUP_FLEET = """\
 # Setup: the fleet lab (no model weights, no torch), the course helpers and the figure builders.
@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import minengine.viz as viz
 import minengine.viz.fleet_figures as fleet_viz
 from minengine.config import EngineConfig
-from minengine.course import FAST, check, check_close, pick, show
+from minengine.course import FAST, check, check_close, conclude, pick
 from minengine.engine.llm_engine import LLMEngine
 from minengine.fleet import LINKS, ROUTERS, FleetConfig, PercentileSLO, TokenFreeRunner, simulate, token_free_engine
 from minengine.fleet.planning import max_goodput, min_replicas
@@ -57,7 +57,7 @@ CELLS = [
     left of the model is its **sizes**: the vocabulary, the context length and the KV bytes per token. `TokenFreeRunner`
     stands in for the model runner: it computes nothing and returns a token for every request that samples.
     """),
-    code("""
+    conclusion("""
     engine = token_free_engine(EngineConfig(num_kv_blocks=4096, max_num_batched_tokens=2048, max_num_seqs=256,
                                             max_model_len=8192, trace_block_tables=False), "llama-3-8b", hardware="h100")
     print(type(engine).__name__, "with", type(engine.runner).__name__, "| clock:", engine.clock.label)
@@ -69,9 +69,13 @@ CELLS = [
         t = engine.traces[-1]
         print(f"step {t.step}: {[(c.request_id, c.num_tokens) for c in t.chunks]} -> {t.duration * 1000:6.2f} ms "
               f"({engine.clock.last_cost.bound}-bound)")
-    show(f"The same `LLMEngine`, its scheduler and KV cache manager; the 3,000-token prompt was chunked by the 2,048-token "
-         f"budget, and the modelled clock says the whole run took **{engine.clock() * 1000:.1f} ms** on an H100 "
-         f"for Llama-3-8B. Torch loaded: {'torch' in sys.modules}.")
+    first = engine.traces[0]
+    conclude(f"The same `LLMEngine`, its scheduler and KV cache manager: the first step held "
+             f"{sum(c.num_tokens for c in first.chunks):,} tokens, the 2,048-token budget, so the 3,000-token prompt was "
+             f"chunked; the modelled clock says the whole run took **{engine.clock() * 1000:.1f} ms** on an H100 for "
+             f"Llama-3-8B, and torch was never loaded.",
+             [("the first step filled the 2,048-token budget", sum(c.num_tokens for c in first.chunks) == 2048),
+              ("torch is not loaded on the token-free path", "torch" not in sys.modules)])
     """),
     md("""
     ## The traces
@@ -98,15 +102,16 @@ CELLS = [
     `simulate(trace, FleetConfig.colocated(1))` runs the trace on one replica with the fleet's event loop. It must give
     exactly what `replay` gives for the same engine on the same clock (chapter 7), request by request.
     """),
-    code("""
+    conclusion("""
     small = azure[:pick(200, 60)]
     one = simulate(small, FleetConfig.colocated(1, max_model_len=16384))
     cfg = EngineConfig(num_kv_blocks=one.replicas[0].num_kv_blocks, max_num_batched_tokens=2048, max_num_seqs=256,
                        max_model_len=16384, trace_block_tables=False, num_cpu_threads=None)
     ref = replay(token_free_engine(cfg, "llama-3-8b", max_position_embeddings=16384), small, too_long="error")
     same = sum(one.request_metrics[rid] == ref.request_metrics[rid] for rid in ref.request_metrics)
-    show(f"{same} of {len(small)} requests have identical metrics (every timestamp and every inter-token gap) in the fleet "
-         f"and in the engine's own replay.")
+    conclude(f"All {same} of {len(small)} requests have identical metrics (every timestamp and every inter-token gap) in "
+             f"the fleet and in the engine's own replay.",
+             [("every request's metrics are identical in the fleet and in replay", same == len(small) == len(ref.request_metrics))])
     """),
     md("""
     ## A fleet and its router
@@ -131,7 +136,7 @@ CELLS = [
 
     On the Mooncake trace, where conversations re-send their history, the choice decides how much prefill is skipped.
     """),
-    code("""
+    conclusion("""
     routers = {}
     for name in ROUTERS:
         routers[name] = simulate(mooncake, FleetConfig.colocated(4, router=name))
@@ -140,9 +145,14 @@ CELLS = [
               f"P99 {r.latency('ttft', 99) * 1000:7.0f} ms | load imbalance {r.load_imbalance():.2f}")
     best_router = max(routers, key=lambda k: routers[k].prefix_hit_rate)
     viz.latency_cdf_figure(routers[best_router].request_metrics).update_layout(title=f"{best_router}: TTFT and TPOT").show()
-    show(f"**{best_router}** serves {routers[best_router].prefix_hit_rate:.1%} of prompt tokens from cache, round-robin "
-         f"{routers['round-robin'].prefix_hit_rate:.1%}; its P50 TTFT is {routers[best_router].latency('ttft', 50) * 1000:.0f} ms "
-         f"against {routers['round-robin'].latency('ttft', 50) * 1000:.0f} ms.")
+    hits, rr = routers[best_router], routers["round-robin"]
+    ttft_word = "lower" if hits.latency("ttft", 50) < rr.latency("ttft", 50) else "not lower"
+    conclude(f"**{best_router}** serves {hits.prefix_hit_rate:.1%} of prompt tokens from cache, round-robin "
+             f"{rr.prefix_hit_rate:.1%}; its P50 TTFT is {hits.latency('ttft', 50) * 1000:.0f} ms against "
+             f"{rr.latency('ttft', 50) * 1000:.0f} ms ({ttft_word}).",
+             [("the best router has more prefix hits than round-robin", hits.prefix_hit_rate > rr.prefix_hit_rate),
+              ("the TTFT comparison word matches the numbers",
+               (ttft_word == "lower") == (hits.latency("ttft", 50) < rr.latency("ttft", 50)))])
     """),
     md("""
     **Load imbalance** is the busiest replica's busy time over the mean (1.0 = perfectly even). Cache affinity can trade
@@ -155,7 +165,7 @@ CELLS = [
     moving each prompt's KV cache from the prefill GPU to the decode GPU. Its size is the prompt length times the KV
     bytes per token: 2 (K and V) x layers x KV heads x head size x bytes per value.
     """),
-    code("""
+    conclusion("""
     kv = LLAMA_3_8B.kv_bytes_per_token
     print(f"Llama-3-8B: 2 x {LLAMA_3_8B.num_layers} layers x {LLAMA_3_8B.num_kv_heads} KV heads x {LLAMA_3_8B.head_dim} x "
           f"{LLAMA_3_8B.dtype_bytes} bytes = {kv:,} bytes per token")
@@ -163,9 +173,12 @@ CELLS = [
         if math.isfinite(link.bandwidth):
             print(f"{link.name:24s} a 1,000-token prompt ({1000 * kv / 1e6:.0f} MB) in {link.transfer_time(1000 * kv) * 1000:6.2f} ms")
     prefill_ms = StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(1000, 0, 1)])).time_s * 1000
-    show(f"Prefilling those 1,000 tokens takes {prefill_ms:.1f} ms on an H100: over 400 Gb/s InfiniBand the transfer adds "
-         f"{LINKS['ib-400g'].transfer_time(1000 * kv) / (prefill_ms / 1000):.0%} of it, over 100 Gb/s Ethernet "
-         f"{LINKS['ethernet-100g'].transfer_time(1000 * kv) / (prefill_ms / 1000):.0%}.")
+    ib_share = LINKS["ib-400g"].transfer_time(1000 * kv) / (prefill_ms / 1000)
+    eth_share = LINKS["ethernet-100g"].transfer_time(1000 * kv) / (prefill_ms / 1000)
+    conclude(f"Prefilling those 1,000 tokens takes {prefill_ms:.1f} ms on an H100: over 400 Gb/s InfiniBand the transfer "
+             f"adds {ib_share:.0%} of it, over 100 Gb/s Ethernet {eth_share:.0%}.",
+             [("Ethernet (4x less bandwidth) adds about 4x what InfiniBand adds", abs(eth_share / ib_share - 4) < 0.1),
+              ("a 1,000-token prompt is 128 KiB per token", kv == 128 * 1024)])
     """),
     md("""
     In the fleet, a finished prefill sends its KV to the decode replica the decode router picks; each replica sends and
@@ -187,7 +200,7 @@ CELLS = [
     `max_goodput` compresses the trace's arrivals by a factor k and searches the highest k that passes. Two SLOs: a
     *chatbot* one (DistServe's: TTFT 250 ms, TPOT 100 ms) and a *tight TPOT* one (1.5x one unloaded decode step).
     """),
-    code("""
+    conclusion("""
     step_s = StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(1, 1000, 1)])).time_s
     SLOS = {"chatbot": PercentileSLO(ttft_s=0.25, tpot_s=0.1), "tight TPOT": PercentileSLO(ttft_s=0.25, tpot_s=round(1.5 * step_s, 3))}
     window = azure[:pick(1000, 250)]
@@ -207,10 +220,14 @@ CELLS = [
             for s in SLOS for best_dis in [max((n for n in layouts if n != "colocated 4"), key=lambda n: goodputs[s, n].goodput)]}
     direction = ("larger under the tight TPOT bound: DistServe's direction" if gain["tight TPOT"] > gain["chatbot"] * 1.05
                  else "not larger under the tight TPOT bound, unlike DistServe's direction")
-    show(" ".join(f"Under the **{s}** SLO the best layout is **{best[s]}** ({goodputs[s, best[s]].goodput:.2f} req/s; colocated "
+    conclude(" ".join(f"Under the **{s}** SLO the best layout is **{best[s]}** ({goodputs[s, best[s]].goodput:.2f} req/s; colocated "
                   f"{goodputs[s, 'colocated 4'].goodput:.2f})." for s in SLOS)
          + f" The best disaggregated fleet serves {gain['tight TPOT']:.2f}x the colocated goodput under the tight TPOT bound and "
-           f"{gain['chatbot']:.2f}x under the chatbot SLO: the gain of disaggregation is {direction}.")
+           f"{gain['chatbot']:.2f}x under the chatbot SLO: the gain of disaggregation is {direction}.",
+         [("each SLO's best layout has the highest goodput", all(goodputs[s, best[s]].goodput >= goodputs[s, n].goodput
+                                                                 for s in SLOS for n in layouts)),
+          ("the direction sentence matches the gains",
+           direction.startswith("larger") == (gain["tight TPOT"] > gain["chatbot"] * 1.05))])
     """),
     md("""
     DistServe reports its largest gains when the TPOT bound is tight, where prefill-decode interference rather than compute
@@ -223,12 +240,21 @@ CELLS = [
     How many GPUs does this traffic need at k times its rate? `min_replicas` searches the fewest replicas whose run meets
     the SLO (doubling, then bisection).
     """),
-    code("""
+    conclusion("""
     plan = {}
     for k in pick((1.0, 8.0, 32.0), (1.0, 16.0)):
         plan[k] = min_replicas(speed_up(window, k), lambda n: FleetConfig.colocated(n), SLOS["chatbot"], start=1)
         print(f"{k:g}x ({window.mean_rate * k:.1f} req/s): {plan[k].num_replicas} H100s (probes: "
               f"{[(int(p.value), p.passed) for p in plan[k].probes]})")
+    ks = sorted(plan)
+    conclude(f"At {ks[0]:g}x the trace needs **{plan[ks[0]].num_replicas}** H100s, at {ks[-1]:g}x **{plan[ks[-1]].num_replicas}**: "
+             "more traffic never needs fewer GPUs, and each answer is the smallest count whose simulated run met the SLO.",
+             [("the replica count never falls as the rate grows",
+               all(plan[a].num_replicas <= plan[b].num_replicas for a, b in zip(ks, ks[1:]))),
+              ("each answer passed and one fewer failed (or it is 1)",
+               all(any(p.passed and int(p.value) == plan[k].num_replicas for p in plan[k].probes)
+                   and (plan[k].num_replicas == 1 or any(not p.passed and int(p.value) == plan[k].num_replicas - 1
+                                                          for p in plan[k].probes)) for k in ks))])
     """),
     md("## Try it: a fleet of your own"),
     code("""
@@ -262,7 +288,11 @@ CELLS = [
         """
         check_close("Exercise 1: KV transfer time (ms)", answer_1, LINKS["ethernet-100g"].transfer_time(2000 * LLAMA_3_8B.kv_bytes_per_token) * 1000,
                     rel_tol=0.02, hint="K and V, every layer, 2 bytes each; 100 Gb/s is 12.5 GB/s, not 100 GB/s")
-        """),
+        """, wrong=["answer_1 = 2000 * LLAMA_3_8B.kv_bytes_per_token / 2 / 12.5e9 * 1000  # K only",
+                    "answer_1 = 2000 * LLAMA_3_8B.kv_bytes_per_token / 100e9 * 1000  # bits read as bytes",
+                    "answer_1 = 2000 * LLAMA_3_8B.kv_bytes_per_token / 12.5e9  # seconds",
+                    "answer_1 = 2000 * LLAMA_3_8B.kv_bytes_per_token / LLAMA_3_8B.num_layers / 12.5e9 * 1000  # one layer",
+                    "answer_1 = 2000 * LLAMA_3_8B.kv_bytes_per_token * 8 / 12.5e9 * 1000  # bytes read as bits"]),
     *exercise(2, """
         Compute the **load imbalance** of the 4-replica run `fleet` yourself: the busiest replica's busy time over the mean
         busy time (`fleet.replicas[i].busy_time_s`, seconds).
@@ -273,7 +303,9 @@ CELLS = [
         """,
         """
         check_close("Exercise 2: load imbalance", answer_2, fleet.load_imbalance(), rel_tol=1e-6, hint="max over MEAN, not over min")
-        """),
+        """, wrong=["answer_2 = max(r.busy_time_s for r in fleet.replicas) / min(r.busy_time_s for r in fleet.replicas)  # over min",
+                    "answer_2 = sum(r.busy_time_s for r in fleet.replicas) / len(fleet.replicas) / max(r.busy_time_s for r in fleet.replicas)  # inverted",
+                    "answer_2 = max(r.busy_time_s for r in fleet.replicas) - min(r.busy_time_s for r in fleet.replicas)  # a difference"]),
     *exercise(3, """
         Which router served the largest share of prompt tokens from the prefix cache on the Mooncake trace? Answer its name
         as a string (a key of `routers`).
@@ -283,7 +315,9 @@ CELLS = [
         """,
         """
         check("Exercise 3: the router with the most prefix hits", answer_3, max(routers, key=lambda name: routers[name].prefix_hit_rate))
-        """),
+        """, wrong=["answer_3 = min(routers, key=lambda name: routers[name].prefix_hit_rate)  # the fewest hits",
+                    "answer_3 = 'round-robin'  # the default",
+                    "answer_3 = max(routers, key=lambda name: routers[name].prefix_hit_rate).replace('-', ' ')  # misspelt"]),
     *exercise(4, """
         DistServe compares systems by goodput **per GPU**. What is the per-GPU goodput (requests/s per GPU) of the
         *disaggregated 2:2* fleet under the tight TPOT SLO? Use `goodputs["tight TPOT", "disaggregated 2:2"]`, whose
@@ -297,6 +331,28 @@ CELLS = [
         g = goodputs["tight TPOT", "disaggregated 2:2"]
         check_close("Exercise 4: goodput per GPU", answer_4, g.multiplier * g.base_rate / g.num_gpus, rel_tol=0.01,
                     hint="multiply the speed-up by the trace's rate, and count all 4 GPUs")
+        """, wrong=['answer_4 = goodputs["tight TPOT", "disaggregated 2:2"].goodput  # not per GPU',
+                    'answer_4 = goodputs["tight TPOT", "disaggregated 2:2"].multiplier / 4  # forgot the base rate',
+                    'answer_4 = goodputs["tight TPOT", "disaggregated 2:2"].goodput / 2  # per prefill GPU']),
+    *question("why can a fleet simulation drop the tokens but not the scheduler?", """
+        Which of a request's numbers change when its output tokens are different but its lengths are the same?
+        """, """
+        None of the timing ones. A step's cost depends on how many tokens it computes and over which contexts (the
+        cost model's FLOPs and bytes), and which requests are in the step is decided by the scheduler from lengths,
+        budgets and free KV blocks. With `ignore_eos` and `max_tokens` fixed by the trace, the token values never reach
+        either. The scheduler is the opposite: chunking, admission, preemption and prefix hits decide every step's
+        batch, so a simulator with a different scheduler simulates a different engine (Vidur re-implements vLLM's and
+        must keep it in step). Reusing the engine's own scheduler removes that gap.
+        """),
+    *question("what if the link between prefill and decode were 10x slower?", """
+        At what point does disaggregation stop paying, and what would you change first?
+        """, """
+        The KV transfer adds prompt_len x KV bytes per token / bandwidth to every request's TTFT and occupies the
+        sender and receiver while it runs. Over 100 GbE a 1,000-token Llama-3-8B prompt already costs a large share of
+        its prefill time; 10x slower, the transfer is longer than the prefill, the TTFT SLO fails first and the decode
+        pool idles waiting for KV. Options: a faster link (NVLink within a node, RDMA), a model with fewer KV bytes
+        (GQA, MLA, FP8 KV), sending layer by layer while the prefill still runs (DistServe and Mooncake overlap it), or
+        colocating with chunked prefill instead (Sarathi-Serve).
         """),
     *summary([
         "A fleet simulation needs the scheduler, the KV cache and a step-time model, not the tokens: `TokenFreeRunner` + `ModelledClock` turn minengine's own engine into a replica.",
