@@ -458,3 +458,62 @@ def test_lanes_figures_resample_each_replica_timeline():
         result.config.describe()
     with pytest.raises(ValueError, match="metric"):
         fleet_lanes_figure(result, "tokens")
+
+
+# ---- planning: goodput and capacity searches ------------------------------------------------------------------------
+def test_max_goodput_brackets_the_slo():
+    """The multiplier it returns meets the SLO when simulated again; the failing one does not; goodput and its
+    per-GPU share follow from the trace's rate."""
+    from minengine.fleet.planning import max_goodput
+
+    trace = make_trace(60, seed=8, rate=10.0, max_output=30)
+    cfg = FleetConfig.colocated(2, **SMALL)
+    slo = PercentileSLO(ttft_s=0.05, tpot_s=0.02)
+    g = max_goodput(trace, cfg, slo, start_multiplier=1.0, rel_tol=0.2, max_probes=12)
+    assert g.bounded and 0 < g.multiplier < g.failing_multiplier <= g.multiplier * 1.2 + 1e-9
+    from minengine.workloads import speed_up
+
+    assert simulate(speed_up(trace, g.multiplier), cfg).meets_percentile_slo(slo)
+    assert not simulate(speed_up(trace, g.failing_multiplier), cfg).meets_percentile_slo(slo)
+    assert g.goodput == pytest.approx(g.multiplier * trace.mean_rate) and g.per_gpu == pytest.approx(g.goodput / 2)
+    assert [p.passed for p in g.probes if p.value == g.multiplier] == [True]
+    with pytest.raises(ValueError, match="rate"):
+        max_goodput(trace[:1], cfg, slo)
+
+
+def test_min_replicas_is_the_fewest_that_meet_the_slo():
+    from minengine.fleet.planning import min_replicas
+
+    trace = make_trace(80, seed=9, rate=120.0, max_output=30)
+    slo = PercentileSLO(ttft_s=0.05, tpot_s=0.02)
+    make = lambda n: FleetConfig.colocated(n, **SMALL)  # noqa: E731
+    plan = min_replicas(trace, make, slo, start=1, max_replicas=64)
+    n = plan.num_replicas
+    assert n is not None and n > 1, "the test's load must need more than one replica"
+    assert simulate(trace, make(n)).meets_percentile_slo(slo)
+    assert not simulate(trace, make(n - 1)).meets_percentile_slo(slo)
+    assert plan.result.request_metrics == simulate(trace, make(n)).request_metrics
+    assert min_replicas(trace, make, slo, start=n + 3, max_replicas=64).num_replicas == n  # from above: halves
+    assert min_replicas(trace, make, PercentileSLO(ttft_s=1e-9), max_replicas=4).num_replicas is None
+    with pytest.raises(ValueError, match="start"):
+        min_replicas(trace, make, slo, start=0)
+
+
+# ---- the real traces (skipped without ../shared/data) ---------------------------------------------------------------
+def test_mooncake_window_prefix_sharing_reaches_the_router():
+    """On a window of the real Mooncake trace, whose requests re-send shared blocks, the prefix-aware router serves
+    more prompt tokens from cache than round-robin; every request finishes and every block is free again."""
+    from minengine.workloads import find_data_dir, load_mooncake_trace, mooncake_path
+
+    path = mooncake_path(find_data_dir())
+    if path is None:
+        pytest.skip("the Mooncake trace is not in ../shared/data")
+    trace = load_mooncake_trace(path, max_requests=300, vocab_size=LLAMA_3_8B.vocab_size)
+    results = {}
+    for router in ("round-robin", "prefix-aware"):
+        sim = FleetSimulator(FleetConfig.colocated(4, router=router), trace)
+        results[router] = sim.run()
+        assert len(results[router].request_metrics) == len(trace)
+        for replica in sim.replicas:
+            assert replica.engine.kv_cache_manager.num_free_blocks == replica.num_kv_blocks
+    assert results["prefix-aware"].prefix_hit_rate > results["round-robin"].prefix_hit_rate > 0
