@@ -60,6 +60,15 @@ def position_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, k: int) -> l
     return out
 
 
+def finite_overflow(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``y`` (computed elementwise from ``x``) with float32 overflow clamped to the largest finite value where
+    ``x`` was finite: a logit divided by a tiny repetition penalty or temperature, or multiplied by a huge
+    penalty, would become +-inf, and softmax over +inf is NaN. Where ``x`` is -inf (a masked token) it stays
+    -inf (-inf times a penalty that rounds to 0 in float32 would be NaN)."""
+    big = torch.finfo(y.dtype).max
+    return torch.where(torch.isfinite(x), y.clamp(-big, big), x)
+
+
 def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[int], output_ids: Sequence[int],
                     params: SamplingParams) -> torch.Tensor:
     """Repetition penalty over prompt + output tokens, then frequency and presence penalties over the output.
@@ -75,7 +84,8 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[int], output_ids:
         seen = torch.tensor(list(prompt_ids) + list(output_ids), dtype=torch.long).unique()
         seen = seen[seen < vocab]
         x = logits[seen]
-        logits[seen] = torch.where(x > 0, x / params.repetition_penalty, x * params.repetition_penalty)
+        logits[seen] = finite_overflow(torch.where(x > 0, x / params.repetition_penalty,
+                                                   x * params.repetition_penalty), x)
     if output_ids and (params.frequency_penalty or params.presence_penalty):
         ids = torch.tensor(list(output_ids), dtype=torch.long)
         counts = torch.bincount(ids[ids < vocab], minlength=vocab).to(logits.dtype)
@@ -135,7 +145,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
         logits = apply_penalties(logits, prompt_ids, output_ids, params)
     if params.greedy:
         return logits
-    logits = apply_min_p(logits / params.temperature, params.min_p)
+    logits = apply_min_p(finite_overflow(logits / params.temperature, logits), params.min_p)
     return apply_top_k_top_p(logits, params.top_k, params.top_p)
 
 
