@@ -64,3 +64,31 @@ def test_extreme_params_in_a_batch_do_not_fail_the_others(engine):
     assert outs["g"].outputs[0].token_ids == want
     assert all(len(outs[f"x{i}"].outputs[0].token_ids) >= 1 for i in range(len(EXTREME)))
     assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+
+
+@pytest.mark.parametrize("stop", [["e"], ["\n"], ["the", "I"], [", "], ["o", "ll"]])
+@pytest.mark.parametrize("min_tokens", [0, 1, 4, 9])
+def test_min_tokens_holds_for_stop_strings(engine, stop, min_tokens):
+    """As vLLM (PR #22014): no stop string ends a request within its first ``min_tokens`` tokens; the text is
+    the unstopped text cut right before the first stop string that ends after those tokens' text."""
+    prompt = "ROMEO:\nO, she doth teach the torches to burn bright!"
+    free = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine.add_request("free", prompt, free)
+    full = drain(engine)["free"].outputs[0]
+    tok = engine.get_tokenizer()
+    head = tok.decode(full.token_ids[:min_tokens]) if min_tokens else ""
+    assert full.text.startswith(head)
+    engine.add_request("s", prompt, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=stop,
+                                                   min_tokens=min_tokens))
+    out = drain(engine)["s"].outputs[0]
+    assert full.text.startswith(out.text)
+    if out.finish_reason == "length":
+        assert out.text == full.text
+        return
+    assert len(out.token_ids) > min_tokens and out.stop_reason in stop
+    assert full.text[len(out.text):].startswith(out.stop_reason)
+    assert len(out.text) + len(out.stop_reason) > len(head)  # the match ends after the first tokens' text
+    for s in stop:  # and it is the first such match
+        i = full.text.find(s, max(0, len(head) - len(s) + 1))
+        assert i == -1 or i >= len(out.text)
+    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks

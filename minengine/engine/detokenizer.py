@@ -66,6 +66,9 @@ class IncrementalDetokenizer:
         skip_special_tokens: drop special tokens from the text.
         include_stop_str_in_output: the stop string will be part of the final text, so nothing needs to be
             held back for it while streaming (vLLM's ``stop_buffer_length`` is 0 then).
+        min_tokens: stop strings are looked for only in the text after the first ``min_tokens`` output tokens
+            (a match may start up to ``len(stop) - 1`` characters before it), as vLLM (PR #22014): the request's
+            ``SamplingParams.min_tokens`` holds for stop strings as for EOS and stop token ids.
 
     Attributes:
         output_text: the text of the tokens seen so far, without a partial character at its end, cut before
@@ -74,8 +77,9 @@ class IncrementalDetokenizer:
     """
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str], skip_special_tokens: bool = True,
-                 include_stop_str_in_output: bool = False):
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0):
         self.tokenizer = tokenizer
+        self.min_tokens = min_tokens
         self.stop = list(stop)
         self.skip = skip_special_tokens
         self.prompt_token_ids = prompt_token_ids
@@ -127,6 +131,8 @@ class IncrementalDetokenizer:
             return
         self._num_released = self.num_tokens
         self.output_text += chunk
+        if self.num_tokens <= self.min_tokens:
+            return
         # Only the tail can hold a stop string that was not there before.
         search_from = max(0, old_len - self._max_stop + 1)
         best = None

@@ -346,7 +346,8 @@ class LLMEngine:
                 self._past_metrics.append(self.request_metrics.pop(child.request_id))
             self._detok[child.request_id] = IncrementalDetokenizer(
                 self.tokenizer, child.prompt_token_ids, child.sampling_params.stop,
-                child.sampling_params.skip_special_tokens, child.sampling_params.include_stop_str_in_output)
+                child.sampling_params.skip_special_tokens, child.sampling_params.include_stop_str_in_output,
+                child.sampling_params.min_tokens)
             self.request_metrics[child.request_id] = RequestMetrics(arrival_time=child.arrival_time,
                                                                     num_prompt_tokens=child.num_prompt_tokens)
             if group.is_parent and parent is None:
