@@ -22,3 +22,13 @@ class TokensPrompt(_TokenIds, total=False):
 
 
 PromptType = str | TextPrompt | TokensPrompt
+
+
+def check_unicode(text: str, field: str) -> None:
+    """Raise ``ValueError`` naming ``field`` when ``text`` cannot be encoded as UTF-8: a lone surrogate (from
+    undecodable bytes in argv, or a JSON ``"\\ud800"`` escape), which tokenizers reject with a ``TypeError``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field} is not valid Unicode text: {exc.object[exc.start:exc.end]!r} at character "
+                         f"{exc.start} is a lone surrogate") from None

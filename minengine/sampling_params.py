@@ -57,7 +57,8 @@ class SamplingParams:
         stop_token_ids: token ids that end generation (the token is kept in ``token_ids``).
         ignore_eos: keep generating past the model's EOS token.
         max_tokens: the most tokens to generate (>= 1); None = as many as fit in ``max_model_len``.
-        min_tokens: EOS and ``stop_token_ids`` cannot be sampled before this many tokens (<= max_tokens).
+        min_tokens: EOS and ``stop_token_ids`` cannot be sampled, nor stop strings end the request, before
+            this many tokens (<= max_tokens; as vLLM).
         logprobs: return, for every generated token, the log-probabilities of the sampled token and of the
             ``logprobs`` most likely ones (0 = the sampled token only), from the raw model distribution
             (before penalties, temperature and truncation, as vLLM's default); None = none; at most 20.

@@ -92,3 +92,19 @@ def test_min_tokens_holds_for_stop_strings(engine, stop, min_tokens):
         i = full.text.find(s, max(0, len(head) - len(s) + 1))
         assert i == -1 or i >= len(out.text)
     assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+
+
+@pytest.mark.parametrize("messages, kwargs, field", [
+    ([{"role": "user", "content": "hi\ud800"}], {}, r"messages\[0\].content"),
+    ([{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}], {}, r"messages\[0\].content"),
+    ([{"role": "system", "content": "x"}, {"role": "user\udc80", "content": "hi"}], {}, r"messages\[1\].role"),
+    ([{"role": "user", "content": "hi", "name": "\ud800"}], {}, r"messages\[0\].name"),
+    ([{"role": "user", "content": "hi"}], {"chat_template": "{{ '\ud800' }}"}, "chat template output"),
+])
+def test_chat_text_that_is_not_unicode_is_a_value_error(engine, messages, kwargs, field):
+    """A lone surrogate anywhere in a conversation is a ValueError naming where (it was a TypeError from the
+    tokenizer: a 500 on the server)."""
+    from minengine.entrypoints.chat_utils import render_chat
+
+    with pytest.raises(ValueError, match=field + " is not valid Unicode"):
+        render_chat(engine.get_tokenizer(), messages, **kwargs)

@@ -177,6 +177,13 @@ BAD_REQUESTS = [
      400, "tools"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens"),
     ("/tokenize", {}, 400, "prompt"),
+    # lone surrogates (JSON "\\ud800" escapes) reached the tokenizer, a TypeError and a 500
+    ("/tokenize", {"prompt": "a\ud800"}, 400, "prompt"),
+    ("/tokenize", {"messages": [{"role": "user", "content": "\udfff"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi\ud800"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "name": "\ud800"}]}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ '\ud800' }}"},
+     400, "chat_template"),
 ]
 
 
@@ -199,7 +206,8 @@ def test_bad_requests_get_400_naming_the_field_while_others_stream(server, ref):
         time.sleep(0.01)
     answered = []
     for path, body, status, field in BAD_REQUESTS:
-        r = httpx.post(server.url + path, json=body, timeout=TIMEOUT)
+        r = httpx.post(server.url + path, content=json.dumps(body), timeout=TIMEOUT,  # \u escapes, as clients
+                       headers={"content-type": "application/json"})
         assert r.status_code == status, (body, r.text)
         err = r.json()["error"]
         assert err["code"] == status and err["param"] == field and field.split("_")[0] in err["message"], err

@@ -18,6 +18,7 @@ from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest, RequestGroup, child_request_id, child_sampling_params
+from minengine.inputs import check_unicode
 from minengine.metrics.prometheus import PrometheusStatLogger
 from minengine.metrics.reader import Metric, get_metrics_snapshot
 from minengine.metrics.stats import ServingSummary, summarize
@@ -212,11 +213,7 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError("prompt is a string but the model has no tokenizer: pass "
                                  "{'prompt_token_ids': [...]} or EngineConfig(tokenizer=...)")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as exc:  # a lone surrogate, e.g. from undecodable bytes in argv
-                raise ValueError(f"prompt is not valid Unicode text: {exc.object[exc.start:exc.end]!r} at "
-                                 f"character {exc.start} is a lone surrogate") from None
+            check_unicode(prompt, "prompt")
             text, ids = prompt, self.tokenizer(prompt)["input_ids"]
         elif isinstance(prompt, (list, tuple)):
             text, ids = None, prompt

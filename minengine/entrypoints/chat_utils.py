@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from minengine.inputs import check_unicode
+
 
 def _text_content(content, where: str) -> str:
     """A message's content as text: a string, or OpenAI's list of ``{"type": "text", "text": ...}`` parts."""
@@ -38,6 +40,8 @@ def normalize_messages(messages) -> list[dict]:
         msg = {"role": role, "content": _text_content(m.get("content", ""), f"messages[{i}]")}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
+        for key, value in msg.items():
+            check_unicode(value, f"messages[{i}].{key}")
         out.append(msg)
     return out
 
@@ -65,4 +69,5 @@ def render_chat(tokenizer, messages, chat_template: str | None = None, add_gener
                                              **(chat_template_kwargs or {}))
     except Exception as exc:  # jinja errors, raise_exception() in templates: the caller's input
         raise ValueError(f"chat template failed: {exc}") from exc
+    check_unicode(text, "chat template output")  # a surrogate from chat_template or chat_template_kwargs
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]

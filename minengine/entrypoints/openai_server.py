@@ -41,6 +41,7 @@ from minengine.entrypoints.protocol import (
     random_id,
     usage,
 )
+from minengine.inputs import check_unicode
 from minengine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from minengine.sampling_params import SamplingParams
 
@@ -346,6 +347,7 @@ class OpenAIServing:
                                      body.continue_final_message)
             else:
                 special = True if body.add_special_tokens is None else body.add_special_tokens
+                check_unicode(body.prompt, "prompt")
                 ids = e.tokenizer(body.prompt, add_special_tokens=special)["input_ids"]
             strs = e.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
             return {"count": len(ids), "max_model_len": e.config.max_model_len, "tokens": ids, "token_strs": strs}
