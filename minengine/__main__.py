@@ -259,6 +259,8 @@ def cmd_serve(a: argparse.Namespace) -> None:
         a.model = a.model_tag
     if not 0 < a.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {a.port}")
+    if a.max_history_steps < 0:
+        raise ValueError(f"--max-history-steps must be >= 0, got {a.max_history_steps}")
     config = _config(a)
     if a.served_model_name is not None:
         config = dataclasses.replace(config, served_model_name=a.served_model_name)
@@ -307,6 +309,9 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
         raise ValueError("--capacity needs an SLO (--slo-ttft-ms, --slo-tpot-ms or --slo-tbt-ms)")
     if not isinstance(a.clock_tp, int) or a.clock_tp < 1:
         raise ValueError(f"--clock-tp must be >= 1, got {a.clock_tp!r}")
+    if a.max_concurrency is not None and a.base_url is None:  # the in-process replay has no such limit
+        raise ValueError("--max-concurrency limits the requests in flight to a --base-url server; the in-process "
+                         "engine admits by its own --max-num-seqs")
     config = _config(a)
     if a.base_url is not None:
         return _bench_remote(a, config, slo)

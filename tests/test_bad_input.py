@@ -221,6 +221,8 @@ def test_malformed_real_prompts_file(tmp_path, content, where):
     (("bench-serve", "--trace", "poisson", "--range-ratio", "1.5"), "--range-ratio"),
     (("bench-serve", "--trace", "poisson", "--slo-ttft-ms", "-1"), "--slo-ttft-ms"),
     (("bench-serve", "--trace", "poisson", "--capacity-probes", "100000"), "--capacity-probes"),
+    (("bench-serve", "--trace", "poisson", "--max-concurrency", "4"), "--max-concurrency"),  # was ignored
+    (("serve", "--max-history-steps", "-1"), "--max-history-steps"),  # was accepted, then bound the port
     (("generate", "ROMEO:\udcff"), "prompt"),
     (("generate", "ROMEO:", "--model", "/tmp/\udcff"), "--model"),
     (("generate", "ROMEO:", "--no-chunked-prefill", "--long-prefill-token-threshold", "8",
