@@ -365,3 +365,33 @@ def test_step_feed_streams_every_step_as_json(server):
     with httpx.stream("GET", server.url + "/v1/engine/steps?history=3&block_tables=false", timeout=TIMEOUT) as r:
         replay = [d for _, d in _sse_events(r, lambda e, d: e == "step" and d["step"] == steps[-1]["step"])]
     assert replay[-1]["step"] == steps[-1]["step"] and replay[-1]["block_tables"] is None
+
+
+def test_step_feed_stops_replaying_history_to_a_client_that_left(bundled_model, monkeypatch):
+    """A client that asks for a long history and leaves after the first step stops the replay: before, the
+    server serialised and wrote every kept step to the closed socket (thousands of "socket.send() raised
+    exception." lines) while holding the event loop. Its subscription is gone too."""
+    from minengine.entrypoints.openai_server import OpenAIServing
+
+    sent = []
+    real = OpenAIServing._trace_json
+
+    def counting(trace, block_tables, num_dropped):
+        sent.append(trace.step)
+        return real(trace, block_tables, num_dropped)
+
+    monkeypatch.setattr(OpenAIServing, "_trace_json", staticmethod(counting))
+    with running_server(bundled_model) as s:
+        httpx.post(s.url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 400, "ignore_eos": True,
+                                                    "temperature": 0}, timeout=TIMEOUT)
+        kept = len(s.engine.traces)
+        assert kept >= 400
+        with httpx.stream("GET", s.url + f"/v1/engine/steps?history={kept}", timeout=TIMEOUT) as r:
+            for line in r.iter_lines():
+                if line.startswith("event: step"):
+                    break
+        deadline = time.monotonic() + TIMEOUT
+        while s.async_engine._subscribers and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not s.async_engine._subscribers
+        assert len(sent) < kept // 2, (len(sent), kept)

@@ -395,6 +395,10 @@ class OpenAIServing:
             for trace in past:
                 last = trace.step
                 yield sse(self._trace_json(trace, block_tables, sub.num_dropped), event="step")
+                # Sending never suspends while the socket takes it, so without this a replay of thousands of
+                # steps would hold the event loop and go on writing to a client that left (Starlette cancels
+                # the stream on disconnect only at a suspension point).
+                await asyncio.sleep(0)
             while True:
                 trace = await sub.get(timeout=KEEPALIVE_S)
                 if trace is None:
@@ -403,6 +407,7 @@ class OpenAIServing:
                 if last is not None and trace.step <= last:
                     continue  # already sent as history
                 yield sse(self._trace_json(trace, block_tables, sub.num_dropped), event="step")
+                await asyncio.sleep(0)  # a backlog of queued steps: the same
         finally:
             self.engine.unsubscribe_steps(sub)
 
