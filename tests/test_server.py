@@ -395,3 +395,30 @@ def test_step_feed_stops_replaying_history_to_a_client_that_left(bundled_model, 
             time.sleep(0.05)
         assert not s.async_engine._subscribers
         assert len(sent) < kept // 2, (len(sent), kept)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_prepends_the_prompt_text_for_text_and_token_prompts(server, ref, stream):
+    """``echo``: each choice starts with its prompt's text, for a token-id prompt too (its decoded text, as
+    vLLM; it was echoed as nothing), streamed or not."""
+    tok = ref.get_tokenizer()
+    ids = tok("JULIET:\nO Romeo")["input_ids"]
+    for prompt, text in (("ROMEO:", "ROMEO:"), (ids, tok.decode(ids)), ([ids, [5, 6]], None)):
+        body = {"prompt": prompt, "echo": True, "n": 2, "max_tokens": 4, "temperature": 0}
+        plain = httpx.post(server.url + "/v1/completions", json={**body, "echo": False}, timeout=TIMEOUT).json()
+        if stream:
+            got = {}
+            with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True},
+                              timeout=TIMEOUT) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        for c in json.loads(line[6:])["choices"]:
+                            got[c["index"]] = got.get(c["index"], "") + c["text"]
+        else:
+            r = httpx.post(server.url + "/v1/completions", json=body, timeout=TIMEOUT).json()
+            got = {c["index"]: c["text"] for c in r["choices"]}
+        prompts = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
+        texts = [p if isinstance(p, str) else tok.decode(p) for p in prompts]
+        assert text is None or texts == [text]
+        want = {c["index"]: texts[c["index"] // 2] + c["text"] for c in plain["choices"]}
+        assert got == want and len(got) == 2 * len(prompts)

@@ -95,6 +95,16 @@ def prompt_logprobs_json(out: RequestOutput) -> list | None:
                                     for t, v in p.items()} for p in out.prompt_logprobs]
 
 
+def _with_prompt_text(engine, prompt: str | dict) -> str | dict:
+    """A ``{"prompt_token_ids"}`` prompt with its decoded text as ``prompt`` (for ``echo``); others as given."""
+    if not isinstance(prompt, dict) or "prompt" in prompt or engine.tokenizer is None:
+        return prompt
+    ids = prompt["prompt_token_ids"]
+    if not all(isinstance(t, int) and 0 <= t < engine.hf_config.vocab_size for t in ids):
+        return prompt  # the engine rejects it with the field named
+    return {**prompt, "prompt": engine.tokenizer.decode(ids)}
+
+
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, output) from several request streams as they come, until all finish."""
     if len(streams) == 1:
@@ -202,6 +212,8 @@ class OpenAIServing:
         if not body.add_special_tokens:
             prompts = [await self.engine.call(lambda e, p=p: {"prompt_token_ids": e.tokenizer(
                 p, add_special_tokens=False)["input_ids"], "prompt": p}) if isinstance(p, str) else p for p in prompts]
+        if body.echo:  # a prompt of token ids is echoed as its text (vLLM decodes it); bad ids fail later
+            prompts = [await self.engine.call(lambda e, p=p: _with_prompt_text(e, p)) for p in prompts]
         request_id, created = random_id("cmpl"), now()
         streams = await self.add_requests(request_id, prompts, params, body.priority)
         head = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
