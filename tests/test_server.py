@@ -156,6 +156,9 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": "ROMEO:", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "ROMEO:", "max_tokens": "many"}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "ROMEO:", "n": 0}, 400, "n"),
+    ("/v1/completions", {"prompt": "ROMEO:", "n": 100_000, "max_tokens": 1}, 400, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 129}, 400, "n"),
+    ("/v1/completions", {"prompt": "ROMEO:", "priority": 3}, 400, "priority"),  # the server runs decode-first
     ("/v1/completions", {"prompt": "ROMEO:", "logprobs": 50}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "ROMEO:", "stop": 123}, 400, "stop"),
     ("/v1/completions", {"prompt": "ROMEO:", "presence_penalty": 3}, 400, "presence_penalty"),
@@ -422,3 +425,13 @@ def test_echo_prepends_the_prompt_text_for_text_and_token_prompts(server, ref, s
         assert text is None or texts == [text]
         want = {c["index"]: texts[c["index"] // 2] + c["text"] for c in plain["choices"]}
         assert got == want and len(got) == 2 * len(prompts)
+
+
+def test_priority_is_honoured_by_a_priority_server(bundled_model):
+    """With --scheduling-policy priority, a request's priority is accepted (and a decode-first server refuses it,
+    in BAD_REQUESTS): the field is never silently ignored."""
+    with running_server(bundled_model, scheduling_policy="priority") as s:
+        r = httpx.post(s.url + "/v1/completions", json={"prompt": "ROMEO:", "max_tokens": 3, "priority": 3},
+                       timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] == 3

@@ -153,6 +153,9 @@ async def until_disconnected(raw: Request, work: Awaitable):
     return task.result()
 
 
+MAX_N = 128  # choices per prompt, as OpenAI's API allows
+
+
 class OpenAIServing:
     """The handlers' logic over one ``AsyncLLMEngine``.
 
@@ -165,6 +168,7 @@ class OpenAIServing:
         e = engine.engine
         self.model_name = e.config.served_model_name
         self.max_model_len = e.config.max_model_len
+        self.scheduling_policy = e.config.scheduling_policy
         self.defaults = default_sampling_overrides(e.model_path)
 
     def check_model(self, model: str | None) -> None:
@@ -178,6 +182,14 @@ class OpenAIServing:
         Raises:
             OpenAIError: 400 naming the field, for what the engine rejects.
         """
+        if priority != 0 and self.scheduling_policy != "priority":
+            # vLLM rejects it too: a priority the scheduler ignores would be a silent lie to the client
+            raise OpenAIError(f"priority {priority} is set but the server's scheduling_policy is "
+                              f"{self.scheduling_policy!r} (start it with --scheduling-policy priority)",
+                              param="priority")
+        if params.n > MAX_N:
+            raise OpenAIError(f"n must be <= {MAX_N} (OpenAI's limit), got {params.n}: each choice is a "
+                              "request, and adding them all at once would stall every other client", param="n")
         streams = []
         try:
             for i, prompt in enumerate(prompts):
