@@ -376,13 +376,29 @@ def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s:
         if res.budget_raised:
             note = t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget)
             st.info(name + ("：" if lang == "zh" else ": ") + note)
+    itl = [itl_figure(res.request_metrics, res.traces, threshold_s, lang, clock_label=clock_label(config.clock, lang))
+           for res in (res_a, res_b)]
+    share_y_axis(itl)  # side by side, the same height means the same ITL
     cols = st.columns(2)
     for i, (name, res) in enumerate(((label_a, res_a), (label_b, res_b))):
         with cols[i]:
             st.markdown(f"**{name}**")
-            st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang,
-                                       clock_label=clock_label(config.clock, lang)), key=f"ab_itl_{i}")
+            st.plotly_chart(itl[i], key=f"ab_itl_{i}")
             st.plotly_chart(batch_composition_figure(res.traces, lang), key=f"ab_batch_{i}")
+
+
+def share_y_axis(figs: list) -> None:
+    """Give ``figs`` one y range from 0 to the highest of their tops (a fixed range, e.g. an ITL figure's label
+    band, or else the highest point plus 5 %)."""
+    def top(fig) -> float:
+        if fig.layout.yaxis.range is not None:
+            return fig.layout.yaxis.range[1]
+        ys = [y for tr in fig.data for y in (tr.y or ()) if y is not None]
+        return 1.05 * max(ys, default=1.0)
+
+    high = max(top(f) for f in figs)
+    for f in figs:
+        f.update_yaxes(range=[0, high])
 
 
 # ---- a live server ----------------------------------------------------------------------------------------------

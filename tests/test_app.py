@@ -176,6 +176,11 @@ def test_default_stall_threshold_follows_the_run(app):
     shown_ms = float(re.search(r"above ([\d.]+) ms", itl_titles[0]).group(1))
     itl_p50_ms = float(metric(metrics(app), "ITL (TBT) P50").replace(",", ""))
     assert shown_ms == pytest.approx(3 * itl_p50_ms, abs=0.2)  # 0 = 3 x the run's median ITL
+    # the A/B tab's two ITL figures share one y range (preset (a): 25 vs 70 ms tops before)
+    specs = [json.loads(c.proto.spec)["layout"] for c in app.get("plotly_chart")]
+    itl = [sp for sp in specs if sp.get("title", {}).get("text", "").startswith("Inter-token")]
+    ab = [sp["yaxis"].get("range") for sp in itl[1:]]
+    assert len(ab) == 2 and ab[0] == ab[1] and ab[0][1] > 0
 
 
 def test_stall_threshold_changes_the_stall_table(app):
