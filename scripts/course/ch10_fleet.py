@@ -80,8 +80,9 @@ CELLS = [
     md("""
     ## The traces
     The Azure LLM inference trace (conversation service, 2023: real arrival times and lengths, no prefix information) and
-    the Mooncake trace (real lengths and prefix structure from Kimi's conversations). Without `../shared/data` a
-    synthetic Poisson trace stands in and the numbers below change.
+    the Mooncake trace (real lengths and prefix structure from Kimi's conversations). Without `../shared/data`
+    synthetic Poisson traces stand in (the Mooncake one with 8 shared 768-token prefixes, so that a prefix cache has
+    something to find) and the numbers below change.
     """),
     code("""
     data = find_data_dir()
@@ -90,8 +91,16 @@ CELLS = [
         azure = load_azure_trace(azure_conv_path(data), max_requests=pick(1200, 300))
         mooncake = load_mooncake_trace(mooncake_path(data), max_requests=pick(1000, 250), vocab_size=LLAMA_3_8B.vocab_size)
     else:
+        import random
         azure = synthetic_trace(pick(1200, 300), rate=5.0, prompt_len=1024, output_len=200, range_ratio=0.9)
-        mooncake = azure
+        rng = random.Random(0)
+        prefixes = [[rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(768)] for _ in range(8)]
+        mooncake = Trace([TraceRequest(r.arrival_time, 768 + r.prompt_len, r.output_len,
+                                       prefixes[i % 8] + [rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(r.prompt_len)],
+                                       f"shared-prefix-{i}")
+                          for i, r in enumerate(synthetic_trace(pick(1000, 250), rate=5.0, prompt_len=256, output_len=200,
+                                                                range_ratio=0.9, seed=1))],
+                         source="synthetic: Poisson, 8 shared 768-token prefixes + 256-token questions")
     print(azure)
     print(mooncake)
     print(f"Azure window: mean rate {azure.mean_rate:.2f} req/s, mean prompt {sum(r.prompt_len for r in azure) / len(azure):.0f} tokens, "
