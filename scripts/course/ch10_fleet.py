@@ -96,7 +96,7 @@ CELLS = [
         rng = random.Random(0)
         prefixes = [[rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(768)] for _ in range(8)]
         mooncake = Trace([TraceRequest(r.arrival_time, 768 + r.prompt_len, r.output_len,
-                                       prefixes[i % 8] + [rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(r.prompt_len)],
+                                       prefixes[rng.randrange(8)] + [rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(r.prompt_len)],
                                        f"shared-prefix-{i}")
                           for i, r in enumerate(synthetic_trace(pick(1000, 250), rate=5.0, prompt_len=256, output_len=200,
                                                                 range_ratio=0.9, seed=1))],
