@@ -58,7 +58,7 @@ def make_decoding_scheduler(num_requests: int, context: int, extra_tokens: int,
     out = sched.schedule()  # the whole prefill in one step (the token budget is num_requests * context)
     if len(out.scheduled) != num_requests:
         raise RuntimeError(f"expected {num_requests} prefills, got {len(out.scheduled)}")
-    sched.update_from_output(out, {s.request_id: 5 for s in out.scheduled})
+    sched.update_from_output(out, {s.request_id: [5] for s in out.scheduled})
     return sched
 
 
@@ -74,7 +74,7 @@ def time_steps(sched: Scheduler, steps: int, warmup: int = 3) -> dict[str, float
         t2 = time.process_time()
         ForwardBatch.build(out, BLOCK_SIZE, "cpu", tables["triton"], for_triton=True)
         t3 = time.process_time()
-        sched.update_from_output(out, {s.request_id: 5 for s in out.scheduled if s.sample})
+        sched.update_from_output(out, {s.request_id: [5] for s in out.scheduled if s.sample})
         t4 = time.process_time()
         if len(out.scheduled) != sched.num_running or any(s.num_new_tokens != 1 for s in out.scheduled):
             raise RuntimeError("expected a pure decode step")

@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minengine.core.policies import POLICIES
+from minengine.core.predictors import OutputLengthPredictor
 from minengine.core.scheduler import PREEMPTION_MODES
+from minengine.core.spec_decode import SpeculativeConfig
 
 BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespeare-llama")
 
@@ -58,6 +60,20 @@ class EngineConfig:
             since it arrived, so a low-priority request cannot starve forever; 0 disables aging.
         shrink_prefill_chunks: admission probe: when a new prefill chunk needs more KV blocks than are free,
             shrink it to what fits (down to one block) instead of leaving the request waiting.
+        speculative_config: speculative decoding by prompt lookup, vLLM's dict: ``{"method": "ngram",
+            "num_speculative_tokens": k, "prompt_lookup_max": 5, "prompt_lookup_min": 5}`` (or a
+            ``minengine.core.spec_decode.SpeculativeConfig``); None = off. Greedy output is unchanged; see the
+            README section "Speculative decoding".
+        output_length_predictor: predictive scheduling: an ``OutputLengthPredictor``
+            (``minengine.core.predictors``: oracle, noisy oracle, learned) that predicts each request's output
+            length when it is added; ``None`` with ``"shortest-predicted-first"`` or ``reserve_predicted_kv``
+            predicts ``max_tokens``. Not a command-line setting (it is an object).
+        predicted_length_aging_steps: ``"shortest-predicted-first"``: a request's predicted remaining work
+            counts one token less for every this many steps it has been in the system, so a long request
+            cannot starve; 0 disables aging.
+        reserve_predicted_kv: predicted-length-aware admission: admit a request only when the free KV blocks
+            cover its prompt plus its predicted output, beyond what the running requests are predicted to
+            still need (S3, Jin et al. 2023), so fewer requests are preempted; works with every policy.
         seed: seed for requests without their own ``SamplingParams.seed``.
         trace_block_tables: record each step's block tables and ref counts in the trace (for drawing).
         disable_log_stats: vLLM's knob: do not update the Prometheus series (``get_metrics``, the server's
@@ -102,6 +118,10 @@ class EngineConfig:
     splitfuse_target_tokens: int | None = None
     priority_aging_steps: int = 64
     shrink_prefill_chunks: bool = False
+    speculative_config: dict | SpeculativeConfig | None = None
+    output_length_predictor: OutputLengthPredictor | None = None
+    predicted_length_aging_steps: int = 4
+    reserve_predicted_kv: bool = False
     seed: int = 0
     trace_block_tables: bool = True
     disable_log_stats: bool = False
@@ -196,6 +216,16 @@ class EngineConfig:
             raise ValueError(f"priority_aging_steps must be an integer >= 0 (0 = no aging), got {aging!r}")
         if not isinstance(self.shrink_prefill_chunks, bool):
             raise ValueError(f"shrink_prefill_chunks must be a bool, got {self.shrink_prefill_chunks!r}")
+        self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)
+        aging = self.predicted_length_aging_steps
+        if not isinstance(aging, int) or isinstance(aging, bool) or aging < 0:
+            raise ValueError(f"predicted_length_aging_steps must be an integer >= 0 (0 = no aging), got {aging!r}")
+        if not isinstance(self.reserve_predicted_kv, bool):
+            raise ValueError(f"reserve_predicted_kv must be a bool, got {self.reserve_predicted_kv!r}")
+        predictor = self.output_length_predictor
+        if predictor is not None and not callable(getattr(predictor, "predict", None)):
+            raise ValueError(f"output_length_predictor must be an OutputLengthPredictor (with predict(request)) "
+                             f"or None, got {predictor!r}")
 
     def check_against_model(self, max_position_embeddings: int) -> None:
         """Fill ``max_model_len`` from the model and check the budgets against it.

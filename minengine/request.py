@@ -73,6 +73,11 @@ class Request:
     last_scheduled_step: int | None = None  # the last step that computed tokens for it (round-robin)
     # Swap preemption: the CPU swap-space blocks holding its KV while it waits (empty when not swapped).
     swapped_block_ids: list[int] = field(default_factory=list)
+    # Predictive scheduling: the output length (tokens, in all) an ``OutputLengthPredictor`` gave it when it was
+    # added (core/predictors.py); None without a predictor.
+    predicted_output_len: int | None = None
+    # Speculative decoding: the n-gram proposer's index of this request's tokens (core/spec_decode.py).
+    spec_index: object | None = field(default=None, repr=False, compare=False)
     # Timestamps (engine clock, seconds).
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -31,16 +31,33 @@ def content_token(held: list) -> int:
     return (hash(tuple(held)) % 997) + 3
 
 
+def markov_token(held: list) -> int:
+    """A fake "model" that repeats itself: the next token is a function of the last token the request reads
+    (7 values), so outputs cycle within a few tokens and prompt-lookup proposals are often right (speculative
+    decoding gets accepted and rejected tokens). The K/V it reads is still checked by ``KVShadow.apply``."""
+    return 3 + (5 * held[-1][0] + 1) % 7 if held else 3
+
+
+MODELS = {"hash": content_token, "markov": markov_token}
+
+
 class FakeEngine:
     def __init__(self, num_blocks=64, block_size=4, budget=32, max_num_seqs=8, max_model_len=256,
                  chunked=True, threshold=0, prefix=True, policy="decode-first", settings: PolicySettings | None = None,
-                 preemption_mode="recompute", swap_blocks=0, shrink=False, content_sampling=False):
+                 preemption_mode="recompute", swap_blocks=0, shrink=False, content_sampling=False,
+                 speculative_config=None, predictor=None, reserve_predicted_kv=False):
+        """``content_sampling``: False (tokens from the request id and index), True or "hash" (from the whole
+        K/V read), "markov" (from the last two tokens read; repetitive). ``speculative_config`` etc. as
+        ``Scheduler``."""
         self.kv = KVCacheManager(num_blocks, block_size, prefix)
         self.sched = Scheduler(self.kv, budget, max_num_seqs, max_model_len, chunked, threshold, policy=policy,
                                policy_settings=settings, preemption_mode=preemption_mode,
-                               swap_space_blocks=swap_blocks, shrink_prefill_chunks=shrink)
+                               swap_space_blocks=swap_blocks, shrink_prefill_chunks=shrink,
+                               speculative_config=speculative_config, predictor=predictor,
+                               reserve_predicted_kv=reserve_predicted_kv)
         self.budget, self.max_num_seqs = budget, max_num_seqs
-        self.content_sampling = content_sampling
+        self.content_sampling = "hash" if content_sampling is True else content_sampling
+        self.num_draft_tokens = self.num_accepted_tokens = 0
         self.steps = 0
         self.finished: list[Request] = []
         self.shadow = KVShadow(block_size)  # what every GPU / CPU slot holds
@@ -84,8 +101,7 @@ class FakeEngine:
         sampled = {}
         for s in out.scheduled:
             if s.sample:
-                sampled[s.request_id] = (content_token(held[s.request_id]) if self.content_sampling
-                                         else fake_token(s.request_id, s.output_index))
+                sampled[s.request_id] = self.verify(s, held[s.request_id])
         got_token, finished = self.sched.update_from_output(out, sampled)
         for r in got_token:
             self.token_steps.setdefault(r.request_id, []).append(self.steps)
@@ -94,6 +110,25 @@ class FakeEngine:
         self.steps += 1
         self.check_invariants()
         return out
+
+    def model_token(self, s, held: list, offset: int) -> int:
+        """The fake model's token after position ``s.start_pos + s.num_new_tokens - num_sampled + offset``
+        (it reads the K/V up to and including that position)."""
+        if not self.content_sampling:
+            return fake_token(s.request_id, s.output_index + offset)
+        end = s.seq_len - s.num_sampled + 1 + offset
+        return MODELS[self.content_sampling](held[:end])
+
+    def verify(self, s, held: list) -> list[int]:
+        """What the sampler does: one token, or for proposals the accepted ones plus the model's own."""
+        spec, tokens = s.spec_token_ids, []
+        for i in range(len(spec) + 1):
+            tokens.append(self.model_token(s, held, i))
+            if i == len(spec) or tokens[-1] != spec[i]:
+                break
+        self.num_draft_tokens += len(spec)
+        self.num_accepted_tokens += len(tokens) - 1
+        return tokens
 
     def apply_garbage(self, out):
         """A runner that failed after starting the step: any slot it would copy into or write is garbage."""

@@ -48,6 +48,18 @@ class KVShadow:
         bs = self.block_size
         return [(t, self._parent(request, p // bs)) for p, t in enumerate(request.token_ids_slice(0, end))]
 
+    def expected_with(self, tokens: list[int]) -> list[tuple]:
+        """What the slots of a request whose tokens so far are ``tokens`` (its own plus this step's proposals,
+        speculative decoding) hold once written: a proposal's K/V depends on the proposals before it too."""
+        bs, chain, out = self.block_size, [], []
+        for p, t in enumerate(tokens):
+            b = p // bs
+            while len(chain) < b:
+                i = len(chain)
+                chain.append(hash_block(chain[-1] if chain else None, tokens[i * bs:(i + 1) * bs]))
+            out.append((t, chain[b - 1] if b else None))
+        return out
+
     def held(self, block_ids: list[int], end: int, cache: dict | None = None) -> list:
         bs = self.block_size
         cache = self.gpu if cache is None else cache
@@ -63,15 +75,20 @@ class KVShadow:
         for cpu_block, gpu_block in out.blocks_to_swap_in:
             for o in range(bs):
                 self.gpu[gpu_block * bs + o] = self.cpu.get(cpu_block * bs + o)
+        wanted = {}
         for s in out.scheduled:
             request = requests[s.request_id]
-            for pos, token in zip(range(s.start_pos, s.seq_len), s.token_ids):
-                self.gpu[s.block_ids[pos // bs] * bs + pos % bs] = (token, self._parent(request, pos // bs))
+            if s.spec_token_ids:  # positions past the request's known tokens hold this step's proposals
+                assert s.seq_len == request.num_tokens + len(s.spec_token_ids)
+                wanted[s.request_id] = self.expected_with(request.all_token_ids + list(s.spec_token_ids))
+            else:
+                wanted[s.request_id] = self.expected(request, s.seq_len)
+            for pos, token in zip(range(s.start_pos, s.seq_len), s.token_ids):  # what the step really sent
+                self.gpu[s.block_ids[pos // bs] * bs + pos % bs] = (token, wanted[s.request_id][pos][1])
         reads = {}
         for s in out.scheduled:
             reads[s.request_id] = self.held(s.block_ids, s.seq_len)
-            assert reads[s.request_id] == self.expected(requests[s.request_id], s.seq_len), \
-                f"{s.request_id}: KV cache content wrong"
+            assert reads[s.request_id] == wanted[s.request_id], f"{s.request_id}: KV cache content wrong"
         return reads
 
     def garbage(self, out) -> None:
@@ -129,6 +146,12 @@ def check_scheduler(sched: Scheduler, out=None) -> None:
         assert not (pool.is_free(b) and b.ref_cnt > 0), f"block {b.block_id} free and referenced"
         assert pool.is_free(b) or b.ref_cnt > 0
     assert set(kv.req_to_blocks) <= {r.request_id for r in sched.running}
+    if out is None:  # between steps: a running request holds the blocks of its computed tokens, no more (a
+        # block that only rejected speculative tokens used is given back)
+        for r in sched.running:
+            held = len(kv.req_to_blocks.get(r.request_id, ()))
+            assert held == -(-r.num_computed_tokens // kv.block_size), \
+                f"{r.request_id}: holds {held} blocks for {r.num_computed_tokens} computed tokens"
     swapped = [b for r in sched.requests.values() for b in r.swapped_block_ids]
     assert len(swapped) == len(set(swapped)) == sched.swap_space.num_used_blocks
     for r in sched.requests.values():

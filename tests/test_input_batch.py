@@ -100,7 +100,7 @@ def test_forward_batch_matches_a_naive_rebuild(work, num_blocks, budget, prefix_
         out = sched.schedule()
         for for_triton, table in tables.items():
             check_batch(out, ForwardBatch.build(out, BS, "cpu", table, for_triton=for_triton), for_triton)
-        sched.update_from_output(out, {s.request_id: 3 + rng.randrange(40) for s in out.scheduled if s.sample})
+        sched.update_from_output(out, {s.request_id: [3 + rng.randrange(40)] for s in out.scheduled if s.sample})
         if rng.random() < 0.05 and sched.running:
             sched.finish_requests([rng.choice(sched.running).request_id], RequestStatus.FINISHED_ABORTED)
     assert not sched.has_unfinished_requests()

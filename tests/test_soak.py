@@ -1,7 +1,9 @@
 """Soak (issue 10, item 3): random workloads on random engines, the books and the cache checked after every step.
 
-Every policy, recompute and swap, prefix caching on and off, chunked prefill on and off, block_size 1 to 32,
-pools of 1 to 64 blocks, random arrivals, aborts, deadlines and failing steps (rolled back). After every
+Every policy (shortest-predicted-first included, with noisy predictions), recompute and swap, prefix caching on
+and off, chunked prefill on and off, speculative decoding (n-gram, k 1 to 8) on and off, predicted-length-aware
+admission on and off, block_size 1 to 32, pools of 1 to 64 blocks, random arrivals, aborts, deadlines and failing
+steps (rolled back). After every
 step: token budget, sequence slots, ref counts == block tables, nothing both free and referenced, swap blocks
 held once (``check_scheduler``); every computed token in its request's blocks and every prefix-cache entry
 holding the K/V its hash names (``KVShadow``); a sampled token within a bounded number of steps. At the end:
@@ -24,6 +26,7 @@ import pytest
 
 from minengine import EngineConfig, LLMEngine, SamplingParams
 from minengine.core.policies import POLICIES, PolicySettings
+from minengine.core.predictors import NoisyOraclePredictor
 from minengine.request import RequestStatus
 from tests.conftest import hf_greedy
 from tests.fake_engine import FakeEngine
@@ -36,11 +39,27 @@ NUM_FAKE = _N or SOAK_WORKLOADS
 NUM_ENGINE = max(SOAK_ENGINE_WORKLOADS, _N // 50) if _N else SOAK_ENGINE_WORKLOADS
 
 
+def random_spec_config(rng: random.Random) -> dict | None:
+    """Speculative decoding off (half the time) or a random n-gram config (k 1..8, n-grams 1..4)."""
+    if rng.random() < 0.5:
+        return None
+    lo = rng.randint(1, 3)
+    return {"method": "ngram", "num_speculative_tokens": rng.choice([1, 2, 4, 8]), "prompt_lookup_min": lo,
+            "prompt_lookup_max": rng.randint(lo, 4)}
+
+
+def random_predictor(rng: random.Random):
+    """None (the scheduler predicts max_tokens where it needs to) or a noisy oracle, sometimes far off."""
+    return None if rng.random() < 0.5 else NoisyOraclePredictor(rng.choice([0.0, 0.5, 2.0]), seed=rng.randrange(99))
+
+
 def random_engine_settings(rng: random.Random) -> dict:
     """One random engine: the FakeEngine's keyword arguments."""
     chunked = rng.random() < 0.75
     budget = rng.randint(1, 96)
     return dict(
+        speculative_config=random_spec_config(rng), predictor=random_predictor(rng),
+        reserve_predicted_kv=rng.random() < 0.25,
         policy=rng.choice(list(POLICIES)), preemption_mode=rng.choice(["recompute", "swap"]),
         prefix=rng.random() < 0.6, chunked=chunked, block_size=rng.choice([1, 2, 3, 4, 8, 16, 32]),
         num_blocks=rng.randint(1, 64), budget=budget, max_num_seqs=rng.randint(1, 8),
@@ -48,7 +67,8 @@ def random_engine_settings(rng: random.Random) -> dict:
         shrink=rng.random() < 0.3, max_model_len=10_000 if chunked else budget,
         settings=PolicySettings(prefill_decode_ratio=rng.choice([0.25, 1.0, 3.0]),
                                 splitfuse_target_tokens=rng.choice([None, rng.randint(1, budget)]),
-                                priority_aging_steps=rng.randint(0, 8)),
+                                priority_aging_steps=rng.randint(0, 8),
+                                predicted_length_aging_steps=rng.randint(0, 8)),
     )
 
 
@@ -73,8 +93,8 @@ def random_requests(rng: random.Random, capacity: int, max_model_len: int) -> li
     return out
 
 
-def alone(req: dict, block_size: int) -> list[int]:
-    eng = FakeEngine(num_blocks=512, block_size=block_size, budget=1024, max_model_len=10_000, content_sampling=True)
+def alone(req: dict, block_size: int, model: str = "hash") -> list[int]:
+    eng = FakeEngine(num_blocks=512, block_size=block_size, budget=1024, max_model_len=10_000, content_sampling=model)
     eng.add("x", req["prompt"], req["max_tokens"], eos=req["eos"])
     eng.run()
     return eng.finished[0].output_token_ids
@@ -83,7 +103,9 @@ def alone(req: dict, block_size: int) -> list[int]:
 def soak_one(seed: int) -> None:
     rng = random.Random(seed)
     cfg = random_engine_settings(rng)
-    eng = FakeEngine(content_sampling=True, **cfg)
+    # a repetitive fake model when speculating, most of the time, so proposals are accepted as well as rejected
+    model = "markov" if cfg["speculative_config"] and rng.random() < 0.7 else "hash"
+    eng = FakeEngine(content_sampling=model, **cfg)
     reqs = random_requests(rng, cfg["num_blocks"] * cfg["block_size"], cfg["max_model_len"])
     fail_rate = rng.choice([0.0, 0.0, 0.05, 0.2])
     pending = sorted(reqs, key=lambda r: r["arrive"])
@@ -117,7 +139,7 @@ def soak_one(seed: int) -> None:
         ended[r.request_id] = (r.status, list(r.output_token_ids))
     assert set(ended) == set(by_id), f"seed {seed}: not every request ended"
     for rid, (status, tokens) in ended.items():
-        ref = alone(by_id[rid], cfg["block_size"])
+        ref = alone(by_id[rid], cfg["block_size"], model)
         if status in (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_TIMEOUT):
             assert tokens == ref[:len(tokens)], f"seed {seed}: {rid} output differs from running alone"
         else:
@@ -160,7 +182,10 @@ def test_soak_engine(bundled_model, bundled_prompts, seed):
                           enable_prefix_caching=s["prefix"], scheduling_policy=s["policy"],
                           preemption_mode=s["preemption_mode"], swap_space_blocks=s["swap_blocks"],
                           shrink_prefill_chunks=s["shrink"], prefill_decode_ratio=s["settings"].prefill_decode_ratio,
-                          priority_aging_steps=s["settings"].priority_aging_steps)
+                          priority_aging_steps=s["settings"].priority_aging_steps,
+                          predicted_length_aging_steps=s["settings"].predicted_length_aging_steps,
+                          speculative_config=s["speculative_config"], output_length_predictor=s["predictor"],
+                          reserve_predicted_kv=s["reserve_predicted_kv"])
     if not s["chunked"]:
         config = EngineConfig(**{**config.__dict__, "max_num_batched_tokens": 256})
     clock = StepClock()

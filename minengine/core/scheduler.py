@@ -20,9 +20,11 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from minengine.core.kv_cache_manager import KVCacheManager
+from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.policies import PolicySettings, SchedulingPolicy, make_policy
+from minengine.core.predictors import OraclePredictor
 from minengine.core.scheduler_output import SchedulerOutput
+from minengine.core.spec_decode import NgramProposer, SpeculativeConfig
 from minengine.core.step_builder import StepBuilder, Undo
 from minengine.core.swap_space import SwapSpace
 from minengine.request import Request, RequestStatus
@@ -55,16 +57,25 @@ class Scheduler:
         swap_space_blocks: CPU swap blocks for "swap" mode (0: every preemption recomputes).
         shrink_prefill_chunks: the admission probe: shrink a new prefill chunk that does not fit to what
             fits (down to one block) instead of leaving the request waiting.
+        speculative_config: prompt-lookup speculative decoding (``core/spec_decode.py``; a
+            ``SpeculativeConfig``, a dict with vLLM's keys, or None = off): running decodes are scheduled with
+            up to k proposed tokens, and ``update_from_output`` takes the verified tokens.
+        predictor: an ``OutputLengthPredictor`` (``core/predictors.py``) that sets each added request's
+            ``predicted_output_len``; ``shortest-predicted-first`` without one predicts ``max_tokens``.
+        reserve_predicted_kv: predicted-length-aware admission (``StepBuilder.admit_next``): admit a request
+            only when the free blocks cover its prompt and predicted output beyond what the running requests'
+            predicted outputs still need.
 
     Raises:
-        ValueError: unknown policy or preemption mode, negative swap space.
+        ValueError: unknown policy or preemption mode, negative swap space, a bad ``speculative_config``.
     """
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
                  max_model_len: int, enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
                  *, policy: SchedulingPolicy | str = "decode-first", policy_settings: PolicySettings | None = None,
                  preemption_mode: str = "recompute", swap_space_blocks: int = 0,
-                 shrink_prefill_chunks: bool = False):
+                 shrink_prefill_chunks: bool = False, speculative_config=None, predictor=None,
+                 reserve_predicted_kv: bool = False):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
         self.kv = kv_cache_manager
@@ -77,6 +88,12 @@ class Scheduler:
         self.preemption_mode = preemption_mode
         self.swap_space = SwapSpace(swap_space_blocks if preemption_mode == "swap" else 0)
         self.shrink_prefill_chunks = shrink_prefill_chunks
+        self.speculative_config = SpeculativeConfig.from_any(speculative_config)
+        self.proposer = NgramProposer(self.speculative_config) if self.speculative_config else None
+        if predictor is None and (self.policy.needs_predictor or reserve_predicted_kv):
+            predictor = OraclePredictor()  # max_tokens: exact when requests run to max_tokens (ignore_eos)
+        self.predictor = predictor
+        self.reserve_predicted_kv = reserve_predicted_kv
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # in admission order
@@ -91,6 +108,8 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use by an unfinished request")
         request.arrival_step = self.num_steps
+        if self.predictor is not None:
+            request.predicted_output_len = self.predictor.predict(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
 
@@ -214,15 +233,23 @@ class Scheduler:
         self.num_steps -= 1
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
-                           sampled_token_ids: dict[str, int]) -> tuple[list[Request], list[Request]]:
-        """Advance ``num_computed_tokens``, append sampled tokens and stop finished requests.
+                           sampled_token_ids: dict[str, list[int]]) -> tuple[list[Request], list[Request]]:
+        """Commit the step: advance ``num_computed_tokens``, append the sampled tokens, stop finished requests.
+
+        A request that verified proposals gets its accepted proposals and one token of the sampler's own
+        (1 + accepted tokens in all); its ``num_computed_tokens`` advances by that count (the K/V of the
+        accepted proposals was written by this step), the K/V slots of the rejected ones are left to be
+        overwritten later, and a block that only rejected proposals used is freed now. Tokens are appended one
+        at a time, each checked for a stop (length, EOS, stop token ids): the rest of the list is dropped.
 
         Args:
             scheduler_output: the step that just ran.
-            sampled_token_ids: request id -> sampled token, for every scheduled request with ``sample``.
+            sampled_token_ids: request id -> the tokens to append, for every scheduled request with ``sample``
+                (``[token]``, or with proposals ``accepted proposals + [token]``; a caller may cut the list
+                after a stop string, which finishes the request).
 
         Returns:
-            (requests that got a new token, requests that finished this step).
+            (requests that got new tokens, requests that finished this step).
         """
         if self._open_step is not None and self._open_step.out is scheduler_output:
             self._open_step = None
@@ -232,15 +259,36 @@ class Scheduler:
             request = self.requests.get(s.request_id)
             if request is None:  # aborted while the step ran
                 continue
-            request.num_computed_tokens += s.num_new_tokens
             if not s.sample:
+                request.num_computed_tokens += s.num_new_tokens
                 continue
-            request.output_token_ids.append(sampled_token_ids[s.request_id])
+            tokens = sampled_token_ids[s.request_id]
+            if s.spec_token_ids:  # computed: the decode's own token and the accepted proposals
+                request.num_computed_tokens += len(tokens)
+                self.kv.truncate(request, cdiv(request.num_computed_tokens, self.kv.block_size))
+            else:
+                request.num_computed_tokens += s.num_new_tokens
             got_token.append(request)
-            status = self._check_stop(request)
-            if status is not None:
-                finished.extend(self.finish_requests([request.request_id], status))
+            for token in tokens:
+                request.output_token_ids.append(token)
+                status = self._check_stop(request)
+                if status is not None:
+                    finished.extend(self.finish_requests([request.request_id], status))
+                    break
         return got_token, finished
+
+    def num_tokens_before_stop(self, request: Request, tokens: list[int]) -> int:
+        """How many of ``tokens`` ``update_from_output`` would append to ``request`` before it stops (the
+        stopping token included): what the detokenizer may see. Pure: changes nothing."""
+        if len(tokens) == 1:
+            return 1
+        params, n_out, n_all = request.sampling_params, request.num_output_tokens, request.num_tokens
+        for i, token in enumerate(tokens, start=1):
+            if (n_all + i >= self.max_model_len or n_out + i >= params.max_tokens or token in params.stop_token_ids
+                    or (not params.ignore_eos and request.eos_token_id is not None
+                        and token == request.eos_token_id)):
+                return i
+        return len(tokens)
 
     def _check_stop(self, request: Request) -> RequestStatus | None:
         """vLLM's order: length first, then EOS, then stop token ids."""

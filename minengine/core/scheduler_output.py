@@ -25,6 +25,9 @@ class ScheduledRequest:
         output_index: how many tokens the request has generated so far (the index of the token to sample).
         prompt_token_ids, output_token_ids: the request's tokens so far, read-only, for the sampler's
             penalties and prompt logprobs (the request's own lists: no copy per step).
+        spec_token_ids: speculative decoding: the proposed tokens, the last ``len(spec_token_ids)`` of
+            ``token_ids`` (a decode's ``token_ids`` is then ``[latest token] + spec_token_ids``); the sampler
+            verifies all of them in this step (``core/spec_decode.py``). Empty for every other request.
     """
 
     request_id: str
@@ -37,10 +40,22 @@ class ScheduledRequest:
     output_index: int
     prompt_token_ids: Sequence[int] = field(default=(), repr=False, compare=False)
     output_token_ids: Sequence[int] = field(default=(), repr=False, compare=False)
+    spec_token_ids: Sequence[int] = ()
 
     @property
     def num_new_tokens(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def num_spec_tokens(self) -> int:
+        """Speculative (proposed) tokens among ``token_ids``."""
+        return len(self.spec_token_ids)
+
+    @property
+    def num_sampled(self) -> int:
+        """Positions whose logits go through the LM head and the sampler: 0 for an intermediate prefill chunk,
+        1 for a normal step, 1 + k for a decode verifying k proposals (what ``minengine.timing`` costs)."""
+        return 1 + len(self.spec_token_ids) if self.sample else 0
 
     @property
     def seq_len(self) -> int:
@@ -64,6 +79,8 @@ class SchedulerOutput:
             space BEFORE the forward (the GPU blocks may be reused by this very step).
         blocks_to_swap_in: (CPU swap block id, GPU block id) pairs the runner copies back, after the
             swap-outs and before the forward (vLLM v0's ``blocks_to_swap_in`` / ``blocks_to_swap_out``).
+        num_spec_tokens: speculative tokens in the step (the sum of the requests' ``num_spec_tokens``), so the
+            runner knows at once whether any position beyond each request's last one is sampled.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -74,6 +91,7 @@ class SchedulerOutput:
     readmission_hit_tokens: int = 0
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    num_spec_tokens: int = 0
 
     @property
     def num_scheduled_tokens(self) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from minengine.core.kv_cache_manager import cdiv
 from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minengine.request import Request, RequestStatus
 
@@ -61,7 +62,9 @@ class StepBuilder:
         self.out = SchedulerOutput()
         self._scheduled: list[tuple[Request, int]] = []
         self._num_new: dict[str, int] = {}  # request id -> tokens scheduled for it in this step
+        self._spec: dict[str, list[int]] = {}  # request id -> its proposals in this step (speculative decoding)
         self.undo: list[Undo] = []
+        self._reserved: int | None = None  # reserve_predicted_kv: blocks the running requests still need
 
     # ---- what the policy can look at ------------------------------------------------------------------
     def is_scheduled(self, request: Request) -> bool:
@@ -94,6 +97,12 @@ class StepBuilder:
         if num_new <= 0:
             return 0
         undo = Undo.of(request, len(self.kv.req_to_blocks.get(request.request_id, ())))
+        if self.scheduler.proposer is not None and num_new == 1 and request.is_decode:
+            spec = self._speculate(request, limit)
+            if spec:
+                self._spec[request.request_id] = spec
+                self._add(request, 1 + len(spec), undo)
+                return 1 + len(spec)
         while self.kv.allocate_slots(request, num_new) is None:
             victim = self.policy.pick_victim(self.unscheduled_running(), self.step_index)
             self.scheduler.preempt(victim, self.out)
@@ -101,6 +110,25 @@ class StepBuilder:
                 return 0
         self._add(request, num_new, undo)
         return num_new
+
+    def _speculate(self, request: Request, limit: int) -> list[int]:
+        """Proposals for a decode (``core/spec_decode.py``) and their KV slots, or [] (then it decodes plainly).
+
+        At most what the step's ``limit`` leaves beside the decode's own token, and never more than the request
+        may still generate (``max_tokens``, ``max_model_len``: the verified step appends up to 1 + proposals).
+        Speculation uses only FREE blocks: the proposals are cut to the slots the request's blocks and the free
+        blocks hold, so they never preempt anybody (vLLM v1 would preempt for them)."""
+        sched, bs = self.scheduler, self.kv.block_size
+        room = min(limit, sched.max_model_len - request.num_tokens,
+                   request.sampling_params.max_tokens - request.num_output_tokens) - 1
+        if room <= 0:
+            return []
+        held = len(self.kv.req_to_blocks.get(request.request_id, ()))
+        room = min(room, (held + self.kv.num_free_blocks) * bs - request.num_computed_tokens - 1)
+        spec = sched.proposer.propose(request, room) if room > 0 else []
+        if spec and self.kv.allocate_slots(request, 1 + len(spec)) is None:
+            raise RuntimeError("speculative allocation failed after the free-block check")  # a bug guard
+        return spec
 
     def run_all(self, requests: Iterable[Request], cap: int | None = None) -> int:
         """``run`` each request in order while the budget (and ``cap`` tokens in all) lasts; requests
@@ -134,6 +162,8 @@ class StepBuilder:
         free = self.kv.num_free_blocks
         if reserve_running:
             free -= self.blocks_for_next_token(sched.running)
+        if sched.reserve_predicted_kv and not self._fits_predicted(request, free):
+            return 0
         undo = Undo.of(request, 0)
         if request.swapped_block_ids:
             num_new = self._swap_in(request, limit, free)
@@ -146,6 +176,8 @@ class StepBuilder:
         sched.running.append(request)
         self.out.admitted_ids.append(request.request_id)
         self._add(request, num_new, undo)
+        if self._reserved is not None:
+            self._reserved += self._predicted_need(request)
         return num_new
 
     def admit_all(self, cap: int | None = None, reserve_running: bool = False) -> int:
@@ -212,6 +244,33 @@ class StepBuilder:
             raise RuntimeError("swap-in allocation failed after the free-block check")  # a bug guard
         return num_new
 
+    # ---- predicted-length-aware admission -------------------------------------------------------------
+    def predicted_blocks(self, request: Request) -> int:
+        """KV blocks ``request`` will hold at its predicted end: prompt + predicted output (at least one more
+        token than it has, at most ``max_model_len``)."""
+        predicted = request.predicted_output_len
+        if predicted is None:
+            predicted = request.sampling_params.max_tokens
+        final = request.num_prompt_tokens + max(predicted, request.num_output_tokens + 1)
+        return cdiv(min(final, self.scheduler.max_model_len), self.kv.block_size)
+
+    def _predicted_need(self, request: Request) -> int:
+        """Blocks ``request`` is predicted to take beyond those it holds."""
+        return max(0, self.predicted_blocks(request) - len(self.kv.req_to_blocks.get(request.request_id, ())))
+
+    def _fits_predicted(self, request: Request, free: int) -> bool:
+        """``reserve_predicted_kv``: admit ``request`` only when ``free`` blocks cover its predicted blocks
+        beyond what the running requests are predicted to need still ("predict the output length, allocate
+        for it": S3, Jin et al., NeurIPS 2023), so that fewer running requests are preempted later. A request
+        predicted too short is admitted too early and may be preempted (or make others be) when it outgrows
+        its prediction. With nothing running, a request is always admitted (else one predicted longer than the
+        pool would wait forever)."""
+        if not self.scheduler.running:
+            return True
+        if self._reserved is None:  # once per step; admissions then add their own need
+            self._reserved = sum(self._predicted_need(r) for r in self.scheduler.running)
+        return free - self._reserved >= self.predicted_blocks(request)
+
     def blocks_for_next_token(self, requests: Iterable[Request]) -> int:
         """New blocks these running requests need to compute one more token each beyond what this step
         already gives them: a decode's need for one not yet scheduled, and for one scheduled in this step, the
@@ -239,17 +298,27 @@ class StepBuilder:
         self.undo.append(undo)
         self.budget -= num_new
         request.last_scheduled_step = self.step_index
-        # the blocks this chunk completes: indexed in the prefix cache only once the step has really run
-        self.kv.stage_full_blocks(request, request.num_computed_tokens + num_new)
+        # The blocks this chunk completes: indexed in the prefix cache only once the step has really run. Only
+        # known tokens count: a block holding a proposal is never staged (it may be rejected).
+        num_spec = len(self._spec.get(request.request_id, ())) if self._spec else 0
+        self.kv.stage_full_blocks(request, request.num_computed_tokens + num_new - num_spec)
 
     def build(self) -> SchedulerOutput:
         """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order."""
+        specs = self._spec
         for request, num_new in self._scheduled:
             start = request.num_computed_tokens
             end = start + num_new
+            spec = specs.get(request.request_id) if specs else None
+            if spec:  # a decode verifying proposals: its latest token, then the proposals
+                end -= len(spec)
+                self.out.num_spec_tokens += len(spec)
+                token_ids = request.token_ids_slice(start, end) + spec
+            else:
+                token_ids = request.token_ids_slice(start, end)
             self.out.scheduled.append(ScheduledRequest(
                 request_id=request.request_id,
-                token_ids=request.token_ids_slice(start, end),
+                token_ids=token_ids,
                 start_pos=start,
                 block_ids=self.kv.get_block_ids(request.request_id),
                 sample=end == request.num_tokens,
@@ -258,5 +327,6 @@ class StepBuilder:
                 output_index=request.num_output_tokens,
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
+                spec_token_ids=spec or (),
             ))
         return self.out

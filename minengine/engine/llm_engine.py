@@ -122,12 +122,16 @@ class LLMEngine:
         self.num_swap_blocks = swap_blocks
         settings = PolicySettings(prefill_decode_ratio=config.prefill_decode_ratio,
                                   splitfuse_target_tokens=config.splitfuse_target_tokens,
-                                  priority_aging_steps=config.priority_aging_steps)
+                                  priority_aging_steps=config.priority_aging_steps,
+                                  predicted_length_aging_steps=config.predicted_length_aging_steps)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.max_model_len, config.enable_chunked_prefill,
                                    config.long_prefill_token_threshold, policy=config.scheduling_policy,
                                    policy_settings=settings, preemption_mode=config.preemption_mode,
-                                   swap_space_blocks=swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks)
+                                   swap_space_blocks=swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks,
+                                   speculative_config=config.speculative_config,
+                                   predictor=config.output_length_predictor,
+                                   reserve_predicted_kv=config.reserve_predicted_kv)
         if runner is None:
             from minengine.worker.model_runner import ModelRunner
 
@@ -146,7 +150,8 @@ class LLMEngine:
             config.served_model_name, config.max_model_len,
             {"block_size": str(config.block_size), "num_gpu_blocks": str(num_blocks),
              "num_cpu_blocks": str(swap_blocks), "enable_prefix_caching": str(config.enable_prefix_caching),
-             "cache_dtype": config.dtype})
+             "cache_dtype": config.dtype},
+            num_speculative_tokens=config.speculative_config.num_speculative_tokens if config.speculative_config else 0)
         self._record_state()
 
     def _load_model(self, config: EngineConfig) -> tuple[str, int]:
@@ -416,14 +421,16 @@ class LLMEngine:
 
         try:  # everything that may fail, before anything is committed
             sampled = self.runner.execute(sched)
-            detoks = {s.request_id: self._detok[s.request_id].advanced(sampled[s.request_id])
-                      for s in sched.scheduled if s.sample}
+            kept, detoks = self._detokenize(sched, sampled)
         except BaseException:
             self.scheduler.rollback(sched)
             self.clock.end_step(SchedulerOutput())  # the step did not happen: it costs no modelled time
             raise
-        self.output_processor.record_logprobs(self.runner.last_logprobs, self.runner.last_prompt_logprobs)
-        got_token, finished = self.scheduler.update_from_output(sched, sampled)
+        logprobs = self.runner.last_logprobs
+        if logprobs and sched.num_spec_tokens:  # only the tokens kept (a stop may end a run of accepted ones)
+            logprobs = {rid: lps[:len(kept[rid])] for rid, lps in logprobs.items() if rid in kept}
+        self.output_processor.record_logprobs(logprobs, self.runner.last_prompt_logprobs)
+        got_token, finished = self.scheduler.update_from_output(sched, kept)
         self.clock.end_step(sched)  # a modelled clock advances by this step's cost here
         now = self.clock()
 
@@ -440,6 +447,9 @@ class LLMEngine:
             else:
                 m.itls.append(now - request.token_times[-1])
             request.token_times.append(now)
+            for _ in range(len(kept[request.request_id]) - 1):  # accepted proposals: arrive together, gap 0
+                m.itls.append(0.0)
+                request.token_times.append(now)
             m.num_output_tokens = request.num_output_tokens
             detok = self._detok[request.request_id] = detoks[request.request_id]
             if detok.stop_reason is not None:
@@ -465,6 +475,9 @@ class LLMEngine:
         self.traces.append(StepTrace(
             step=self.num_steps, start_time=start, end_time=now, token_budget=self.config.max_num_batched_tokens,
             chunks=[ScheduledChunk(s.request_id, s.num_new_tokens, s.start_pos, s.is_prefill, s.sample)
+                    if not s.spec_token_ids else
+                    ScheduledChunk(s.request_id, s.num_new_tokens, s.start_pos, s.is_prefill, s.sample,
+                                   s.num_spec_tokens, len(sampled[s.request_id]) - 1)
                     for s in sched.scheduled],
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
             num_free_blocks=num_free, num_cached_free_blocks=num_cached_free, num_total_blocks=self.num_kv_blocks,
@@ -477,8 +490,32 @@ class LLMEngine:
             **trace_blocks,
         ))
         self.num_steps += 1
-        self._record_stats(self.traces[-1], got_token, [r for r, _ in timed_out] + finished)
+        self._record_stats(self.traces[-1], got_token, [r for r, _ in timed_out] + finished,
+                           {rid: len(tokens) for rid, tokens in kept.items()} if sched.num_spec_tokens else None)
         return outputs
+
+    def _detokenize(self, sched: SchedulerOutput, sampled: dict[str, list[int]]) -> tuple[dict, dict]:
+        """The tokens each sampling request keeps and its detokenizer after them (new objects: nothing is
+        committed here). A request keeps its tokens up to the first stop (length, EOS, stop token ids: the
+        scheduler's rules) and up to the token that completes a stop string: with speculative decoding a
+        step may bring several tokens, and none after a stop may reach the output."""
+        kept, detoks = {}, {}
+        for s in sched.scheduled:
+            if not s.sample:
+                continue
+            rid = s.request_id
+            tokens, detok = sampled[rid], self._detok[rid]
+            if len(tokens) == 1:
+                kept[rid], detoks[rid] = tokens, detok.advanced(tokens[0])
+                continue
+            tokens = tokens[:self.scheduler.num_tokens_before_stop(self.scheduler.requests[rid], tokens)]
+            for i, token in enumerate(tokens):
+                detok = detok.advanced(token)
+                if detok.stop_reason is not None:
+                    tokens = tokens[:i + 1]
+                    break
+            kept[rid], detoks[rid] = tokens, detok
+        return kept, detoks
 
     def _take_undelivered(self) -> list[tuple[Request, str]]:
         done, self._undelivered = self._undelivered, []
@@ -494,11 +531,13 @@ class LLMEngine:
             done.append((request, self._detok.pop(request.request_id).text(True)))
         return done
 
-    def _record_stats(self, trace: StepTrace | None, got_token: list[Request], finished: list[Request]) -> None:
-        """Update the Prometheus series after a step (not with ``disable_log_stats``)."""
+    def _record_stats(self, trace: StepTrace | None, got_token: list[Request], finished: list[Request],
+                      num_new_tokens: dict[str, int] | None = None) -> None:
+        """Update the Prometheus series after a step (not with ``disable_log_stats``; ``num_new_tokens``: tokens
+        per request when a request got more than one, with speculative decoding)."""
         if not self.log_stats:
             return
-        self.stat_logger.record_step(trace, got_token, self.request_metrics)
+        self.stat_logger.record_step(trace, got_token, self.request_metrics, num_new_tokens)
         self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
                                          for r in finished)
         # Without finished requests no block was freed after scheduling: the trace's count is still exact.

@@ -101,15 +101,17 @@ class OutputProcessor:
                 out[tid] = Logprob(logprob=value, rank=rank, decoded_token=self._decode(tid))
         return out
 
-    def record_logprobs(self, sampled: dict[str, TokenLogprobs],
+    def record_logprobs(self, sampled: dict[str, list[TokenLogprobs]],
                         prompt: dict[str, tuple[int, list[TokenLogprobs]]]) -> None:
-        """Append a step's logprobs: of the sampled tokens, and of the prompt tokens its chunks scored (a
-        re-prefill after a recompute preemption scores them again: kept once)."""
-        for rid, lp in sampled.items():
+        """Append a step's logprobs: of the tokens each request got (one, or several with speculative
+        decoding), and of the prompt tokens its chunks scored (a re-prefill after a recompute preemption scores
+        them again: kept once)."""
+        for rid, lps in sampled.items():
             state = self.states.get(rid)
             if state is not None and state.logprobs is not None:
-                state.logprobs.append(self._position(lp))
-                state.cumulative_logprob += lp.logprobs[0]
+                for lp in lps:
+                    state.logprobs.append(self._position(lp))
+                    state.cumulative_logprob += lp.logprobs[0]
         for rid, (start, positions) in prompt.items():
             state = self.states.get(rid)
             if state is None or state.prompt_logprobs is None:

@@ -50,12 +50,16 @@ class PrometheusStatLogger:
         model_name: the ``model_name`` label (the served model name).
         max_model_len: top of the token-count buckets (tokens).
         cache_info: labels of ``vllm:cache_config_info`` (block_size, num_gpu_blocks, ...).
+        num_speculative_tokens: k of speculative decoding; when > 0 the four ``vllm:spec_decode_*`` counters
+            exist (as in vLLM, only with a ``speculative_config``), ``..._num_accepted_tokens_per_pos`` with a
+            ``position`` label 0..k-1.
 
     Attributes:
         registry: the ``CollectorRegistry`` holding every series.
     """
 
-    def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str] | None = None):
+    def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str] | None = None,
+                 num_speculative_tokens: int = 0):
         self.registry = CollectorRegistry()
         names, values = ["model_name", "engine"], [model_name, "0"]
         reg = self.registry
@@ -111,6 +115,15 @@ class PrometheusStatLogger:
             info = {"engine": "0", **cache_info}
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
                   registry=reg).labels(**info).set(1)
+        self.spec_drafts = self.spec_draft_tokens = self.spec_accepted_tokens = None
+        self.spec_accepted_per_pos: list = []
+        if num_speculative_tokens > 0:  # vLLM's SpecDecodingProm
+            self.spec_drafts = counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+            self.spec_draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+            self.spec_accepted_tokens = counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+            per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                              names + ["position"], registry=reg)
+            self.spec_accepted_per_pos = [per_pos.labels(*values, str(i)) for i in range(num_speculative_tokens)]
         # minengine's own
         self.swapped = gauge("minengine:num_requests_swapped", "Requests whose KV blocks are in the CPU swap space.")
         self.free_blocks = gauge("minengine:num_free_blocks", "KV blocks no request holds (cached ones included).")
@@ -142,18 +155,29 @@ class PrometheusStatLogger:
         self.last_cached_free_blocks = num_cached_free_blocks
 
     def record_step(self, trace: StepTrace | None, got_token: Iterable[Request],
-                    metrics: dict[str, RequestMetrics]) -> None:
-        """One step: its trace (None when nothing was scheduled) and the requests that got a token."""
+                    metrics: dict[str, RequestMetrics], num_new_tokens: dict[str, int] | None = None) -> None:
+        """One step: its trace (None when nothing was scheduled), the requests that got tokens and how many
+        each got (``num_new_tokens``; 1 when absent). The inter-token latency is observed once per request per
+        step, as vLLM does, also when speculative decoding brought several tokens at once."""
         for request in got_token:
             m = metrics[request.request_id]
-            if request.num_output_tokens == 1:  # its first token: the prompt is done
+            n = num_new_tokens.get(request.request_id, 1) if num_new_tokens else 1
+            if request.num_output_tokens == n:  # its first token: the prompt is done
                 self.prompt_tokens.inc(request.num_prompt_tokens)
                 self.ttft.observe(m.ttft)
-            elif m.itls:
-                self.itl.observe(m.itls[-1])
-            self.generation_tokens.inc()
+            elif len(m.itls) >= n:
+                self.itl.observe(m.itls[-n])  # the gap before this step's first token
+            self.generation_tokens.inc(n)
         if trace is None:
             return
+        if self.spec_drafts is not None:
+            for c in trace.chunks:
+                if c.num_spec_tokens:
+                    self.spec_drafts.inc()
+                    self.spec_draft_tokens.inc(c.num_spec_tokens)
+                    self.spec_accepted_tokens.inc(c.num_accepted_tokens)
+                    for pos in range(min(c.num_accepted_tokens, len(self.spec_accepted_per_pos))):
+                        self.spec_accepted_per_pos[pos].inc()
         self.steps.inc()
         self.iteration_tokens.observe(trace.num_scheduled_tokens)
         self.prefill_tokens.inc(trace.num_prefill_tokens)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from minengine.core.spec_decode import SpecDecodeStats
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestMetrics
 
@@ -29,7 +30,12 @@ class ServingSummary:
 
     ``prefix_queried_tokens`` / ``prefix_hit_tokens`` / ``prefix_hit_rate`` count each request's first
     admission only (as vLLM since PR #25787); ``readmission_hit_tokens`` are the tokens recompute-preempted
-    requests got back from the prefix cache on re-admission (recompute work the cache saved)."""
+    requests got back from the prefix cache on re-admission (recompute work the cache saved).
+
+    Speculative decoding: ``spec_num_drafts`` (request-steps that carried proposals), ``spec_draft_tokens``
+    (proposed), ``spec_accepted_tokens`` (accepted), ``spec_acceptance_rate`` (accepted / proposed) and
+    ``spec_mean_acceptance_length`` (1 + accepted / drafts: tokens per drafted decode, vLLM's "mean acceptance
+    length"); the last two NaN without speculation."""
 
     num_requests: int
     num_steps: int
@@ -60,6 +66,11 @@ class ServingSummary:
     swap_time_s: float = 0.0
     num_timeouts: int = 0
     readmission_hit_tokens: int = 0
+    spec_num_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_acceptance_rate: float = math.nan
+    spec_mean_acceptance_length: float = math.nan
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -88,6 +99,10 @@ class ServingSummary:
             rows.append(("re-admission prefix hit tokens", f"{self.readmission_hit_tokens}"))
         if self.num_timeouts:
             rows.append(("timeouts", f"{self.num_timeouts}"))
+        if self.spec_num_drafts:
+            rows.append(("speculative: accepted / proposed", f"{self.spec_accepted_tokens} / "
+                         f"{self.spec_draft_tokens} ({self.spec_acceptance_rate:.1%}), mean acceptance length "
+                         f"{self.spec_mean_acceptance_length:.2f}"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -102,6 +117,7 @@ def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blo
     out_tokens = sum(m.num_output_tokens for m in done)
     prompt_tokens = sum(m.num_prompt_tokens for m in done)
     duration = (max(m.finished_time for m in done) - min(m.arrival_time for m in done)) if done else 0.0
+    spec = SpecDecodeStats.of_steps(traces)
     queried = sum(t.prefix_queried_tokens for t in traces)
     hit = sum(t.prefix_hit_tokens for t in traces)
     return ServingSummary(
@@ -121,4 +137,7 @@ def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blo
         swap_time_s=sum(t.swap_time_s for t in traces),
         num_timeouts=sum(m.finish_reason == "timeout" for m in done),
         readmission_hit_tokens=sum(t.readmission_hit_tokens for t in traces),
+        spec_num_drafts=spec.num_drafts, spec_draft_tokens=spec.num_draft_tokens,
+        spec_accepted_tokens=spec.num_accepted_tokens, spec_acceptance_rate=spec.acceptance_rate,
+        spec_mean_acceptance_length=spec.mean_acceptance_length,
     )

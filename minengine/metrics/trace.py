@@ -7,13 +7,24 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class ScheduledChunk:
-    """One request's part of a step: ``num_tokens`` tokens from position ``start_pos``."""
+    """One request's part of a step: ``num_tokens`` tokens from position ``start_pos``.
+
+    Speculative decoding: the last ``num_spec_tokens`` of the ``num_tokens`` were proposals, of which the model
+    accepted the first ``num_accepted_tokens`` (the rest were rejected); ``num_tokens - num_spec_tokens`` is 1,
+    the decode's own token. Both 0 for every other chunk.
+    """
 
     request_id: str
     num_tokens: int
     start_pos: int
     is_prefill: bool
     sampled: bool
+    num_spec_tokens: int = 0
+    num_accepted_tokens: int = 0
+
+    @property
+    def num_rejected_tokens(self) -> int:
+        return self.num_spec_tokens - self.num_accepted_tokens
 
 
 @dataclass
@@ -69,6 +80,16 @@ class StepTrace:
     @property
     def num_scheduled_tokens(self) -> int:
         return sum(c.num_tokens for c in self.chunks)
+
+    @property
+    def num_spec_tokens(self) -> int:
+        """Speculative tokens proposed in this step (all requests)."""
+        return sum(c.num_spec_tokens for c in self.chunks)
+
+    @property
+    def num_accepted_tokens(self) -> int:
+        """Speculative tokens accepted in this step (all requests)."""
+        return sum(c.num_accepted_tokens for c in self.chunks)
 
     @property
     def num_used_blocks(self) -> int:

@@ -84,9 +84,10 @@ class ForwardBatch:
         slot_mapping: [T] int64, ``block_id * block_size + position % block_size``: where its K/V is written.
         query_start_loc: [B + 1] int32, prefix sums of the new tokens per request (batch order).
         seq_lens: [B] int32, tokens with K/V in the cache after this step (context + new), batch order.
-        logits_indices: [S] int64, the row of the last new token of each sampling request, in the
-            scheduler's order of the sampling requests; only these rows go through the LM head, so
-            intermediate prefill chunks cost no logits.
+        logits_indices: [R] int64, the rows whose logits are sampled, sampling request after sampling request
+            in the scheduler's order: the row of each one's last new token (R = S), and for a decode verifying
+            k proposals its last k + 1 rows (``ScheduledRequest.num_sampled``); only these rows go through the
+            LM head, so intermediate prefill chunks cost no logits.
         batch_order: [B] int64 numpy, the scheduler index of each request in batch order.
         first_rows: [B] int64 numpy, per request in the scheduler's order, the row of its first new token.
         block_size: tokens per KV block.
@@ -166,6 +167,11 @@ class ForwardBatch:
         where = np.empty(num_reqs, dtype=np.int64)
         where[order] = np.arange(num_reqs)
         logits_indices = query_start_loc[where[np.flatnonzero(sample)] + 1] - 1
+        if scheduler_output.num_spec_tokens:  # speculative decodes: their last 1 + k rows, in order
+            num_sampled = np.fromiter((s.num_sampled for s in scheduled if s.sample), np.int64, len(logits_indices))
+            first = logits_indices - num_sampled + 1
+            logits_indices = (np.repeat(first - np.cumsum(num_sampled) + num_sampled, num_sampled)
+                              + np.arange(int(num_sampled.sum())))
 
         def t(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)

@@ -38,9 +38,10 @@ class ModelRunner:
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
-        last_logprobs: {request_id: TokenLogprobs} of the tokens the last ``execute`` sampled, for requests
-            with ``logprobs``; last_prompt_logprobs: {request_id: (first prompt index, [TokenLogprobs])} of
-            the prompt tokens its prefill chunks scored, for requests with ``prompt_logprobs``.
+        last_logprobs: {request_id: [TokenLogprobs of each token it got]} of the last ``execute``, for
+            requests with ``logprobs``; last_prompt_logprobs: {request_id: (first prompt index,
+            [TokenLogprobs])} of the prompt tokens its prefill chunks scored, for requests with
+            ``prompt_logprobs``.
         block_table: the running requests' block tables, kept between steps (``BlockTable``).
     """
 
@@ -74,7 +75,7 @@ class ModelRunner:
         self.swap_space = CpuSwapSpace(num_swap_blocks, len(self.kv_caches), block_size, model.num_kv_heads,
                                        model.head_dim, self.dtype)
         self.last_swap_time_s = 0.0
-        self.last_logprobs: dict[str, TokenLogprobs] = {}
+        self.last_logprobs: dict[str, list[TokenLogprobs]] = {}
         self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
         self.graphs = None
         if cuda_graphs:
@@ -84,8 +85,11 @@ class ModelRunner:
             self.graphs.capture_all()  # at start-up, not in the middle of serving (a no-op without CUDA)
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
-        """Compute one step; returns {request_id: sampled token id} for the requests that sample.
+    def execute(self, scheduler_output: SchedulerOutput) -> dict[str, list[int]]:
+        """Compute one step; returns {request_id: the tokens it gets} for the requests that sample: one token,
+        or for a decode verifying k proposals its accepted proposals plus one (1 to k + 1 tokens, see
+        ``Sampler``). Speculative steps run eagerly (a CUDA graph replays decode-only steps of one token per
+        request).
 
         The step's swap-outs and swap-ins are copied first: the forward may overwrite swapped-out blocks and
         reads swapped-in ones."""

@@ -154,44 +154,96 @@ def _needs_processing(p: SamplingParams, output_index: int) -> bool:
 
 
 class Sampler:
-    """Turns the logits of the sampling requests into token ids (and logprobs where asked).
+    """Turns the logits of the sampling requests into token ids (and logprobs where asked), and verifies
+    speculative proposals.
+
+    A request without proposals has one row and gets one token. A request verifying k proposals
+    (``ScheduledRequest.spec_token_ids``) has k + 1 rows, row i holding the logits after its first i proposals.
+    Row by row, the sampler takes the token it would have taken without speculation at that position (argmax
+    for greedy; for the others a draw from the processed distribution, with the same per-token generator
+    ``(seed, output_index + i)`` as without speculation, and penalties and ``min_tokens`` counting the proposals
+    before row i as generated), and goes on while that token equals the proposal. So the request gets the
+    accepted proposals plus one token of the sampler's own (the correction at the first mismatch, or the bonus
+    token after k accepted ones), exactly the tokens it would have generated one step at a time: token-identical
+    under greedy and under seeded sampling. For a draft that proposes one token with certainty this is the
+    rejection sampling of speculative sampling (Leviathan et al., ICML 2023, section 2.3; Chen et al. 2023,
+    algorithm 2): the proposal is kept with probability p(proposal) = min(1, p / q) for q = 1, and a rejection
+    draws from the residual ``norm(max(0, p - q))``, which is p without the proposal, as the draw does here.
 
     Args:
         seed: seeds the shared generator used by requests without their own seed.
 
     Attributes:
-        last_logprobs: {request_id: TokenLogprobs of the sampled token} of the last call, for the requests
+        last_logprobs: {request_id: [TokenLogprobs of each token it got]} of the last call, for the requests
             with ``logprobs`` set.
     """
 
     def __init__(self, seed: int = 0):
         self.generator = torch.Generator().manual_seed(seed)
-        self.last_logprobs: dict[str, TokenLogprobs] = {}
+        self.last_logprobs: dict[str, list[TokenLogprobs]] = {}
 
-    def __call__(self, logits: torch.Tensor, requests: list[ScheduledRequest]) -> list[int]:
-        """logits: [S, V] float32, one row per sampling request, in ``requests`` order -> S token ids."""
+    def __call__(self, logits: torch.Tensor, requests: list[ScheduledRequest]) -> list[list[int]]:
+        """logits: [R, V] float32, ``num_sampled`` rows per request (one, or k + 1 with k proposals), in
+        ``requests`` order -> per request the tokens it gets this step (1 to k + 1)."""
         logits = logits.float().cpu()
-        tokens = logits.argmax(-1).tolist()  # greedy requests without penalties keep these
-        for row, s in enumerate(requests):
-            p = s.sampling_params
-            if not _needs_processing(p, s.output_index):
-                continue
-            x = process_logits(logits[row], p, s.prompt_token_ids, s.output_token_ids[:s.output_index])
-            if p.greedy:
-                tokens[row] = int(x.argmax())
-                continue
-            gen = self.generator if p.seed is None else token_generator(p.seed, s.output_index)
-            tokens[row] = int(torch.multinomial(x.softmax(-1), 1, generator=gen).item())
+        argmax = logits.argmax(-1).tolist()  # greedy requests without penalties keep these
+        if len(argmax) == len(requests):  # no proposals in the step: one row per request
+            tokens = [[t] for t in argmax]
+            rows = list(range(len(requests)))
+            for row, s in enumerate(requests):
+                if _needs_processing(s.sampling_params, s.output_index):
+                    tokens[row][0] = self._sample(logits[row], s, 0)
+        else:
+            tokens, rows, row = [], [], 0
+            for s in requests:
+                rows.append(row)
+                tokens.append(self._verify(logits, argmax, row, s))
+                row += 1 + len(s.spec_token_ids)
         self.last_logprobs = {}
-        want = [row for row, s in enumerate(requests) if s.sampling_params.logprobs is not None]
+        want = [i for i, s in enumerate(requests) if s.sampling_params.logprobs is not None]
         if want:
-            raw = torch.log_softmax(logits[want], dim=-1)
-            for k in {requests[row].sampling_params.logprobs for row in want}:
-                rows = [i for i, row in enumerate(want) if requests[row].sampling_params.logprobs == k]
-                chosen = torch.tensor([tokens[want[i]] for i in rows], dtype=torch.long)
-                for i, lp in zip(rows, position_logprobs(raw[rows], chosen, k)):
-                    self.last_logprobs[requests[want[i]].request_id] = lp
+            self._logprobs(logits, requests, tokens, rows, want)
         return tokens
+
+    def _sample(self, row_logits: torch.Tensor, s: ScheduledRequest, offset: int) -> int:
+        """The token of ``s`` at ``offset`` positions after its first sampled one (the proposals before it
+        counting as generated), as a non-speculative step there would sample it."""
+        p = s.sampling_params
+        index = s.output_index + offset
+        if not _needs_processing(p, index):
+            return int(row_logits.argmax())
+        outputs = s.output_token_ids[:s.output_index]
+        if offset:
+            outputs = list(outputs) + list(s.spec_token_ids[:offset])
+        x = process_logits(row_logits, p, s.prompt_token_ids, outputs)
+        if p.greedy:
+            return int(x.argmax())
+        gen = self.generator if p.seed is None else token_generator(p.seed, index)
+        return int(torch.multinomial(x.softmax(-1), 1, generator=gen).item())
+
+    def _verify(self, logits: torch.Tensor, argmax: list[int], first_row: int, s: ScheduledRequest) -> list[int]:
+        """Accepted proposals of ``s`` plus one token of the sampler's own (see the class docstring)."""
+        spec, out = s.spec_token_ids, []
+        for i in range(len(spec) + 1):
+            row = first_row + i
+            token = argmax[row] if not _needs_processing(s.sampling_params, s.output_index + i) \
+                else self._sample(logits[row], s, i)
+            out.append(token)
+            if i == len(spec) or token != spec[i]:
+                break
+        return out
+
+    def _logprobs(self, logits, requests, tokens, rows, want) -> None:
+        """Raw logprobs of every token the requests in ``want`` got (one position per token)."""
+        flat_rows = [rows[i] + j for i in want for j in range(len(tokens[i]))]
+        chosen = [t for i in want for t in tokens[i]]
+        owner = [i for i in want for _ in tokens[i]]
+        raw = torch.log_softmax(logits[flat_rows], dim=-1)
+        for k in {requests[i].sampling_params.logprobs for i in want}:
+            sel = [j for j, i in enumerate(owner) if requests[i].sampling_params.logprobs == k]
+            lps = position_logprobs(raw[sel], torch.tensor([chosen[j] for j in sel], dtype=torch.long), k)
+            for j, lp in zip(sel, lps):
+                self.last_logprobs.setdefault(requests[owner[j]].request_id, []).append(lp)
 
 
 def compute_prompt_logprobs(compute_logits: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
