@@ -263,12 +263,18 @@ class Scheduler:
                 request.num_computed_tokens += s.num_new_tokens
                 continue
             tokens = sampled_token_ids[s.request_id]
-            if s.spec_token_ids:  # computed: the decode's own token and the accepted proposals
-                request.num_computed_tokens += len(tokens)
-                self.kv.truncate(request, cdiv(request.num_computed_tokens, self.kv.block_size))
-            else:
-                request.num_computed_tokens += s.num_new_tokens
             got_token.append(request)
+            if not s.spec_token_ids:  # one new token (the common case, kept lean)
+                request.num_computed_tokens += s.num_new_tokens
+                request.output_token_ids.append(tokens[0])
+                status = self._check_stop(request)
+                if status is not None:
+                    finished.extend(self.finish_requests([request.request_id], status))
+                continue
+            # Verified proposals: computed are the decode's own token and the accepted proposals; the blocks
+            # past them held only rejected proposals.
+            request.num_computed_tokens += len(tokens)
+            self.kv.truncate(request, cdiv(request.num_computed_tokens, self.kv.block_size))
             for token in tokens:
                 request.output_token_ids.append(token)
                 status = self._check_stop(request)

@@ -57,6 +57,7 @@ class StepBuilder:
         self.scheduler = scheduler
         self.kv = scheduler.kv
         self.policy = scheduler.policy
+        self.proposer = scheduler.proposer  # speculative decoding (None: off)
         self.budget = scheduler.max_num_batched_tokens
         self.step_index = scheduler.num_steps
         self.out = SchedulerOutput()
@@ -97,7 +98,7 @@ class StepBuilder:
         if num_new <= 0:
             return 0
         undo = Undo.of(request, len(self.kv.req_to_blocks.get(request.request_id, ())))
-        if self.scheduler.proposer is not None and num_new == 1 and request.is_decode:
+        if self.proposer is not None and num_new == 1 and request.is_decode:
             spec = self._speculate(request, limit)
             if spec:
                 self._spec[request.request_id] = spec
@@ -316,7 +317,7 @@ class StepBuilder:
                 token_ids = request.token_ids_slice(start, end) + spec
             else:
                 token_ids = request.token_ids_slice(start, end)
-            self.out.scheduled.append(ScheduledRequest(
+            scheduled = ScheduledRequest(
                 request_id=request.request_id,
                 token_ids=token_ids,
                 start_pos=start,
@@ -327,6 +328,8 @@ class StepBuilder:
                 output_index=request.num_output_tokens,
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
-                spec_token_ids=spec or (),
-            ))
+            )
+            if spec:
+                scheduled.spec_token_ids = spec
+            self.out.scheduled.append(scheduled)
         return self.out
