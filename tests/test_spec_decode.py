@@ -234,6 +234,34 @@ def test_greedy_matches_transformers(bundled_model, bundled_prompts, k, name):
         assert any(t.num_prefill_tokens and t.num_spec_tokens for t in engine.traces)
 
 
+def test_prefix_hits_on_blocks_that_held_rejected_proposals(bundled_model):
+    """A request whose prompt is an earlier request's prompt + output hits the prefix cache on blocks the earlier
+    decode wrote while verifying (and rejecting) proposals: what is cached is the accepted tokens' K/V only, so
+    the second request's greedy tokens are still transformers'."""
+    tok = _tokenizer(bundled_model)
+    first = tok(LINE * 3 + "JULIET:\nGood night")["input_ids"]
+    engine = LLMEngine(EngineConfig(model=bundled_model, max_model_len=1024, enable_prefix_caching=True,
+                                    max_num_batched_tokens=32, speculative_config=spec(4, 1, 3)))
+    shadow = watch_runner(engine)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outputs = {}
+    for rid, prompt in (("r0", first), ("r1", None)):
+        if prompt is None:
+            prompt = first + outputs["r0"][:33]  # ends inside the blocks written by verified steps
+        engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if o.finished:
+                    outputs[rid] = o.outputs[0].token_ids
+            check_scheduler(engine.scheduler)
+            shadow.check(engine.scheduler)
+        assert outputs[rid] == hf_greedy(bundled_model, tuple(prompt), 40), rid
+    s = engine.summary()
+    assert s.spec_draft_tokens > s.spec_accepted_tokens > 0
+    assert s.prefix_hit_tokens >= (len(first) + 32) // 16 * 16  # the hit covers blocks of r0's output
+    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+
+
 _TOKENIZERS = {}
 
 
