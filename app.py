@@ -27,6 +27,7 @@ from streamlit import runtime
 from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from minengine.config import BUNDLED_MODEL
+from minengine.core.policies import POLICIES
 from minengine.timing import ClockSpec, get_hardware
 from minengine.timing.capacity import memory_fit
 from minengine.viz import (
@@ -114,6 +115,8 @@ def workload_controls(preset: str, lang: str) -> tuple[Workload | None, list[tup
         return presets.shared_system_prompt(), messages
     if preset == "c":
         return presets.memory_pressure(), messages
+    if preset == "f":
+        return presets.speculative_decoding(), messages
     if preset == "d":
         n = sb.number_input(t("trace_max_requests", lang), min_value=1, max_value=200, value=40, key="d_n")
         scale = sb.select_slider(t("trace_length_scale", lang), TRACE_SCALES, value=1 / 8, key="d_scale",
@@ -190,10 +193,16 @@ def engine_controls(preset: str, lang: str, clock: ClockSpec) -> DashboardConfig
     seqs = sb.number_input(t("max_num_seqs", lang), min_value=1, max_value=256, value=d["max_num_seqs"],
                            key=f"{preset}_seqs")
     prefix = sb.toggle(t("enable_prefix_caching", lang), value=d["enable_prefix_caching"], key=f"{preset}_pc")
+    policy = sb.selectbox(t("scheduling_policy", lang), list(POLICIES),
+                          index=list(POLICIES).index(d.get("scheduling_policy", "decode-first")),
+                          key=f"{preset}_policy")
+    spec_k = sb.number_input(t("num_speculative_tokens", lang), min_value=0, max_value=16,
+                             value=d.get("num_speculative_tokens", 0), key=f"{preset}_spec")
     temperature = sb.slider(t("temperature", lang), 0.0, 2.0, 0.0, 0.1, key="temperature")
     return DashboardConfig(max_num_batched_tokens=int(budget), enable_chunked_prefill=bool(chunked),
                            long_prefill_token_threshold=int(threshold), block_size=int(block_size),
                            num_kv_blocks=int(blocks), max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix),
+                           scheduling_policy=policy, num_speculative_tokens=int(spec_k),
                            temperature=float(temperature), model=os.environ.get("MINENGINE_MODEL") or None,
                            clock=clock)
 
@@ -343,6 +352,11 @@ def metrics_view(res: RunResult, lang: str, clock: str) -> None:
     cols[1].metric(t("metric_preemptions", lang), f"{s.num_preemptions}")
     cols[2].metric(t("metric_prefix", lang), f"{s.prefix_hit_tokens:,} ({s.prefix_hit_rate:.0%})")
     cols[3].metric(t("metric_requests", lang), f"{s.num_requests} / {s.num_steps}")
+    if s.spec_num_drafts:  # speculative decoding ran: what it bought
+        cols = st.columns(3)
+        cols[0].metric(t("metric_spec_acceptance", lang), f"{s.spec_acceptance_rate:.0%}")
+        cols[1].metric(t("metric_spec_length", lang), f"{s.spec_mean_acceptance_length:.2f}")
+        cols[2].metric(t("metric_tokens_per_step", lang), f"{s.output_tokens / max(1, s.num_steps):.2f}")
     left, right = st.columns(2)
     with left:
         st.plotly_chart(queue_figure(res.traces, lang, clock_label=clock), key="queue")

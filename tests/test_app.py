@@ -362,3 +362,33 @@ def test_clock_selector(app):
     app.radio(key="lang").set_value("zh").run()
     assert subtitles(app).count("实测：CPU 时间") == 7
     assert app.radio(key="clock_kind_zh").value == "cpu"
+
+
+def test_speculative_decoding_preset_and_the_policy_list(app):
+    """Preset (f): decodes carry proposals (the batch bars mark accepted and rejected ones), the metrics tab
+    gives the acceptance rate and tokens per step; the policy list has shortest-predicted-first, and a run
+    under it draws every view."""
+    choose(app, "f")
+    assert app.number_input(key="f_spec").value == 4
+    run(app)
+    m = metrics(app)
+    assert len(m) == 16  # the 13 of every run, then acceptance, tokens per drafted decode, tokens per step
+    acceptance = float(metric(m, "Speculative acceptance").rstrip("%")) / 100
+    assert 0 < acceptance < 1
+    assert float(metric(m, "Tokens per drafted decode")) > 1
+    num_requests, num_steps = (int(x) for x in metric(m, "Requests").split("/"))
+    assert num_requests == 4 and float(metric(m, "Output tokens per step")) == pytest.approx(
+        4 * 48 / num_steps, abs=0.01)
+    batch = next(json.loads(c.proto.spec) for c in app.get("plotly_chart")
+                 if "Batch" in str(json.loads(c.proto.spec)["layout"].get("title", "")))
+    shapes = {s for d in batch["data"] if d.get("type") == "bar"
+              for s in (d.get("marker", {}).get("pattern", {}).get("shape") or [])}
+    assert {".", "x"} <= shapes  # accepted (dotted) and rejected (crossed) proposals
+
+    policy = app.selectbox(key="f_policy")
+    assert "shortest-predicted-first" in policy.options
+    policy.set_value("shortest-predicted-first").run()
+    app.number_input(key="f_spec").set_value(0).run()
+    run(app)
+    m = check_views(app, "en")
+    assert int(metric(m, "Requests").split("/")[0]) == 4

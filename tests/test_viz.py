@@ -676,3 +676,39 @@ def test_dashboard_chinese_follows_the_course_glossary():
         if "prefill chunk" in english:
             assert "分块" in chinese, f"{key}: chunk -> 分块 in {chinese!r}"
 
+
+# ---- speculative decoding and predictive scheduling ----------------------------------------------------------
+def test_batch_bars_mark_accepted_and_rejected_proposals():
+    """A hand-built step: r0 decodes verifying 4 proposals (3 accepted, 1 rejected), r1 a plain decode, r2 a
+    prefill chunk. The bars split r0's 5 tokens into its own (solid), accepted (dotted) and rejected (crossed)."""
+    chunks = [ScheduledChunk("r0", 5, 40, False, True, 4, 3), ScheduledChunk("r1", 1, 30, False, True),
+              ScheduledChunk("r2", 16, 0, True, False)]
+    tr = StepTrace(0, 0.0, 1.0, 32, chunks, 3, 0, 10, 0, 10, [], [], [], 0, 0)
+    fig = viz.batch_composition_figure([tr], "en")
+    bars = {(d.name, shape): y for d in fig.data if d.type == "bar"
+            for y, shape in zip(d.y, d.marker.pattern.shape)}
+    assert bars == {("request r0", ""): 1, ("r0 accepted proposals", "."): 3, ("r0 rejected proposals", "x"): 1,
+                    ("request r1", ""): 1, ("request r2", "/"): 16}
+    assert sum(bars.values()) == tr.num_scheduled_tokens  # proposals count in the token budget
+    hover = next(d for d in fig.data if d.name == "r0 rejected proposals")
+    assert list(hover.customdata[0]) == [4, 3, 1] and "proposed" in hover.hovertemplate
+    assert viz.batch_composition_figure([tr], "zh").data[1].name.endswith("被接受的提议")
+
+
+def test_predicted_vs_true_and_policy_latency_figures():
+    fig = viz.predicted_vs_true_figure([10, 100, 400], [20, 90, 100], "en", name="learned")
+    assert list(fig.data[0].x) == [10, 100, 400] and list(fig.data[0].y) == [20, 90, 100]
+    assert fig.layout.xaxis.type == "log" and fig.layout.xaxis.title.text.endswith("(tokens)")
+    assert list(fig.data[1].y) == [10, 400]  # y = x over the data's range
+    with pytest.raises(ValueError, match="one prediction"):
+        viz.predicted_vs_true_figure([1, 2], [1])
+    with pytest.raises(ValueError, match=">= 1"):
+        viz.predicted_vs_true_figure([0], [1])
+    rows = [{"label": "FCFS", "ttft_mean": 1.0, "ttft_p99": 5.0, "e2e_mean": 3.0, "e2e_p99": 9.0, "preemptions": 7},
+            {"label": "SPF", "ttft_mean": 0.5, "ttft_p99": 6.0, "e2e_mean": 2.0, "e2e_p99": 10.0, "preemptions": 3}]
+    fig = viz.policy_latency_figure(rows, "zh", clock_label="modelled")
+    assert [d.name for d in fig.data] == ["mean TTFT", "P99 TTFT", "mean E2E", "P99 E2E"]
+    assert list(fig.data[2].y) == [3.0, 2.0] and list(fig.data[0].x) == ["FCFS", "SPF"]
+    assert "延迟" in fig.layout.title.text and "modelled" in fig.layout.title.text
+    with pytest.raises(ValueError, match="lacks"):
+        viz.policy_latency_figure([{"label": "x"}])

@@ -10,6 +10,7 @@ from minengine.viz.block_figures import block_pool_animation, block_pool_figure,
 from minengine.viz.compare import ab_sentence
 from minengine.viz.i18n import t
 from minengine.viz.metrics_figures import kv_usage_figure, latency_cdf_figure, queue_figure
+from minengine.viz.predictive_figures import policy_latency_figure, predicted_vs_true_figure
 from minengine.viz.timeline_figures import (
     STALL_MARKS,
     auto_stall_threshold,
@@ -24,5 +25,6 @@ from minengine.viz.timeline_figures import (
 
 __all__ = ["STALL_MARKS", "ab_sentence", "auto_stall_threshold", "batch_composition_figure", "block_pool_animation",
            "block_pool_figure", "block_tables_figure", "find_stalls", "itl_figure", "kv_usage_figure",
-           "labelled_stalls", "latency_cdf_figure", "queue_figure", "run_request_ids", "step_request_metrics",
-           "step_token_timeline_figure", "step_token_times", "t", "token_timeline_figure"]
+           "labelled_stalls", "latency_cdf_figure", "policy_latency_figure", "predicted_vs_true_figure",
+           "queue_figure", "run_request_ids", "step_request_metrics", "step_token_timeline_figure",
+           "step_token_times", "t", "token_timeline_figure"]

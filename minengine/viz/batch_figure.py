@@ -17,10 +17,19 @@ _EVENTS = (  # (StepTrace field, i18n key, marker symbol, colour)
 )
 
 
+# Speculative decoding: a verifying decode's bar is its own token (solid), then the accepted proposals (dotted),
+# then the rejected ones (crossed, faded): the budget they used, and what it bought.
+_SPEC_PARTS = (("accepted_proposals", ".", 1.0), ("rejected_proposals", "x", 0.45))
+
+
 def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_steps: int = 0) -> go.Figure:
     """Stacked bars, one per step, one colour per request: the tokens each request computed in that step
     (hatched = prefill chunk, solid = decode), the token budget as a line, and markers above the bar for the
     requests admitted, preempted or finished in that step (hover lists their ids).
+
+    Speculative decoding (``ScheduledChunk.num_spec_tokens``): a decode that verified k proposals stacks its own
+    token (solid), the accepted proposals (dotted) and the rejected ones (crossed, faded) in its colour, all of
+    them in the token budget; the hover gives proposed / accepted / rejected.
 
     Args:
         traces: the engine's ``StepTrace`` list (x = ``step``, y = tokens).
@@ -31,21 +40,34 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
     """
     steps = [tr.step for tr in traces]
     first = steps[0] if steps else 0  # a window of a long run (a server's feed) starts later
-    per_request: dict[str, dict[int, tuple[int, bool]]] = {}  # rid -> step -> (tokens, is_prefill)
+    per_request: dict[str, dict[int, object]] = {}  # rid -> step -> its ScheduledChunk
     for tr in traces:
         for c in tr.chunks:
-            per_request.setdefault(c.request_id, {})[tr.step] = (c.num_tokens, c.is_prefill)
+            per_request.setdefault(c.request_id, {})[tr.step] = c
     fig = go.Figure()
     for rid, by_step in per_request.items():
         xs = sorted(by_step)
-        ys = [by_step[s][0] for s in xs]
-        kinds = [t("prefill_chunk", lang) if by_step[s][1] else t("decode", lang) for s in xs]
+        chunks = [by_step[s] for s in xs]
+        kinds = [t("prefill_chunk", lang) if c.is_prefill else t("decode", lang) for c in chunks]
         fig.add_trace(go.Bar(
-            x=xs, y=ys, name=f"{t('request', lang)} {rid}", marker_color=request_color(rid),
-            marker_pattern_shape=["/" if by_step[s][1] else "" for s in xs], customdata=kinds,
+            x=xs, y=[c.num_tokens - c.num_spec_tokens for c in chunks], name=f"{t('request', lang)} {rid}",
+            marker_color=request_color(rid), legendgroup=rid,
+            marker_pattern_shape=["/" if c.is_prefill else "" for c in chunks], customdata=kinds,
             hovertemplate=f"{t('request', lang)} {rid}<br>{t('step_axis', lang)} %{{x}}<br>%{{customdata}}: "
                           f"%{{y}} {t('tokens_unit', lang)}<extra></extra>",
         ))
+        spec = [(s, c) for s, c in zip(xs, chunks) if c.num_spec_tokens]
+        for key, shape, opacity in _SPEC_PARTS if spec else ():
+            counts = [c.num_accepted_tokens if key == "accepted_proposals" else c.num_rejected_tokens
+                      for _, c in spec]
+            fig.add_trace(go.Bar(
+                x=[s for s, _ in spec], y=counts, name=f"{rid} {t(key, lang)}", legendgroup=rid, showlegend=False,
+                marker_color=request_color(rid), marker_opacity=opacity, marker_pattern_shape=shape,
+                customdata=[[c.num_spec_tokens, c.num_accepted_tokens, c.num_rejected_tokens] for _, c in spec],
+                hovertemplate=f"{t('request', lang)} {rid}<br>{t('step_axis', lang)} %{{x}}<br>"
+                              f"{t('proposed', lang)} %{{customdata[0]}}, {t('accepted_proposals', lang)} "
+                              f"%{{customdata[1]}}, {t('rejected_proposals', lang)} %{{customdata[2]}}<extra></extra>",
+            ))
     fig.add_trace(go.Scatter(x=steps, y=[tr.token_budget for tr in traces], mode="lines",
                              name=t("token_budget", lang), line={"color": BUDGET_COLOR, "dash": "dash"}))
     tops = {tr.step: tr.num_scheduled_tokens for tr in traces}

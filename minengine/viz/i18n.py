@@ -49,6 +49,9 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "step_axis": ("step", "步"),
     "tokens_per_step": ("tokens in the step (tokens)", "本步词元数（词元）"),
     "prefill_chunk": ("prefill chunk", "预填充分块"),
+    "proposed": ("proposed", "提议"),
+    "accepted_proposals": ("accepted proposals", "被接受的提议"),
+    "rejected_proposals": ("rejected proposals", "被拒绝的提议"),
     "admitted": ("admitted", "准入"),
     "preempted": ("preempted (victim)", "被抢占（牺牲者）"),
     "finished": ("finished", "完成"),
@@ -78,6 +81,15 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "ttft_ms": ("TTFT (ms)", "首词元延迟 TTFT（毫秒）"),
     "tpot_ms": ("TPOT (ms)", "每词元时间 TPOT（毫秒）"),
     "fraction_axis": ("fraction of requests", "请求比例"),
+    "predicted": ("predicted", "预测"),
+    "true_len": ("true", "真实"),
+    "perfect_prediction": ("predicted = true", "预测 = 真实"),
+    "within_2x": ("within a factor of 2", "两倍以内"),
+    "predicted_vs_true_title": ("Predicted vs true output length {name}", "预测与真实输出长度 {name}"),
+    "true_len_axis": ("true output length (tokens)", "真实输出长度（词元）"),
+    "predicted_len_axis": ("predicted output length (tokens)", "预测输出长度（词元）"),
+    "policy_latency_title": ("Latency by scheduling policy and predictor", "各调度策略与预测器的延迟"),
+    "latency_s_axis": ("latency (s)", "延迟（秒）"),
     "no_data": ("no data", "无数据"),
     # ---- stall causes (find_stalls) ----------------------------------------------------------------------
     "cause_prefill": ("step {step}: {tokens:,}-token prefill of request {rid}",
@@ -105,6 +117,7 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "preset_c": ("(c) memory pressure", "(c) 内存压力"),
     "preset_d": ("(d) Azure conversation trace", "(d) Azure 对话轨迹"),
     "preset_e": ("(e) custom", "(e) 自定义"),
+    "preset_f": ("(f) speculative decoding", "(f) 投机解码"),
     "preset_a_help": ("The textbook case: 10 requests are decoding when one long prompt arrives. Without {cp} its "
                       "prefill takes a whole step and every decode stalls ({hol}).",
                       "教科书案例：10 个请求正在解码时到达一个长提示。没有{cp}时，"
@@ -120,6 +133,13 @@ _STRINGS: dict[str, tuple[str, str]] = {
                       "到达时间与长度来自 Azure LLM 推理轨迹 2023（对话），Patel 等，Splitwise，ISCA 2024。"),
     "preset_e_help": ("Your own synthetic workload: Poisson arrivals, uniform lengths.",
                       "自定义合成负载：泊松到达，长度均匀分布。"),
+    "preset_f_help": ("Prompts that repeat a phrase: prompt lookup (n-gram speculative decoding) proposes the "
+                      "next tokens from the request's own text, and one forward verifies them. In the batch tab a "
+                      "decode carries 1 + k tokens: dotted = accepted proposals, crossed = rejected; the metrics "
+                      "tab gives the acceptance rate and the tokens per step.",
+                      "重复一个短语的提示：提示查找（n-gram 投机解码）从请求自身的文本中提议下一批词元，"
+                      "一次前向验证它们。批次页中一个解码携带 1 + k 个词元：点状 = 被接受的提议，叉状 = 被拒绝的；"
+                      "指标页给出接受率与每步词元数。"),
     "long_prompt_scale": ("Scale of the 8,000-token prompt", "8,000 词元提示的缩放比例"),
     "scale_note_a": ("Scaled for this CPU: the long prompt has {tokens:,} tokens (8,000 × {scale}).",
                      "为本机 CPU 缩放：长提示为 {tokens:,} 词元（8,000 × {scale}）。"),
@@ -245,6 +265,13 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "metric_preemptions": ("Preemptions", "抢占次数"),
     "metric_prefix": ("Prefix cache hit tokens (hit rate)", "前缀缓存命中词元（命中率）"),
     "metric_requests": ("Requests / steps", "请求数 / 步数"),
+    "metric_spec_acceptance": ("Speculative acceptance (accepted / proposed)", "投机接受率（接受 / 提议）"),
+    "metric_spec_length": ("Tokens per drafted decode (mean acceptance length)",
+                           "每个投机解码的词元数（平均接受长度）"),
+    "metric_tokens_per_step": ("Output tokens per step", "每步输出词元数"),
+    "scheduling_policy": ("scheduling_policy", "scheduling_policy（调度策略）"),
+    "num_speculative_tokens": ("num_speculative_tokens (n-gram speculation; 0 = off)",
+                               "num_speculative_tokens（n-gram 投机；0 = 关闭）"),
     "ab_knob": ("Setting to compare (A = on, B = off)", "对比的设置（A = 开启，B = 关闭）"),
     "prefix_caching": ("prefix caching", "前缀缓存"),
     "ab_config_a": ("A: {knob} on", "A：开启{knob}"),

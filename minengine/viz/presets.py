@@ -1,5 +1,6 @@
 """The dashboard's workload presets, engine-agnostic: (a) the textbook head-of-line blocking case, (b) chat
-with a shared system prompt, (c) memory pressure, (d) a replay of a real trace, (e) custom. Each builder
+with a shared system prompt, (c) memory pressure, (d) a replay of a real trace, (e) custom, (f) speculative
+decoding (prompts that repeat themselves, so prompt lookup proposes tokens the model accepts). Each builder
 returns a ``Workload``; ``PRESET_ENGINE_DEFAULTS`` suggests engine settings under which the preset shows its
 point. Prompt token ids are synthetic (deterministic, seeded): what matters to the scheduler is their count
 and, for prefix caching, which of them are equal.
@@ -17,9 +18,10 @@ from minengine.viz.workload import Workload, WorkloadRequest
 
 BUNDLED_VOCAB_SIZE = 2048  # the bundled tiny Shakespeare model's vocabulary (minengine/assets)
 TEXTBOOK_LONG_PROMPT = 8000  # tokens of the long prompt in the textbook example
-PRESETS = ("a", "b", "c", "d", "e")
+PRESETS = ("a", "b", "c", "d", "e", "f")
 
-# Engine settings each preset is meant for (the page starts its controls from these).
+# Engine settings each preset is meant for (the page starts its controls from these). Every preset runs
+# ``scheduling_policy`` "decode-first" and no speculation (``num_speculative_tokens`` 0) unless it says otherwise.
 PRESET_ENGINE_DEFAULTS: dict[str, dict] = {
     "a": {"max_num_batched_tokens": 256, "num_kv_blocks": 640, "block_size": 16, "max_num_seqs": 16,
           "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
@@ -31,6 +33,9 @@ PRESET_ENGINE_DEFAULTS: dict[str, dict] = {
           "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
     "e": {"max_num_batched_tokens": 256, "num_kv_blocks": 256, "block_size": 16, "max_num_seqs": 16,
           "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0},
+    "f": {"max_num_batched_tokens": 256, "num_kv_blocks": 256, "block_size": 16, "max_num_seqs": 16,
+          "enable_chunked_prefill": True, "enable_prefix_caching": True, "long_prefill_token_threshold": 0,
+          "num_speculative_tokens": 4},
 }
 
 
@@ -161,3 +166,24 @@ def custom(num_requests: int = 8, prompt_len_range=(16, 128), output_len_range=(
         reqs.append(WorkloadRequest(f"r{i}", _ids(rng, rng.randint(*prompt_len_range), vocab_size),
                                     rng.randint(*output_len_range), arrival_time=t))
     return Workload("e", tuple(reqs))
+
+
+def speculative_decoding(num_requests: int = 4, phrase_len: int = 24, repeats: int = 4, output_len: int = 48,
+                         arrival_every_steps: int = 2, vocab_size: int = BUNDLED_VOCAB_SIZE,
+                         seed: int = 0) -> Workload:
+    """Preset (f): ``num_requests`` prompts, each a random phrase of ``phrase_len`` tokens said ``repeats``
+    times, arriving every ``arrival_every_steps`` steps. A model continues such a prompt by repeating the phrase
+    (an induction head does it; the bundled model does it for part of the phrase), so prompt lookup (n-gram
+    speculative decoding, ``PRESET_ENGINE_DEFAULTS["f"]``: 4 proposals per decode) finds proposals the model
+    accepts: the batch bars show 1 + k tokens per decode, part accepted, part rejected, and fewer steps.
+
+    Raises:
+        ValueError: non-positive sizes.
+    """
+    for name, v in (("num_requests", num_requests), ("phrase_len", phrase_len), ("repeats", repeats),
+                    ("output_len", output_len), ("arrival_every_steps", arrival_every_steps)):
+        _positive(name, v)
+    rng = random.Random(seed)
+    reqs = tuple(WorkloadRequest(f"r{i}", _ids(rng, phrase_len, vocab_size) * repeats, output_len,
+                                 arrival_step=i * arrival_every_steps) for i in range(num_requests))
+    return Workload("f", reqs)

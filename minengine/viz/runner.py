@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 from minengine.config import EngineConfig
+from minengine.core.policies import POLICIES
+from minengine.core.spec_decode import MAX_SPECULATIVE_TOKENS
 from minengine.engine.llm_engine import LLMEngine
 from minengine.metrics.stats import ServingSummary
 from minengine.metrics.trace import StepTrace
@@ -26,6 +28,11 @@ class DashboardConfig:
     """The engine knobs the page exposes (vLLM's names; see ``EngineConfig``), the sampling temperature and the
     clock.
 
+    ``scheduling_policy`` is one of ``minengine.core.policies.POLICIES`` (``"shortest-predicted-first"``
+    predicts each request's ``max_tokens``, exact here: the dashboard ignores EOS). ``num_speculative_tokens``
+    k > 0 turns on n-gram speculative decoding (prompt lookup, ``prompt_lookup_min`` 2, ``prompt_lookup_max``
+    4); 0 = off.
+
     ``model=None`` is the bundled model (it computes the tokens; a modelled clock times them as the target model
     shape would run). ``clock`` is a ``minengine.timing.ClockSpec`` (hashable, so it keys the cache): default
     modelled, H100 SXM, Llama-3-8B shapes. ``max_model_len`` is not a knob: the runner sets it to the
@@ -39,6 +46,8 @@ class DashboardConfig:
     num_kv_blocks: int = 256
     max_num_seqs: int = 16
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "decode-first"
+    num_speculative_tokens: int = 0
     temperature: float = 0.0
     seed: int = 0
     model: str | None = None
@@ -57,10 +66,11 @@ class DashboardConfig:
         Raises:
             ValueError: ``num_kv_blocks`` < 1, ``block_size`` < 1, ``max_num_batched_tokens`` smaller than
                 ``block_size`` (a step could not even fill one KV block: almost surely a typo), negative
-                ``long_prefill_token_threshold`` or ``temperature``, ``max_num_seqs`` < 1.
+                ``long_prefill_token_threshold`` or ``temperature``, ``max_num_seqs`` < 1, an unknown
+                ``scheduling_policy``, ``num_speculative_tokens`` outside [0, 64].
         """
         ints = ("max_num_batched_tokens", "long_prefill_token_threshold", "block_size", "num_kv_blocks",
-                "max_num_seqs")
+                "max_num_seqs", "num_speculative_tokens")
         for name in ints:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool):
@@ -77,6 +87,11 @@ class DashboardConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0 tokens (0 = no cap), got "
                              f"{self.long_prefill_token_threshold}")
+        if self.scheduling_policy not in POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {list(POLICIES)}, got {self.scheduling_policy!r}")
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}] (0 = off), got "
+                             f"{self.num_speculative_tokens}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if not isinstance(self.clock, ClockSpec) or self.clock.kind not in ("modelled", "cpu", "perf"):
@@ -102,7 +117,15 @@ class DashboardConfig:
                             long_prefill_token_threshold=self.long_prefill_token_threshold
                             if self.enable_chunked_prefill else 0,  # the cap needs chunking (EngineConfig)
                             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
-                            trace_block_tables=True)
+                            scheduling_policy=self.scheduling_policy,
+                            speculative_config=self.speculative_config(), trace_block_tables=True)
+
+    def speculative_config(self) -> dict | None:
+        """vLLM's ``speculative_config`` dict for ``num_speculative_tokens`` (None when 0: off)."""
+        if not self.num_speculative_tokens:
+            return None
+        return {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4}
 
 
 @dataclass
