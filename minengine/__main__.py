@@ -125,6 +125,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(*flags, dest=f.name, type=_optional(kind) if optional else kind, default=f.default,
                            choices=_CHOICES.get(f.name), help=helptext,
                            metavar=None if f.name in _CHOICES else kind.__name__.upper())
+    # vLLM's --speculative-config: a JSON object (the one dict field that is a command-line setting)
+    g.add_argument("--speculative-config", dest="speculative_config", type=_json_object, default=None,
+                   metavar="JSON", help='speculative decoding by prompt lookup, vLLM\'s JSON: \'{"method": "ngram", '
+                   '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (default off)')
+
+
+def _json_object(text: str) -> dict:
+    """A JSON object from the command line (argparse reports the ValueError as a usage error)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _config(a: argparse.Namespace) -> EngineConfig:

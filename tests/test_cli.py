@@ -37,3 +37,15 @@ def test_file_errors_are_messages_not_tracebacks(tmp_path):
                        (("run", "--num-real-prompts", "-1"), "num-real-prompts")]:
         p = run(*args)
         assert p.returncode == 2 and text in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_speculative_config_flag(bundled_model):
+    """vLLM's ``--speculative-config`` JSON; a bad value is a usage error naming the field."""
+    p = run("run", "--num-prompts", "3", "--num-real-prompts", "0", "--min-tokens", "8", "--max-tokens", "16",
+            "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}')
+    assert p.returncode == 0, p.stderr
+    assert "speculative" in p.stdout
+    for bad, text in (('{"num_speculative_tokens": 0}', "num_speculative_tokens"), ("[1]", "speculative-config"),
+                      ("{nope", "speculative-config")):
+        p = run("generate", "ROMEO:", "--speculative-config", bad)
+        assert p.returncode == 2 and text in p.stderr and "Traceback" not in p.stderr, (bad, p.stderr)
