@@ -141,6 +141,24 @@ def test_speculation_never_preempts():
     assert s.spec_token_ids == [4, 5] and s.num_new_tokens == 3 and len(s.block_ids) == 3
 
 
+def test_speculation_leaves_a_block_for_a_later_decode_of_the_step():
+    """Proposals do not take the free block a running request scheduled later in the same step needs for its
+    next token: nobody is preempted, and the speculating request proposes within the blocks it holds."""
+    kv = KVCacheManager(6, 4, True)
+    sched = Scheduler(kv, 64, 8, 1000, speculative_config=spec(4, 1, 3))
+    a = Request("a", [1, 2, 3, 4, 5, 6, 7, 1, 2], SamplingParams(temperature=0, max_tokens=50), 0.0)  # 3 blocks
+    b = Request("b", [9, 10, 11, 12, 13, 14, 15, 16], SamplingParams(temperature=0, max_tokens=50), 0.0)  # 2
+    sched.add_request(a)
+    sched.add_request(b)
+    sched.update_from_output(sched.schedule(), {"a": [3], "b": [20]})
+    assert kv.num_free_blocks == 1 and b.num_computed_tokens == 8  # b's next token needs the free block
+    out = sched.schedule()
+    assert not out.preempted_ids
+    s_a, s_b = out.scheduled
+    assert s_a.spec_token_ids == [4, 5]  # slots 10, 11 of a's own third block, not the free block
+    assert s_b.num_new_tokens == 1 and len(s_b.block_ids) == 3
+
+
 def test_proposals_stop_at_max_tokens_and_max_model_len():
     kv = KVCacheManager(64, 4, False)
     sched = Scheduler(kv, 64, 8, 1000, speculative_config=spec(8, 1, 3))

@@ -11,7 +11,7 @@ other requests' chunks and decodes, under the same token budget and KV block bud
 In minengine speculative tokens are just more pending tokens of a request (``ARCHITECTURE.md``):
 - ``Scheduler.schedule()`` asks ``NgramProposer.propose`` for a running decode's proposals and schedules
   ``[last token] + proposals`` (``ScheduledRequest.spec_token_ids``), if the budget and FREE blocks allow:
-  speculation never preempts anybody;
+  speculation never preempts anybody (it leaves a block for every running request not yet scheduled);
 - the sampler verifies the k + 1 positions (``worker/sampler.py``) and returns the accepted proposals plus one
   token of its own (the correction at the first mismatch, or the bonus token after k accepted ones);
 - ``Scheduler.update_from_output`` appends them and advances ``num_computed_tokens`` by their count (the K/V of

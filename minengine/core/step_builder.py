@@ -117,15 +117,20 @@ class StepBuilder:
 
         At most what the step's ``limit`` leaves beside the decode's own token, and never more than the request
         may still generate (``max_tokens``, ``max_model_len``: the verified step appends up to 1 + proposals).
-        Speculation uses only FREE blocks: the proposals are cut to the slots the request's blocks and the free
-        blocks hold, so they never preempt anybody (vLLM v1 would preempt for them)."""
+        Speculation uses only FREE blocks that nobody else in the step may need: the proposals are cut to the
+        slots of the request's own blocks plus the free blocks beyond one for every other running request not
+        yet scheduled in this step (what its next decode token may need), so proposals never preempt anybody,
+        directly or by leaving a later decode of the same step without a block (vLLM v1 would preempt for
+        them). Under memory pressure a request therefore speculates only within the blocks it holds."""
         sched, bs = self.scheduler, self.kv.block_size
         room = min(limit, sched.max_model_len - request.num_tokens,
                    request.sampling_params.max_tokens - request.num_output_tokens) - 1
         if room <= 0:
             return []
         held = len(self.kv.req_to_blocks.get(request.request_id, ()))
-        room = min(room, (held + self.kv.num_free_blocks) * bs - request.num_computed_tokens - 1)
+        others = len(sched.running) - len(self._num_new) - 1  # running, not scheduled yet, not this request
+        free = max(0, self.kv.num_free_blocks - max(0, others))
+        room = min(room, (held + free) * bs - request.num_computed_tokens - 1)
         spec = sched.proposer.propose(request, room) if room > 0 else []
         if spec and self.kv.allocate_slots(request, 1 + len(spec)) is None:
             raise RuntimeError("speculative allocation failed after the free-block check")  # a bug guard
