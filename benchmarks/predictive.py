@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint dir for the tokenizer and limits (default: bundled)")
     p.add_argument("--data-dir", default=None, help="the shared/data folder (default: ../shared/data)")
     p.add_argument("--requests", type=int, default=600, help="requests replayed from the start of the second half")
-    p.add_argument("--speedup", type=float, default=2.0, help="arrivals this many times faster than the trace")
+    p.add_argument("--speedup", type=float, default=1.5, help="arrivals this many times faster than the trace")
     p.add_argument("--num-kv-blocks", type=int, default=2048, help="KV pool (16-token blocks): memory contends")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)

@@ -1,17 +1,20 @@
 """Speculative decoding by prompt lookup (n-gram): tokens per step and TPOT with and without speculation.
 
-Issue 11, part 2. Two workloads on the bundled tiny model, greedy, ``ignore_eos``, all requests at once:
+Issue 11, part 2. Three workloads on the bundled tiny model, ``ignore_eos``, all requests at once:
 
-- repetitive ("summarisation-style"): a Tiny Shakespeare passage, then its first tokens again, so the model
-  copies the passage from its prompt: prompt lookup (Saxena, 2023) finds the copy's continuation;
-- random: prompts of uniformly random token ids: nothing to look up, few proposals, most of them rejected.
+- copy (repetitive, "summarisation-style"): a Tiny Shakespeare passage, then its first 16 tokens again, greedy:
+  the model goes on copying the passage from its prompt, and prompt lookup (Saxena, 2023) proposes the copy;
+- random, greedy: prompts of uniformly random token ids. Nothing in the prompt to copy, but a tiny model's
+  greedy output soon repeats ITSELF, and prompt lookup searches the output too: acceptance stays substantial;
+- random, sampled: the same prompts, temperature 1 with a seed per request (the verification is exact for
+  seeded sampling): the output barely repeats, so there are few proposals and most are rejected.
 
 For each workload and each ``num_speculative_tokens`` k (0 = off) it reports tokens per decode (1 + accepted
 proposals per request-step), steps, acceptance rate, the TPOT on the MODELLED clock (``--hardware``,
 ``--model-shape``: the roofline time of each step; verifying k + 1 tokens in a memory-bound decode costs little
 more than one, which is where speculation pays, Leviathan et al. 2023) and the MEASURED TPOT of the tiny model on
 this CPU (process CPU time per step, torch at one thread, one warm-up run, the median over ``--repeats`` runs of
-the median request TPOT). Greedy outputs are checked to be identical with and without speculation.
+the median request TPOT). Outputs are checked to be token-identical with and without speculation.
 
     python benchmarks/spec_decode.py                 # ~1-2 minutes on 2 CPU cores
     python benchmarks/spec_decode.py --ks 0 2 4 8 --repeats 5
@@ -40,8 +43,10 @@ FALLBACK_TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nI
                  "Arise, fair sun, and kill the envious moon,\nWho is already sick and pale with grief,\n") * 8
 
 
-def workloads(tokenizer, num_requests: int, prompt_len: int, seed: int) -> dict[str, list[list[int]]]:
-    """{"repetitive": passage + its start again, "random": random ids}, ``num_requests`` prompts each."""
+def workloads(tokenizer, num_requests: int, prompt_len: int, max_tokens: int,
+              seed: int) -> dict[str, tuple[list[list[int]], list[SamplingParams]]]:
+    """name -> (``num_requests`` prompts, their sampling parameters): "copy" (passage + its start again,
+    greedy), "random, greedy" and "random, sampled" (random ids; temperature 1, seed i for request i)."""
     data = find_data_dir(None)
     path = data / "text" / "tinyshakespeare.txt" if data is not None else None
     text = path.read_text() if path is not None and path.exists() else FALLBACK_TEXT
@@ -54,17 +59,19 @@ def workloads(tokenizer, num_requests: int, prompt_len: int, seed: int) -> dict[
         repetitive.append(passage + passage[:16])  # the model continues the copy
     vocab = len(tokenizer)
     rand = [[rng.randrange(3, vocab) for _ in range(prompt_len + 16)] for _ in range(num_requests)]
-    return {"repetitive": repetitive, "random": rand}
+    greedy = [SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)] * num_requests
+    sampled = [SamplingParams(temperature=1.0, seed=i, max_tokens=max_tokens, ignore_eos=True)
+               for i in range(num_requests)]
+    return {"copy": (repetitive, greedy), "random, greedy": (rand, greedy), "random, sampled": (rand, sampled)}
 
 
-def run(model: str, prompts: list[list[int]], max_tokens: int, k: int, clock: ClockSpec) -> LLMEngine:
+def run(model: str, prompts: list[list[int]], params: list[SamplingParams], k: int, clock: ClockSpec) -> LLMEngine:
     spec = None if k == 0 else {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
                                 "prompt_lookup_max": 4}
     engine = LLMEngine(EngineConfig(model=model, max_model_len=2048, max_num_batched_tokens=512,
                                     speculative_config=spec, trace_block_tables=False), clock=clock.make())
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    for i, p in enumerate(prompts):
-        engine.add_request(f"r{i}", {"prompt_token_ids": p}, params)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(f"r{i}", {"prompt_token_ids": p}, sp)
     engine.outputs = {}
     while engine.has_unfinished_requests():
         for o in engine.step():
@@ -79,7 +86,7 @@ def median_tpot(engine: LLMEngine) -> float:
 
 def tokens_per_decode(engine: LLMEngine) -> float:
     """Tokens a decode chunk produced on average: 1 + its accepted proposals (1 without speculation)."""
-    decodes = [c for t in engine.traces for c in t.chunks if c.sample and not c.is_prefill]
+    decodes = [c for t in engine.traces for c in t.chunks if c.sampled and not c.is_prefill]
     return statistics.fmean(1 + c.num_accepted_tokens for c in decodes)
 
 
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default=BUNDLED_MODEL)
     p.add_argument("--ks", type=int, nargs="*", default=[0, 2, 4, 8], help="num_speculative_tokens (0 = off)")
     p.add_argument("--num-requests", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=192)
+    p.add_argument("--prompt-len", type=int, default=96, help="passage tokens (the prompt has 16 more)")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--repeats", type=int, default=3, help="measured runs per setting (after one warm-up)")
     p.add_argument("--hardware", default="h100")
@@ -100,25 +107,26 @@ def main(argv: list[str] | None = None) -> None:
     measured = ClockSpec("cpu")
     from transformers import AutoTokenizer
 
-    loads = workloads(AutoTokenizer.from_pretrained(a.model), a.num_requests, a.prompt_len, seed=0)
+    loads = workloads(AutoTokenizer.from_pretrained(a.model), a.num_requests, a.prompt_len, a.max_tokens, seed=0)
     started = time.perf_counter()
-    run(a.model, loads["random"][:2], 8, 4, measured)  # warm-up (allocator, kernels)
+    warm_prompts, warm_params = loads["copy"]
+    run(a.model, warm_prompts[:2], warm_params[:2], 4, measured)  # warm-up (allocator, kernels)
     rows = []
-    for name, prompts in loads.items():
+    for name, (prompts, params) in loads.items():
         reference = None
         for k in a.ks:
-            m = run(a.model, prompts, a.max_tokens, k, modelled)
+            m = run(a.model, prompts, params, k, modelled)
             stats = SpecDecodeStats.of_steps(m.traces)
             if reference is None:
                 reference = m.outputs
             same = m.outputs == reference
-            cpu = statistics.median(median_tpot(run(a.model, prompts, a.max_tokens, k, measured))
+            cpu = statistics.median(median_tpot(run(a.model, prompts, params, k, measured))
                                     for _ in range(a.repeats))
             rows.append({"workload": name, "k": k, "tokens_per_decode": tokens_per_decode(m),
                          "steps": len(m.traces), "acceptance": stats.acceptance_rate,
                          "modelled_tpot_ms": median_tpot(m) * 1000, "measured_tpot_ms": cpu * 1000, "same": same})
             r = rows[-1]
-            print(f"{name:10s} k={k}: {r['tokens_per_decode']:.2f} tok/decode, {r['steps']} steps, acceptance "
+            print(f"{name:16s} k={k}: {r['tokens_per_decode']:.2f} tok/decode, {r['steps']} steps, acceptance "
                   f"{r['acceptance']:.0%}, TPOT modelled {r['modelled_tpot_ms']:.2f} ms, measured "
                   f"{r['measured_tpot_ms']:.2f} ms, same tokens {same}", flush=True)
     base = {r["workload"]: r for r in rows if r["k"] == a.ks[0]}
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{platform.processor() or platform.machine()}, torch threads 1); total {time.perf_counter() - started:.0f} s.",
         "",
         f"{a.num_requests} requests at once, prompts of {a.prompt_len + 16} tokens, {a.max_tokens} new tokens each, "
-        "greedy, ignore_eos; prompt_lookup_min 2, prompt_lookup_max 4; max_num_batched_tokens 512. Modelled TPOT: "
+        "ignore_eos; prompt_lookup_min 2, prompt_lookup_max 4; max_num_batched_tokens 512. Modelled TPOT: "
         f"{modelled.label}, the median request's. Measured TPOT: this CPU, process time per step, median over "
         f"{a.repeats} runs after a warm-up. 'vs off' = TPOT without speculation / with it (> 1: faster).", "",
         *lines, ""])
