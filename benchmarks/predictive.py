@@ -158,7 +158,8 @@ def policy_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """Run the benchmark (see the module docstring); returns {"errors", "policies", "sigma_sweep"} rows."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF checkpoint dir for the tokenizer and limits (default: bundled)")
     p.add_argument("--data-dir", default=None, help="the shared/data folder (default: ../shared/data)")
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--slo-tpot-ms", type=float, default=50.0)
     p.add_argument("--sigmas", type=float, nargs="*", default=[0.0, 0.25, 0.5, 1.0, 1.5, 2.0])
-    p.add_argument("--write", action="store_true", help="write benchmarks/results/predictive.{md,json}")
+    p.add_argument("--write", action="store_true", help="write predictive.md and predictive.json to --out")
+    p.add_argument("--out", default=str(RESULTS), help="folder --write writes to (default benchmarks/results)")
     a = p.parse_args(argv)
 
     path = azure_conv_path(find_data_dir(a.data_dir))
@@ -225,13 +227,15 @@ def main(argv: list[str] | None = None) -> None:
     text = "\n".join(out) + "\n"
     print("\n" + text)
     if a.write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "predictive.md").write_text(text)
-        (RESULTS / "predictive.json").write_text(json.dumps(
+        out_dir = Path(a.out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "predictive.md").write_text(text)
+        (out_dir / "predictive.json").write_text(json.dumps(
             {"errors": err_rows, "policies": rows, "sigma_sweep": sweep, "sample": sample,
-             "settings": {k: v for k, v in vars(a).items() if k != "write"}, "clock": clock_label,
+             "settings": {k: v for k, v in vars(a).items() if k not in ("write", "out")}, "clock": clock_label,
              "rate_req_s": window.mean_rate}, indent=1))
-        print(f"wrote {RESULTS / 'predictive.md'} and predictive.json")
+        print(f"wrote {out_dir / 'predictive.md'} and predictive.json")
+    return {"errors": err_rows, "policies": rows, "sigma_sweep": sweep}
 
 
 if __name__ == "__main__":

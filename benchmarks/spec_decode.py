@@ -90,7 +90,8 @@ def tokens_per_decode(engine: LLMEngine) -> float:
     return statistics.fmean(1 + c.num_accepted_tokens for c in decodes)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run the benchmark (see the module docstring); returns one row per (workload, k)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=BUNDLED_MODEL)
     p.add_argument("--ks", type=int, nargs="*", default=[0, 2, 4, 8], help="num_speculative_tokens (0 = off)")
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3, help="measured runs per setting (after one warm-up)")
     p.add_argument("--hardware", default="h100")
     p.add_argument("--model-shape", default="llama-3-8b")
-    p.add_argument("--write", action="store_true")
+    p.add_argument("--write", action="store_true", help="write the table to --out")
+    p.add_argument("--out", default=str(RESULTS), help="the Markdown file --write writes")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     modelled = ClockSpec("modelled", hardware=a.hardware, model=a.model_shape)
@@ -151,9 +153,10 @@ def main(argv: list[str] | None = None) -> None:
         *lines, ""])
     print("\n" + text)
     if a.write:
-        RESULTS.parent.mkdir(exist_ok=True)
-        RESULTS.write_text(text)
-        print(f"wrote {RESULTS}")
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(text)
+        print(f"wrote {a.out}")
+    return rows
 
 
 if __name__ == "__main__":

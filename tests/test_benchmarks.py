@@ -10,7 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU script's dry run uses 
 
 import pytest
 
-from benchmarks import host_overhead, throughput
+from benchmarks import host_overhead, predictive, spec_decode, throughput
 
 
 def test_throughput_benchmark_tiny(tmp_path):
@@ -62,3 +62,28 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
         assert t["max_abs_err"] < (1e-5 if t["dtype"] == "float32" else 3e-2)
     assert {d["mode"] for d in result["decode"]} == {"graphs", "eager"}
     assert result["throughput"]["hf_static_2_agreement"] > 0
+
+
+def test_spec_decode_benchmark_tiny(tmp_path):
+    rows = spec_decode.main(["--num-requests", "2", "--prompt-len", "32", "--max-tokens", "8", "--ks", "0", "2",
+                             "--repeats", "1", "--write", "--out", str(tmp_path / "s.md")])
+    assert [(r["workload"], r["k"]) for r in rows] == [(w, k) for w in ("copy", "random, greedy", "random, sampled")
+                                                       for k in (0, 2)]
+    assert all(r["same"] for r in rows)  # speculation never changes the tokens
+    assert all(r["tokens_per_decode"] >= 1 and r["modelled_tpot_ms"] > 0 for r in rows)
+    assert "| copy | off |" in (tmp_path / "s.md").read_text()
+
+
+def test_predictive_benchmark_tiny(tmp_path):
+    from minengine.workloads import azure_conv_path, find_data_dir
+
+    if azure_conv_path(find_data_dir(None)) is None:
+        pytest.skip("shared/data (Azure trace) absent")
+    result = predictive.main(["--requests", "40", "--speedup", "4", "--num-kv-blocks", "512", "--sigmas", "0.5",
+                              "--write", "--out", str(tmp_path)])
+    rows = {r["label"]: r for r in result["policies"]}
+    assert all(r["finished"] == r["requests"] == 40 for r in rows.values())
+    assert rows["FCFS + reserve KV, oracle"]["preemptions"] == 0  # exact predictions: nobody outgrows its share
+    assert result["errors"][0]["mae"] < result["errors"][1]["mae"]  # learned beats the constant
+    saved = json.loads((tmp_path / "predictive.json").read_text())
+    assert len(saved["sample"]["true"]) == len(saved["sample"]["learned"]) > 0
