@@ -435,3 +435,29 @@ def test_priority_is_honoured_by_a_priority_server(bundled_model):
                        timeout=TIMEOUT)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_speculative_decoding_through_the_server(bundled_model):
+    """With a speculative_config the server streams the same text as plain greedy generation (several tokens
+    may arrive in one chunk), and /metrics has vLLM's spec-decode counters matching the engine's summary."""
+    prompt = "ROMEO:\nO, she doth teach the torches to burn bright!\n" * 4
+    (ref,) = LLM(bundled_model, max_model_len=512).generate([prompt], SamplingParams(temperature=0, max_tokens=40),
+                                                           use_tqdm=False)
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    with running_server(bundled_model, speculative_config=spec) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="EMPTY", timeout=TIMEOUT, max_retries=0)
+        whole = client.completions.create(model="tiny-shakespeare-llama", prompt=prompt, temperature=0,
+                                          max_tokens=40)
+        stream = client.completions.create(model="tiny-shakespeare-llama", prompt=prompt, temperature=0,
+                                           max_tokens=40, stream=True)
+        streamed = "".join(chunk.choices[0].text for chunk in stream)
+        assert whole.choices[0].text == streamed == ref.outputs[0].text
+        server.wait_idle()
+        families = _metrics(server.url)
+        s = server.engine.summary()
+        assert s.spec_accepted_tokens > 0
+        for name, value in (("vllm:spec_decode_num_drafts", s.spec_num_drafts),
+                            ("vllm:spec_decode_num_draft_tokens", s.spec_draft_tokens),
+                            ("vllm:spec_decode_num_accepted_tokens", s.spec_accepted_tokens)):
+            assert _value(families, name, name + "_total") == value, name
+        assert _value(families, "vllm:generation_tokens", "vllm:generation_tokens_total") == 80
