@@ -7,7 +7,7 @@ ITL = gap between consecutive tokens of one request; throughput over the span fi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from minengine.core.spec_decode import SpecDecodeStats
 from minengine.metrics.trace import StepTrace
@@ -69,8 +69,10 @@ class ServingSummary:
     spec_num_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
-    spec_acceptance_rate: float = math.nan
-    spec_mean_acceptance_length: float = math.nan
+    # derived from the counts above; NaN without speculation, so left out of ``==`` (NaN != NaN would make two
+    # identical runs' summaries unequal)
+    spec_acceptance_rate: float = field(default=math.nan, compare=False)
+    spec_mean_acceptance_length: float = field(default=math.nan, compare=False)
 
     def as_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
