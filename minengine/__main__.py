@@ -128,7 +128,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     # vLLM's --speculative-config: a JSON object (the one dict field that is a command-line setting)
     g.add_argument("--speculative-config", dest="speculative_config", type=_json_object, default=None,
                    metavar="JSON", help='speculative decoding by prompt lookup, vLLM\'s JSON: \'{"method": "ngram", '
-                   '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\' (default off)')
+                   '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\'; None = off')
 
 
 def _json_object(text: str) -> dict:
