@@ -322,7 +322,7 @@ class StepBuilder:
                 token_ids = request.token_ids_slice(start, end) + spec
             else:
                 token_ids = request.token_ids_slice(start, end)
-            scheduled = ScheduledRequest(
+            self.out.scheduled.append(ScheduledRequest(
                 request_id=request.request_id,
                 token_ids=token_ids,
                 start_pos=start,
@@ -333,8 +333,6 @@ class StepBuilder:
                 output_index=request.num_output_tokens,
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
-            )
-            if spec:
-                scheduled.spec_token_ids = spec
-            self.out.scheduled.append(scheduled)
+                spec_token_ids=spec or (),
+            ))
         return self.out
