@@ -7,7 +7,7 @@ ITL = gap between consecutive tokens of one request; throughput over the span fi
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from minengine.core.spec_decode import SpecDecodeStats
 from minengine.metrics.trace import StepTrace
@@ -35,7 +35,8 @@ class ServingSummary:
     Speculative decoding: ``spec_num_drafts`` (request-steps that carried proposals), ``spec_draft_tokens``
     (proposed), ``spec_accepted_tokens`` (accepted), ``spec_acceptance_rate`` (accepted / proposed) and
     ``spec_mean_acceptance_length`` (1 + accepted / drafts: tokens per drafted decode, vLLM's "mean acceptance
-    length"); the last two NaN without speculation."""
+    length"); the last two are properties computed from the counts, NaN without speculation (so two summaries
+    and their ``as_dict()`` compare equal when their fields do; ``as_dict`` has them only when drafts ran)."""
 
     num_requests: int
     num_steps: int
@@ -69,13 +70,23 @@ class ServingSummary:
     spec_num_drafts: int = 0
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
-    # derived from the counts above; NaN without speculation, so left out of ``==`` (NaN != NaN would make two
-    # identical runs' summaries unequal)
-    spec_acceptance_rate: float = field(default=math.nan, compare=False)
-    spec_mean_acceptance_length: float = field(default=math.nan, compare=False)
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted / proposed tokens; NaN without proposals."""
+        return self.spec_accepted_tokens / self.spec_draft_tokens if self.spec_draft_tokens else math.nan
+
+    @property
+    def spec_mean_acceptance_length(self) -> float:
+        """1 + accepted proposals per draft (tokens a drafted decode produced); NaN without drafts."""
+        return 1 + self.spec_accepted_tokens / self.spec_num_drafts if self.spec_num_drafts else math.nan
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.spec_num_drafts:
+            d["spec_acceptance_rate"] = self.spec_acceptance_rate
+            d["spec_mean_acceptance_length"] = self.spec_mean_acceptance_length
+        return d
 
     def as_table(self) -> str:
         """A plain-text table, milliseconds for latencies."""
@@ -140,6 +151,5 @@ def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blo
         num_timeouts=sum(m.finish_reason == "timeout" for m in done),
         readmission_hit_tokens=sum(t.readmission_hit_tokens for t in traces),
         spec_num_drafts=spec.num_drafts, spec_draft_tokens=spec.num_draft_tokens,
-        spec_accepted_tokens=spec.num_accepted_tokens, spec_acceptance_rate=spec.acceptance_rate,
-        spec_mean_acceptance_length=spec.mean_acceptance_length,
+        spec_accepted_tokens=spec.num_accepted_tokens,
     )
