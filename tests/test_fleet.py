@@ -380,14 +380,14 @@ def test_external_kv_is_admitted_only_when_its_blocks_are_free():
     sched = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=100)
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     sched.add_request(Request("big", list(range(3, 23)), params, 0.0))  # 20 tokens: 5 blocks, then 6
-    sched.update_from_output(sched.schedule(), {"big": 7})
+    sched.update_from_output(sched.schedule(), {"big": [7]})
     received = Request("rx", list(range(100, 112)), params, 0.0)  # 12 prompt tokens whose KV arrived
     received.output_token_ids = [9]
     received.num_external_computed_tokens = 12
     sched.add_request(received)
     out = sched.schedule()  # 6 of 8 blocks held: rx needs ceil(13 / 4) = 4
     assert [s.request_id for s in out.scheduled] == ["big"] and received.status is RequestStatus.WAITING
-    sched.update_from_output(out, {"big": 7})
+    sched.update_from_output(out, {"big": [7]})
     sched.finish_requests(["big"], RequestStatus.FINISHED_ABORTED)
     out = sched.schedule()
     sched.rollback(out)  # a failed step gives the received KV back, untouched
@@ -398,7 +398,7 @@ def test_external_kv_is_admitted_only_when_its_blocks_are_free():
     assert (s.request_id, s.start_pos, s.num_new_tokens, s.sample, s.is_prefill) == ("rx", 12, 1, True, False)
     assert out.prefix_hit_tokens == 0 and len(kv.get_block_ids("rx")) == 4
     assert received.num_external_computed_tokens == 0  # consumed: a recompute preemption recomputes it
-    sched.update_from_output(out, {"rx": 11})
+    sched.update_from_output(out, {"rx": [11]})
     assert all(kv.pool.get_cached_block(h) is not None for h in received.block_hashes[:3])  # received KV indexed
     sched.preempt(received, out)
     assert received.num_computed_tokens == 0

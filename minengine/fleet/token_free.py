@@ -72,9 +72,10 @@ class TokenFreeRunner:
         """Bytes of one KV block over all layers and all ``tp`` GPUs: ``block_size x kv_bytes_per_token``."""
         return block_size * self.shape.kv_bytes_per_token
 
-    def execute(self, scheduler_output: SchedulerOutput) -> dict[str, int]:
-        """{request_id: STAND_IN_TOKEN} for every scheduled request whose step samples."""
-        return {s.request_id: STAND_IN_TOKEN for s in scheduler_output.scheduled if s.sample}
+    def execute(self, scheduler_output: SchedulerOutput) -> dict[str, list[int]]:
+        """{request_id: [STAND_IN_TOKEN]} for every scheduled request whose step samples (``ModelRunner``'s
+        contract: the tokens each one gets; a speculative decode gets no accepted proposal here)."""
+        return {s.request_id: [STAND_IN_TOKEN] for s in scheduler_output.scheduled if s.sample}
 
 
 def token_free_engine(config: EngineConfig, shape: ModelShape | str, clock: Clock | None = None, *,
