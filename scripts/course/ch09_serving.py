@@ -10,6 +10,7 @@ CELLS = [
         "Send completions and chat through the official `openai` client, streamed and not, and check them against `LLM.generate`.",
         "Cancel a stream mid-way and watch the request leave and its KV blocks come back in `/metrics`.",
         "Read `/metrics` (Prometheus, vLLM's series names) and the step feed `/v1/engine/steps` that a live view draws.",
+        "Attach the dashboard's live view (`ServerFeed`, the page's own client) to the server while clients stream, and draw what it draws.",
         "Load the server with `bench-serve --base-url` and reconcile the client's numbers with the server's counters.",
     ], ["vLLM docs, *OpenAI-Compatible Server* and *Production Metrics*", "OpenAI API reference (completions, chat completions, streaming)",
         "Prometheus text exposition format", "vLLM `benchmarks/benchmark_serving.py` (the client bench-serve --base-url follows)"]),
@@ -169,9 +170,64 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
               ("the four streams were batched together", most == 4)])
     """),
     md("""
-    **The dashboard.** `streamlit run app.py` opens the dashboard (see the README): it draws these same figures
-    (`minengine.viz`) from `StepTrace` records, for the runs it starts itself. A live view of a server reads the feed
-    above: `curl -N http://HOST:PORT/v1/engine/steps?history=100` shows it in a terminal, one JSON step per event.
+    ## The dashboard, attached live
+    The replay above came after the fact. The dashboard watches a server *while* it serves: run `streamlit run app.py`
+    in a terminal, pick the sidebar source **live server**, type the URL printed below and press **Connect**. The page
+    reads the step feed with `minengine.viz.server_feed.ServerFeed`, a client that connects and reads in its own thread,
+    and redraws the block pool, the batch bars and the token timeline as steps arrive, with `/metrics` as cards. Below,
+    the notebook attaches that same client before three clients stream, and draws what the page draws from what it
+    received. (In a terminal, `curl -N URL/v1/engine/steps` shows the raw feed, one JSON step per event.)
+    """),
+    code("""
+    from minengine.viz.server_feed import ServerFeed
+
+    print(f"streamlit run app.py   ->   sidebar: live server, URL {server.url}, Connect")
+    live = ServerFeed(server.url, metrics_every_s=0.2).start()      # the dashboard's client, history=0: from now on
+    deadline = time.monotonic() + 30
+    while live.state == "connecting" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    claim("the dashboard's client connected to the server", live.state == "connected")
+    steps_at_connect = int(metric(read_metrics(server.url), "minengine:num_steps"))
+    LIVE_PROMPTS = [SHAKESPEARE_OPENINGS[0] * 3, SHAKESPEARE_OPENINGS[1], SHAKESPEARE_OPENINGS[2]]   # one longer prompt, two short
+    threads = [threading.Thread(target=lambda p=p: sum(1 for _ in client.completions.create(
+        model=model, prompt=p, max_tokens=20, temperature=0, stream=True, extra_body={"ignore_eos": True}))) for p in LIVE_PROMPTS]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    steps_live = int(metric(read_metrics(server.url), "minengine:num_steps")) - steps_at_connect
+
+
+    def finished_requests(fams):                                   # vllm:request_success summed over finished_reason
+        return sum(s.value for s in fams["vllm:request_success"].samples if s.name.endswith("_total"))
+
+
+    finished_now = finished_requests(read_metrics(server.url))
+    while (live.num_received < steps_live or (live.metrics or {}).get("requests_finished") != finished_now) and time.monotonic() < deadline:
+        time.sleep(0.05)                                           # the feed's thread catches up, then /metrics once more
+    seen = live.poll(100_000)
+    cards = dict(live.metrics)
+    live.stop()
+    print(f"feed state {live.state} ({live.stop_reason}); steps received {len(seen)}, dropped by the server {live.num_dropped}")
+    print("metric cards:", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in cards.items()})
+    busiest = max(seen, key=lambda t: (t.num_running, t.num_used_blocks))
+    wall = "wall clock: live server"
+    viz.block_pool_figure(busiest, request_ids=viz.run_request_ids(seen)).update_layout(
+        title=f"The KV block pool at the server's busiest step ({busiest.num_running} running)").show()
+    viz.batch_composition_figure(seen).update_layout(title="Each step's tokens against the budget, as the live page draws them").show()
+    titled(viz.step_token_timeline_figure(seen, clock_label=wall), "Tokens as they came out", clock_label=wall).show()
+    """),
+    conclusion("""
+    chunks = [c for t in seen for c in t.chunks]
+    conclude(f"Attached before the clients started, the dashboard's client received **{len(seen)} steps**, exactly the "
+             f"{steps_live} the server counted meanwhile, none dropped; they carried {sum(c.is_prefill for c in chunks)} prefill chunks "
+             f"and {sum(not c.is_prefill for c in chunks)} decodes of {len(LIVE_PROMPTS)} requests, and the busiest step held "
+             f"{busiest.num_used_blocks} of {busiest.num_total_blocks} KV blocks. The page's cards read `/metrics` beside it: "
+             f"{cards['requests_finished']:.0f} requests finished since the server started.",
+             [("the live feed missed no step", len(seen) == steps_live and live.num_dropped == 0 and live.num_lost == 0),
+              ("it saw the three requests finish", live.num_finished == len(LIVE_PROMPTS)),
+              ("the cards agree with /metrics", cards["requests_finished"] == finished_now),
+              ("the feed stopped when told", live.state == "stopped" and live.stop_reason == "disconnect")])
     """),
     md("""
     ## Load it: `bench-serve --base-url`
@@ -292,7 +348,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         "`python -m minengine serve` is an OpenAI-compatible server around the same `LLMEngine`: the official client works unchanged, and greedy text equals `LLM.generate`.",
         "A client that hangs up aborts its request before the next step; its KV blocks come back at once (no zombies).",
         "`/metrics` speaks Prometheus with vLLM's names: gauges for now (running, waiting, KV usage), counters and histograms for rates and percentiles.",
-        "`/v1/engine/steps` streams every `StepTrace`; the course's and the dashboard's figures draw it unchanged.",
+        "`/v1/engine/steps` streams every `StepTrace`; the course's and the dashboard's figures draw it unchanged, and the dashboard's *live server* source (`ServerFeed`) reads it while the server serves.",
         "`bench-serve --base-url` measures any OpenAI-compatible server from the client side; its counts reconcile with the server's counters.",
     ]),
     *glossary([
