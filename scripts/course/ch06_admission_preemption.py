@@ -207,7 +207,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         "3 KV allocation": (step_builder_module.StepBuilder.run, "self.kv.allocate_slots(request, num_new)"),
         "3 preemption": (step_builder_module.StepBuilder.run, "self.policy.pick_victim(self.unscheduled_running()"),
         "3 re-queue at the head": (scheduler_module.Scheduler.preempt, "self.waiting.appendleft(request)"),
-        "4 SchedulerOutput": (step_builder_module.StepBuilder.build, "self.out.scheduled.append(ScheduledRequest("),
+        "4 SchedulerOutput": (step_builder_module.StepBuilder.build, "ScheduledRequest("),
         "5 write-back": (scheduler_module.Scheduler.update_from_output, "request.num_computed_tokens += s.num_new_tokens"),
     }
     found = {}
