@@ -11,9 +11,11 @@ CELLS = [
         "Write the scheduler's step as a 30-line toy, check it against the real engine step by step, and map vLLM's `Scheduler.schedule` onto minengine's `StepBuilder` and `Scheduler.update_from_output` in five steps.",
         "Draw the request state machine (`RequestStatus`) and watch a real run take its arrows.",
         "Watch KV memory run out: which request becomes the victim (only one not yet scheduled this step), where it is re-queued (the head: last preempted, first back), recompute vs swap, the admission probe.",
+        "Read a request's progress as one number, `num_computed_tokens`, against its pending tokens: chunked prefill, prefix hits, decodes and the engine's speculative decoding (prompt lookup) all move it.",
     ], ["Kwon et al., PagedAttention, SOSP 2023, sections 4.5 and 7.3 (swapping vs recomputation)",
         "vLLM source, `vllm/v1/core/sched/scheduler.py` (`Scheduler.schedule`, `update_from_output`)",
-        "vLLM docs, *Optimization and Tuning: preemption*", "Yu et al., Orca, OSDI 2022", "Agrawal et al., Sarathi-Serve, OSDI 2024"]),
+        "vLLM docs, *Optimization and Tuning: preemption*", "Yu et al., Orca, OSDI 2022", "Agrawal et al., Sarathi-Serve, OSDI 2024",
+        "Leviathan et al., *Fast Inference from Transformers via Speculative Decoding*, ICML 2023", "Saxena, *Prompt Lookup Decoding*, 2023; vLLM docs, *Speculative Decoding* (`method=\"ngram\"`)"]),
     code(SETUP + """\
 import inspect
 import math
@@ -425,6 +427,145 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
              f"prompt also holds blocks the running requests may need (more preemption risk).",
              [("the probe admits the prompt earlier", s1 < s0), ("with a smaller first chunk", c1 < c0)])
     """),
+    md("""
+    ## One number for progress: computed vs pending tokens
+    A request is a list of tokens (its prompt, then its outputs) and **one number**, `num_computed_tokens`: how many of
+    those tokens already have their K/V in the cache. The rest are **pending**. Every step the scheduler gives a request
+    some of its pending tokens (vLLM's `num_tokens_with_spec - num_computed_tokens`, step 2 of the reading above), and the
+    write-back (step 5) moves the number forward by what the step computed. Every mechanism of the course moves it:
+    - **chunked prefill**: a long prompt's pending tokens are taken a budget's worth at a time (chapter 4);
+    - **a prefix cache hit**: admission sets the number to the cached tokens, computing none of them (chapter 5);
+    - **a decode**: once a token is sampled, exactly one token is pending, that token itself (its K/V is not written yet);
+    - **recompute preemption**: the number falls back to 0, and every token, outputs included, is pending again;
+    - **speculative decoding** (`speculative_config`, prompt lookup): a proposer appends up to k *guessed* tokens to a
+      decode's one pending token, copied from where the request's last n-gram occurred earlier in its own text; the step
+      computes all 1 + k, the sampler compares each guess with the model's own choice at that position, and the number
+      advances by 1 + the accepted guesses. Rejected guesses are dropped (their slots are overwritten later).
+
+    The run: `first` (a 61-token prompt under a 32-token budget: two chunks), then `second`, whose prompt shares the first
+    48 tokens (three full blocks), with n-gram speculation on (k = 4). Each row is one request's part of one step, read
+    from the trace: `start_pos` is `num_computed_tokens` before the step.
+    """),
+    code("""
+    from minengine.core.spec_decode import SpecDecodeStats
+    from minengine.workloads import SHAKESPEARE_OPENINGS
+
+    SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    progress = modelled_engine(max_num_batched_tokens=32, block_size=16, num_kv_blocks=64, speculative_config=SPEC, trace_block_tables=False)
+    shared = " ".join(SHAKESPEARE_OPENINGS[:3])
+    greedy = SamplingParams(temperature=0.0, max_tokens=pick(64, 48), ignore_eos=True)
+    run_with_arrivals(progress, [(0, "first", shared + "\\nROMEO:", greedy), (4, "second", shared + "\\nJULIET:", greedy)])
+
+
+    def progress_rows(engine):
+        \"\"\"One row per (step, request): num_computed_tokens before and after, pending, scheduled, guesses accepted/rejected.\"\"\"
+        rows, outputs = [], Counter()
+        prompt_len = {rid: m.num_prompt_tokens for rid, m in engine.request_metrics.items()}
+        for t in engine.traces:
+            for c in t.chunks:
+                kind = "prefill chunk" if c.is_prefill else f"decode + {c.num_spec_tokens} guesses" if c.num_spec_tokens else "decode"
+                rows.append(dict(step=t.step, request=c.request_id, kind=kind, before=c.start_pos,
+                                 pending=prompt_len[c.request_id] + outputs[c.request_id] - c.start_pos, scheduled=c.num_tokens,
+                                 guesses=c.num_spec_tokens, accepted=c.num_accepted_tokens, rejected=c.num_rejected_tokens,
+                                 after=c.start_pos + c.num_tokens - c.num_rejected_tokens, hit=t.prefix_hit_tokens))
+                if c.sampled:
+                    outputs[c.request_id] += 1 + c.num_accepted_tokens
+        return rows
+
+
+    rows = progress_rows(progress)
+    print("step  request  kind                 computed before  pending  scheduled  accepted  rejected  computed after")
+    shown = rows[:8] + [r for r in rows[8:] if r["accepted"]][:3]   # the first steps, then the first accepted guesses
+    for r in shown:
+        print(f"{r['step']:4d}  {r['request']:7s}  {r['kind']:19s}  {r['before']:15d}  {r['pending']:7d}  {r['scheduled']:9d}  "
+              f"{r['accepted']:8d}  {r['rejected']:8d}  {r['after']:14d}")
+    print(SpecDecodeStats.of_steps(progress.traces))
+    """),
+    conclusion("""
+    by_request = {rid: [r for r in rows if r["request"] == rid] for rid in ("first", "second")}
+    continuous = all(a["after"] == b["before"] for rs in by_request.values() for a, b in zip(rs, rs[1:]))
+    first_chunks = [r for r in by_request["first"] if r["kind"] == "prefill chunk"]
+    second_start = by_request["second"][0]
+    decodes = [r for r in rows if r["kind"] != "prefill chunk"]
+    drafted = [r for r in decodes if r["guesses"]]
+    took = next(r for r in drafted if r["accepted"])
+    missed = next(r for r in drafted if r["rejected"])
+    conclude(f"One number tells the whole story. `first` prefilled in **{len(first_chunks)} chunks** ({', '.join(str(r['scheduled']) for r in first_chunks)} "
+             f"tokens); `second` started at **`num_computed_tokens` = {second_start['before']}**, the {second_start['hit']} tokens the prefix "
+             f"cache held, and computed only its other {second_start['scheduled']}. Every decode had exactly **1** pending token; "
+             f"{len(drafted)} of the {len(decodes)} decodes also carried guesses. At step {took['step']}, `{took['request']}` computed "
+             f"{took['scheduled']} tokens, {took['accepted']} guesses were accepted, and the number moved {took['before']} -> {took['after']} "
+             f"(1 + {took['accepted']}); at step {missed['step']}, {missed['rejected']} of {missed['guesses']} guesses were rejected and it moved "
+             f"{missed['before']} -> {missed['after']}. Across all {len(rows)} rows each step began exactly where the last one ended.",
+             [("each step of a request starts where its previous one ended", continuous),
+              ("the long prompt was chunked, from 0", len(first_chunks) >= 2 and first_chunks[0]["before"] == 0),
+              ("the second prompt started at its prefix hit", second_start["before"] == second_start["hit"] > 0),
+              ("a decode has exactly one pending token", all(r["pending"] == 1 for r in decodes)),
+              ("speculation advanced by 1 + accepted guesses", all(r["after"] - r["before"] == 1 + r["accepted"] for r in drafted))])
+    """),
+    md("""
+    ### Speculative decoding on the modelled clock
+    Why guess? A decode step is memory-bound (chapter 1): verifying 4 guesses costs about what computing 1 token costs, so
+    every accepted guess is a token for free. Prompt lookup (Saxena 2023; vLLM's `method="ngram"`) needs no draft model:
+    it works when text repeats, as code edits, quotes and this tiny model's loops do. Greedy output cannot change: a guess
+    is kept only where it equals the model's own argmax (Leviathan et al. 2023). Four requests, with and without it:
+    """),
+    code("""
+    def spec_run(spec, max_tokens=pick(96, 48)):
+        eng = modelled_engine(max_num_batched_tokens=256, speculative_config=spec, trace_block_tables=False)
+        for i, prompt in enumerate(SHAKESPEARE_OPENINGS[:4]):
+            eng.add_request(f"r{i}", prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        outs = run_to_completion(eng)
+        return eng, {rid: list(o.outputs[0].token_ids) for rid, o in outs.items()}
+
+
+    spec_runs = {"off": spec_run(None), "ngram, k = 4": spec_run(SPEC)}
+    for name, (eng, _) in spec_runs.items():
+        s = eng.summary()
+        print(f"{name:13s} steps {s.num_steps:4d} | tokens computed {sum(t.num_scheduled_tokens for t in eng.traces):5d} | "
+              f"accepted/proposed {s.spec_accepted_tokens}/{s.spec_draft_tokens} | TPOT P50 {s.tpot_p50 * 1000:5.2f} ms | "
+              f"duration {s.duration_s * 1000:6.1f} ms (modelled)")
+    h100 = teaching_cost_model()
+    verify_ratio = h100.cost(StepWork.of([(5, 100, 5)] * 4)).time_s / h100.cost(StepWork.of([(1, 100, 1)] * 4)).time_s
+    print(f"4 decodes verifying 4 guesses each cost {verify_ratio:.3f}x 4 plain decodes ({h100.label})")
+    """),
+    conclusion("""
+    (off, off_tokens), (on, on_tokens) = spec_runs["off"], spec_runs["ngram, k = 4"]
+    so, sn = off.summary(), on.summary()
+    computed = {name: sum(t.num_scheduled_tokens for t in eng.traces) for name, (eng, _) in spec_runs.items()}
+    conclude(f"With prompt lookup the model accepted **{sn.spec_accepted_tokens} of {sn.spec_draft_tokens}** guesses "
+             f"({sn.spec_acceptance_rate:.0%}); a drafted decode yielded {sn.spec_mean_acceptance_length:.2f} tokens on average. The same "
+             f"greedy text took **{sn.num_steps} steps instead of {so.num_steps}**, and the modelled run {sn.duration_s * 1000:.0f} ms instead of "
+             f"{so.duration_s * 1000:.0f} ms (TPOT P50 {sn.tpot_p50 * 1000:.2f} vs {so.tpot_p50 * 1000:.2f} ms), although the engine computed "
+             f"{computed['ngram, k = 4'] - computed['off']} more tokens (the rejected guesses): on the modelled H100 a decode step verifying "
+             f"4 guesses costs **{verify_ratio:.3f}x** a plain one. Guesses are paid in budget tokens and KV slots, so they help only while "
+             f"decode steps are memory-bound and enough of them are accepted.",
+             [("greedy output is unchanged", on_tokens == off_tokens),
+              ("speculation took fewer steps and less modelled time", sn.num_steps < so.num_steps and sn.duration_s < so.duration_s),
+              ("the extra tokens computed are exactly the rejected guesses", computed["ngram, k = 4"] - computed["off"] == sn.spec_draft_tokens - sn.spec_accepted_tokens > 0),
+              ("a verifying step costs within 5 % of a plain decode", verify_ratio < 1.05)])
+    """),
+    md("""
+    ## Try it: how many guesses?
+    Change k and the n-gram lengths, press *Run*: more guesses per step accept more tokens per step when the text repeats,
+    and waste more budget when it does not.
+    """),
+    code("""
+    import ipywidgets as widgets
+
+
+    def speculate(k=4, prompt_lookup_min=1, prompt_lookup_max=3):
+        eng, tokens = spec_run({"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": prompt_lookup_min,
+                                "prompt_lookup_max": max(prompt_lookup_min, prompt_lookup_max)})
+        s = eng.summary()
+        print(f"k={k}: accepted {s.spec_accepted_tokens} of {s.spec_draft_tokens} ({s.spec_acceptance_rate:.0%}), "
+              f"{s.num_steps} steps (off: {spec_runs['off'][0].summary().num_steps}), modelled {s.duration_s * 1000:.0f} ms, "
+              f"greedy output unchanged: {tokens == spec_runs['off'][1]}")
+
+
+    widgets.interact_manual(speculate, k=widgets.IntSlider(value=4, min=1, max=8), prompt_lookup_min=widgets.IntSlider(value=1, min=1, max=5),
+                            prompt_lookup_max=widgets.IntSlider(value=3, min=1, max=5))
+    """),
     md("## Try it: pool size vs preemptions"),
     code("""
     import ipywidgets as widgets
@@ -480,6 +621,45 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         check("Exercise 3: re-admission order", answer_3, [rid for rid in actual if rid in first_wave][:3])
         """, wrong=["answer_3 = list(first_wave)  # a victim re-queued at the tail would come back first-in-first-out",
                     "answer_3 = [first_wave[0], first_wave[2], first_wave[1]]"]),
+    *exercise(4, """
+        A decode carries `k` guesses and the model accepts the first `accepted` of them. By how much does the request's
+        `num_computed_tokens` advance in that step? Write `advance(k, accepted)`; the check compares it with what the engine
+        did in the progress run above (each drafted decode's next `start_pos` minus its own), for every (k, accepted) seen there.
+        """, """
+        Which positions got K/V written that the request will keep? The decode's own pending token, and each accepted guess.
+        """, "answer_4",
+        "answer_4 = lambda k, accepted: 1 + accepted",
+        """
+        observed = {}
+        for rs in by_request.values():
+            for a, b in zip(rs, rs[1:]):
+                if a["guesses"]:
+                    observed[(a["guesses"], a["accepted"])] = b["before"] - a["before"]
+        check_function("Exercise 4: num_computed_tokens after verifying guesses", answer_4, sorted(observed.items()))
+        """, wrong=["answer_4 = lambda k, accepted: accepted  # the decode's own token is computed too",
+                    "answer_4 = lambda k, accepted: 1 + k  # rejected guesses are not kept",
+                    "answer_4 = lambda k, accepted: 1  # accepted guesses were computed by the same forward"]),
+    *question("why can speculative decoding never change a greedy output?", """
+        The run with guesses produced exactly the tokens of the run without. Why is that guaranteed, and what changes with
+        temperature > 0?
+        """, """
+        A guess is kept only if it equals the token the model itself picks at that position, computed in the same forward
+        with exactly the K/V it would have had (the guesses before it were accepted, so the context is the true one); the first
+        mismatch is replaced by the model's own token and everything after it is dropped. So the accepted tokens are the greedy
+        tokens. With sampling, a guess is kept with the probability the model gives it (rejection sampling, Leviathan et al.
+        2023; for a guess from an n-gram, which has no probabilities of its own, that is: keep it if the sampled token equals
+        it), so the output *distribution* is unchanged, though one seeded run need not give the same text.
+        """),
+    *question("what if the text never repeats?", """
+        Prompt lookup copies what followed the last n-gram earlier in the request. What does speculation cost on text with no
+        repeated n-grams, and when would it make a busy server slower?
+        """, """
+        With no earlier occurrence there is no proposal, so nothing is scheduled beyond the decode's token and the cost is the
+        n-gram lookup only. With matches that are usually wrong, each guess takes a token of the step budget and a KV slot and
+        is then thrown away; when the batch is large enough that decode steps approach the compute roof (chapter 1's ridge),
+        those extra tokens cost real time, and the token budget they take delays other requests' prefill chunks. That is why
+        engines turn speculation down at high load.
+        """),
     *question("why can the victim not be a request already scheduled this step?", """
         In the victim experiment the older request was preempted although a newer one was running. What would go wrong if
         the scheduler preempted `new`, whose chunk was already in the step being built?
@@ -505,6 +685,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         "Requests move WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED or SWAPPED (waiting again) -> RUNNING; abort and timeout end any unfinished state.",
         "The victim is the newest running request not yet scheduled this step; it is re-queued at the head, so victims come back last-preempted-first, in their original order.",
         "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output. The admission probe shrinks a new chunk to the free blocks.",
+        "A request's progress is one number, `num_computed_tokens`, against its tokens: chunked prefill takes pending tokens a budget at a time, a prefix hit sets the number without computing, a decode has one pending token, recompute resets it, and speculative decoding adds guessed tokens that advance it by 1 + the accepted ones.",
     ]),
     *glossary([
         ("admission", "准入", "moving a waiting request into the running batch"),
@@ -516,5 +697,8 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         ("admission probe", "准入探测", "shrinking a new chunk until its blocks fit"),
         ("sequence slot", "序列槽位", "one place among `max_num_seqs` running requests"),
         ("state machine (`RequestStatus`)", "状态机", "the states a request moves through and the moves between them"),
+        ("computed / pending tokens (`num_computed_tokens`)", "已计算 / 待计算词元", "tokens with K/V in the cache / the rest of the request's tokens"),
+        ("speculative decoding", "投机解码", "guess several tokens, verify them in one forward, keep the accepted ones"),
+        ("prompt lookup (n-gram proposer)", "提示词查找（n 元组提议器）", "guesses copied from what followed the last n-gram earlier in the request"),
     ]),
 ]
