@@ -453,6 +453,8 @@ def test_lanes_figures_resample_each_replica_timeline():
     assert "modelled: H100 SXM, Llama-3-8B shapes" in fig.layout.title.text
     queue = fleet_lanes_figure(result, "queue", lang="zh", num_bins=20)
     assert "副本泳道" in queue.layout.title.text
+    # a count lane starts its scale at 0 and spans at least 1 (an idle queue is the scale's bottom colour)
+    assert queue.data[0].zmin == 0 and queue.data[0].zmax >= max(1, max(max(row) for row in queue.data[0].z))
     assert [bar.y for bar in fleet_load_figure(result).data][0] == tuple(r.busy_time_s for r in result.replicas)
     assert "分离式" in fleet_description(result.config, "zh") and fleet_description(result.config) == \
         result.config.describe()

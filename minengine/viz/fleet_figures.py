@@ -160,7 +160,9 @@ def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: i
     label = hardware_label(result)
     fig = go.Figure(go.Heatmap(
         z=z, x=grid, y=replica_names(result, lang), colorscale="Viridis" if metric == "kv" else "Magma",
-        zmin=0, zmax=100 if metric == "kv" else None, colorbar={"title": what},
+        # counts from 0 to at least 1: an all-zero queue is drawn as 0 (black), not as the middle of a -0.5..0.5 scale
+        zmin=0, zmax=100 if metric == "kv" else max(1.0, max((max(row, default=0) for row in z), default=0)),
+        colorbar={"title": what},
         hovertemplate="%{y} · %{x:.1f} s<br>%{z:.0f}<extra></extra>"))
     fig.update_layout(title=ft("lanes_title", lang).format(what=what, label=label),
                       xaxis={"title": ft("sim_time", lang)},
