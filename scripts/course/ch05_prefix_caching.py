@@ -78,7 +78,9 @@ CELLS = [
     if mt_path is not None and mt_path.exists():
         conversations = [json.loads(line)["turns"] for line in mt_path.read_text().splitlines() if line.strip()]
     else:
-        conversations = [[o, "Now say it again, but shorter."] for o in SHAKESPEARE_OPENINGS]
+        # built-in: turn 1 asks to go on from a scene of the openings (each conversation starts at a different one)
+        conversations = [["".join(SHAKESPEARE_OPENINGS[i:] + SHAKESPEARE_OPENINGS[:i]) + "Go on in the same style.",
+                          "Now say it again, but shorter."] for i in range(len(SHAKESPEARE_OPENINGS))]
     conversations = [[a[:pick(600, 200)], b[:200]] for a, b in conversations[: pick(16, 6)]]
 
 
