@@ -114,7 +114,9 @@ from minengine.workloads.traces import Trace
     """),
     md("""
     `find_capacity` searches the highest Poisson rate at which at least 90 % of requests meet the SLO and the median
-    queueing delay stays bounded (Sarathi-Serve's method): it grows the rate until a probe fails, then bisects.
+    queueing delay stays bounded (Sarathi-Serve's method): it doubles the rate until a probe fails (halves it while they
+    fail), then bisects between the highest passing and the lowest failing rate, within `max_probes` probes in all (8 here;
+    4 in fast mode, which can run out before it bisects; the conclusion says which happened).
     """),
     code("""
     capacity = find_capacity(slo, lengths=lengths, num_requests=N, start_rate=r0 / 2, max_probes=pick(8, 4), clock=TEACHING_CLOCK, **CONFIG)
@@ -122,8 +124,15 @@ from minengine.workloads.traces import Trace
         print(f"probe {p.rate:6.1f}/s: SLO attainment {p.attainment:.0%}, median queue delay {p.median_queue_delay_s * 1000:.1f} ms -> {'pass' if p.passed else 'fail'}")
     """),
     conclusion("""
+    passed_so_far = [p.passed for p in capacity.probes]
+    bracketing = next((k + 1 for k in range(len(passed_so_far)) if len(set(passed_so_far[: k + 1])) == 2), len(passed_so_far))
+    bisecting = len(capacity.probes) - bracketing
+    search = (f"{bracketing} probes bracketed it, then {bisecting} bisected the bracket to a factor of "
+              f"{capacity.failing_rate / capacity.capacity:.2f}" if bisecting else
+              f"{bracketing} probes bracketed it and the limit of {len(capacity.probes)} probes left none to bisect: the bracket is a factor of "
+              f"{capacity.failing_rate / capacity.capacity:.1f} wide")
     conclude(f"Capacity under *{slo}*: **{capacity.describe()}** ({capacity.clock_label}, budget 256, 16 slots), between the highest "
-             f"passing probe and the lowest failing one ({capacity.failing_rate:.1f} req/s).",
+             f"passing probe and the lowest failing one ({capacity.failing_rate:.1f} req/s): {search}.",
              [("the search found a passing and a failing rate", capacity.bounded),
               ("the capacity is above the light load", capacity.capacity > 0.25 * r0)])
     """),
@@ -206,7 +215,7 @@ from minengine.workloads.traces import Trace
         print(f"budget {b:5d}: largest prefill in a step {c['max_prefill']:5d} | steps with a document chunk {c['doc_steps']:.0%} | "
               f"slots full {c['full_slots']:.0%} | preemptions {c['preemptions']} | chat TPOT P99/P50 {c['tpot_spread']:.2f} | "
               f"Jain index {c['jain']:.2f} | mean TTFT docs {c['doc_ttft'] * 1000:.0f} ms, chat {c['chat_ttft'] * 1000:.0f} ms | "
-              f"output backlog peak {c['peak_backlog']} tokens")
+              f"output backlog mean {c['mean_backlog']:.0f}, peak {c['peak_backlog']} tokens")
     fig = go.Figure([go.Scatter(x=[t - c["backlog"][0][0] for t in c["backlog"][0]], y=c["backlog"][1], name=f"budget {b}", mode="lines", line_shape="hv")
                      for b, c in checks.items()])
     titled(fig, "Output backlog: output tokens still owed to the requests in the system")
@@ -229,9 +238,9 @@ from minengine.workloads.traces import Trace
     c_small, c_big = checks[128], checks[1024]
     gain_64 = budget_runs[1024].summary().total_tok_s / budget_runs[128].summary().total_tok_s
     gain_16 = slot_runs[1024].summary().total_tok_s / slot_runs[128].summary().total_tok_s
-    backlog = ("more output tokens were owed on average: decode work piled up behind the document prefills"
+    backlog = ("decode work piled up behind the document prefills"
                if c_big["mean_backlog"] > c_small["mean_backlog"] else
-               "fewer output tokens were owed on average: the bigger budget cleared prompts sooner, so the backlog is not where the worse "
+               "the bigger budget cleared prompts sooner, so less output was owed on average: the backlog is not where the worse "
                "TPOT comes from; the size of the steps is")
     doc_stalls = causes["a document's prefill"]
     conclude(f"1. **Step composition**: with budget 1,024 a document chunk takes up to {c_big['max_prefill']:,} tokens of a step "
@@ -246,8 +255,8 @@ from minengine.workloads.traces import Trace
              f"{c_big['doc_ttft'] * 1000:.0f} ms, of chat requests {c_small['chat_ttft'] * 1000:.0f} -> {c_big['chat_ttft'] * 1000:.0f} ms) and the chat users "
              f"paid for it while they decoded: their TPOT spread (P99 / P50) went from {c_small['tpot_spread']:.2f} to {c_big['tpot_spread']:.2f}, Jain's index "
              f"from {c_small['jain']:.2f} to {c_big['jain']:.2f} (1 = everyone alike). "
-             f"\\n6. **Output backlog**: {c_big['mean_backlog']:.0f} output tokens owed on average with budget 1,024 against {c_small['mean_backlog']:.0f}: "
-             f"{backlog}.\\n\\nFixes: a smaller budget or `long_prefill_token_threshold` for the "
+             f"\\n6. **Output backlog**: on average {c_big['mean_backlog']:.0f} output tokens were owed with budget 1,024 and "
+             f"{c_small['mean_backlog']:.0f} with 128 (peaks {c_big['peak_backlog']} and {c_small['peak_backlog']}); {backlog}.\\n\\nFixes: a smaller budget or `long_prefill_token_threshold` for the "
              f"chunks, decode-first (already on), Dynamic SplitFuse with a target, or a separate pool for documents (disaggregation).",
              [("document chunks fill the bigger budget", c_big["max_prefill"] > 4 * c_small["max_prefill"]),
               ("every stall above the threshold is caused by a prefill chunk", bool(stalls) and all(st["kind"] == "prefill" for st in stalls)),
@@ -261,13 +270,16 @@ from minengine.workloads.traces import Trace
     ## Round-robin: one long prompt cannot starve another
     With decode-first, prompts in prefill are served in admission order, so a long prompt that arrived first holds the
     whole budget until it is done, and a short one behind it waits (head-of-line blocking). The `round-robin` policy
-    shares the prefill budget equally between the prompts that want it. A 4,000-token prompt, then a 300-token one a
-    step later, budget 256:
+    shares the prefill budget equally between the prompts that want it. A long prompt (`LONG` tokens, the size is in the
+    figure's title), then a 300-token one a step later, budget 256:
     """),
     code("""
+    LONG = pick(4000, 2000)
+
+
     def two_prompts(policy):
         eng = modelled_engine(max_num_batched_tokens=256, scheduling_policy=policy, trace_block_tables=False)
-        run_with_arrivals(eng, [(0, "long-A", {"prompt_token_ids": [(13 * k + 7) % 2000 + 3 for k in range(pick(4000, 2000))]}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)),
+        run_with_arrivals(eng, [(0, "long-A", {"prompt_token_ids": [(13 * k + 7) % 2000 + 3 for k in range(LONG)]}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)),
                                 (1, "long-B", {"prompt_token_ids": [(13 * k + 14) % 2000 + 3 for k in range(300)]}, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))])
         return eng
 
@@ -281,7 +293,7 @@ from minengine.workloads.traces import Trace
                 done += sum(c.num_tokens for c in t.chunks if c.request_id == rid and c.is_prefill)
                 xs.append(t.step); ys.append(done)
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line_shape="hv", name=f"{policy}: {rid}", line={"dash": "dot" if rid == "long-B" else "solid"}))
-    fig.update_layout(title="Prefill progress (tokens computed) of two prompts, step by step", xaxis_title="step", yaxis_title="prompt tokens computed")
+    fig.update_layout(title=f"Prefill progress of a {LONG:,}-token prompt (A) and a 300-token one (B), step by step", xaxis_title="step", yaxis_title="prompt tokens computed")
     fig.show()
     for policy, eng in rr_runs.items():
         print(f"{policy:12s} TTFT A {eng.request_metrics['long-A'].ttft * 1000:6.1f} ms | B {eng.request_metrics['long-B'].ttft * 1000:6.1f} ms")
@@ -545,8 +557,8 @@ from minengine.workloads.traces import Trace
         """, wrong=["answer_3 = max(stalls, key=lambda s: s['itl_s'])['request_id']  # the victim of the stall, not its cause",
                     'answer_3 = "budget 1024"  # the setting is the reason, a request is the cause']),
     *question("why does a busy engine serve users badly?", """
-        At the top arrival rate the engine was busy nearly all the time, yet most requests missed their SLO. Why does high
-        utilization go with high latency? What would you watch to see it coming?
+        At the top arrival rate the engine was busy nearly all the time, yet its P99 TTFT had more than doubled
+        and goodput fell behind throughput: fewer requests met the SLO. Why does high utilization go with high latency? What would you watch to see it coming?
         """, """
         Near saturation, work arrives about as fast as it can be done, so any burst has to wait: the queue grows, and
         queueing delay (counted in TTFT) grows without bound as the arrival rate approaches the service rate (queueing
