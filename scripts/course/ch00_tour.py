@@ -5,7 +5,7 @@ from cells import SETUP, code, conclusion, exercise, glossary, header, md, quest
 
 CELLS = [
     *header(0, "Tour: the engine in ten lines", [
-        "Run the course: `pip install -e .` then `jupyter lab notebooks/`; `MINENGINE_FAST=1` shrinks workloads.",
+        "Run the course: `bash scripts/setup.sh` (a CPU torch, the requirements, minengine) then `jupyter lab notebooks/`; `MINENGINE_FAST=1` shrinks workloads.",
         "Generate text with the offline API `LLM.generate` and the online API `LLMEngine.add_request` + `step()`.",
         "Read what one engine step did from its `StepTrace` (chunks, tokens, blocks, queues).",
         "Know the two clocks of the course: modelled time (an H100 running Llama-3-8B shapes) for every teaching figure, measured CPU time only where a chapter measures this machine on purpose.",
