@@ -89,3 +89,21 @@ def test_metric_reader_finds_samples_and_defaults_to_zero():
     assert metric(families, "vllm:num_requests_running") == 2.0
     with pytest.raises(KeyError):
         metric(families, "vllm:nope")
+
+
+def test_check_close_states_its_tolerance_and_hides_the_hint_until_tried(capsys):
+    from minengine.course import check, check_close, check_function
+
+    assert not check_close("tight", 1.1, 1.0, rel_tol=1e-6, hint="think again")
+    out = capsys.readouterr().out
+    assert "not within 0.0001% of the measured value" in out and "hint: think again" in out
+    assert not check_close("loose", 2.0, 1.0, rel_tol=0.02, abs_tol=0.5)
+    assert "not within 2% or 0.5 of" in capsys.readouterr().out
+    assert not check_close("exact", 2.0, 1.0, rel_tol=0.0)
+    assert "not equal to the measured value" in capsys.readouterr().out
+    assert check_close("close", 1.0 + 1e-9, 1.0, rel_tol=1e-6)
+    for verdict in (check("a", None, 3, hint="the formula"), check_close("b", None, 3.0, hint="the formula"),
+                    check_function("c", None, [((1,), 1)], hint="the formula")):
+        assert not verdict
+    out = capsys.readouterr().out
+    assert out.count("not answered yet") == 3 and "the formula" not in out

@@ -32,6 +32,24 @@ class Verdict:
         pass
 
 
+def _percent(fraction: float) -> str:
+    """A tolerance as a percentage with up to 3 significant digits: 0.02 -> "2%", 1e-6 -> "0.0001%"."""
+    return f"{fraction * 100:.3g}%"
+
+
+def _tolerance(rel_tol: float, abs_tol: float) -> str:
+    """How close an answer must be, in words: "within 2%", "within 0.0001% or 0.5"."""
+    parts = ([_percent(rel_tol)] if rel_tol > 0 else []) + ([f"{abs_tol:g}"] if abs_tol > 0 else [])
+    return "equal to" if not parts else "within " + " or ".join(parts) + " of"
+
+
+def _unanswered(name: str) -> Verdict:
+    """The placeholder is still there: say so, without the hint (the learner has not tried yet, and a hint can
+    name the formula)."""
+    print(f"FAIL  {name}: not answered yet (replace None with your answer)")
+    return Verdict(False)
+
+
 def _fail(name: str, reason: str, hint: str | None) -> Verdict:
     print(f"FAIL  {name}: {reason}" + (f"\n      hint: {hint}" if hint else ""))
     return Verdict(False)
@@ -45,12 +63,13 @@ def _pass(name: str, detail: str = "") -> Verdict:
 def check(name: str, answer, expected, hint: str | None = None) -> Verdict:
     """Exact check (``answer == expected``); prints ``PASS  name`` or ``FAIL  name: ...`` and returns the result.
 
-    An answer left as ``None`` (the exercise placeholder) fails with "not answered yet". Strings are compared
+    An answer left as ``None`` (the exercise placeholder) fails with "not answered yet" and no hint (it has not
+    been tried; ``hint`` is shown from the first wrong answer on). Strings are compared
     stripped and case-insensitively, so ``"Max_Num_Batched_Tokens "`` matches ``"max_num_batched_tokens"``.
     The expected value is not printed on failure, so the check does not give the answer away.
     """
     if answer is None:
-        return _fail(name, "not answered yet (replace None with your answer)", hint)
+        return _unanswered(name)
     if isinstance(expected, str) and isinstance(answer, str):
         ok = answer.strip().lower() == expected.strip().lower()
     else:
@@ -72,14 +91,14 @@ def check_close(name: str, answer, expected: float, rel_tol: float = 0.02, abs_t
     if not isinstance(expected, (int, float)) or not math.isfinite(expected):
         raise ValueError(f"expected must be a finite number, got {expected!r}")
     if answer is None:
-        return _fail(name, "not answered yet (replace None with your answer)", hint)
+        return _unanswered(name)
     try:
         value = float(answer)
     except (TypeError, ValueError):
         return _fail(name, f"got {answer!r}, which is not a number", hint)
     if math.isclose(value, expected, rel_tol=rel_tol, abs_tol=abs_tol):
         return _pass(name)
-    return _fail(name, f"got {value:g}, not within {rel_tol:.0%} of the measured value", hint)
+    return _fail(name, f"got {value:g}, not {_tolerance(rel_tol, abs_tol)} the measured value", hint)
 
 
 def check_function(name: str, fn, cases, hint: str | None = None) -> Verdict:
@@ -97,7 +116,7 @@ def check_function(name: str, fn, cases, hint: str | None = None) -> Verdict:
     if not cases:
         raise ValueError("check_function needs at least one (args, expected) case")
     if fn is None:
-        return _fail(name, "not answered yet (replace None with your answer)", hint)
+        return _unanswered(name)
     if not callable(fn):
         return _fail(name, f"got {fn!r}, which is not a function", hint)
     for args, expected in cases:

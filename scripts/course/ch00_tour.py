@@ -189,7 +189,7 @@ CELLS = [
                                                                                ignore_eos=True))
         run_to_completion(probe)
         check("Exercise 3: steps for one request", answer_3, len(probe.traces),
-              hint="ceil(P / B) prefill steps, then max_tokens - 1 decode steps")
+              hint="count the prefill chunks of at most B tokens (is the last one full?), then ask which step samples the first output token")
         """, wrong=["P, B, max_tokens = 100, 32, 5\nanswer_3 = P // B + max_tokens - 1  # floor drops the last, short chunk",
                     "P, B, max_tokens = 100, 32, 5\nanswer_3 = -(-P // B) + max_tokens  # the last chunk already samples token 1",
                     "P, B, max_tokens = 100, 32, 5\nanswer_3 = P / B + max_tokens - 1"]),
