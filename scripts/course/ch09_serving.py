@@ -24,6 +24,7 @@ import httpx
 import openai
 
 from minengine.course.serving import ServerProcess, child_env, metric, read_metrics, read_steps
+from minengine.viz.server_feed import rename_requests
 from minengine.workloads import SHAKESPEARE_OPENINGS
 """),
     md("""
@@ -144,6 +145,14 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     builders draw a server's steps as they draw a notebook run's. Four streams at once, then the feed's replay of them:
     """),
     code("""
+    def named(traces):
+        # the steps with the server's ids (cmpl-<hex>-0) renamed req-1, req-2, ... in order of first appearance:
+        # numbered ids get distinct colours (viz.colors.request_color) and readable labels in the figures
+        order = dict.fromkeys(r for t in traces for r in [*(c.request_id for c in t.chunks), *(t.block_tables or {})])
+        names = {rid: f"req-{i + 1}" for i, rid in enumerate(order)}
+        return [rename_requests(t, lambda r: names.get(r, r)) for t in traces]
+
+
     def one_stream(i):
         s = client.completions.create(model=model, prompt=SHAKESPEARE_OPENINGS[i], max_tokens=24, temperature=0, stream=True,
                                       extra_body={"ignore_eos": True})
@@ -159,7 +168,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     steps_now = int(metric(read_metrics(server.url), "minengine:num_steps"))
     engine_info, feed = read_steps(server.url, history=steps_now - steps_before)
     print({k: engine_info[k] for k in ("model", "block_size", "num_kv_blocks", "max_num_batched_tokens", "scheduling_policy")})
-    viz.batch_composition_figure(feed).update_layout(title="The server's steps while 4 clients streamed (from /v1/engine/steps)").show()
+    viz.batch_composition_figure(named(feed)).update_layout(title="The server's steps while 4 clients streamed (from /v1/engine/steps)").show()
     """),
     conclusion("""
     most = max(t.num_running for t in feed)
@@ -212,10 +221,11 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     print("metric cards:", {k: (round(v, 4) if isinstance(v, float) else v) for k, v in cards.items()})
     busiest = max(seen, key=lambda t: (t.num_running, t.num_used_blocks))
     wall = "wall clock: live server"
-    viz.block_pool_figure(busiest, request_ids=viz.run_request_ids(seen)).update_layout(
+    seen_named = named(seen)
+    viz.block_pool_figure(seen_named[seen.index(busiest)], request_ids=viz.run_request_ids(seen_named)).update_layout(
         title=f"The KV block pool at the server's busiest step ({busiest.num_running} running)").show()
-    viz.batch_composition_figure(seen).update_layout(title="Each step's tokens against the budget, as the live page draws them").show()
-    titled(viz.step_token_timeline_figure(seen, clock_label=wall), "Tokens as they came out", clock_label=wall).show()
+    viz.batch_composition_figure(seen_named).update_layout(title="Each step's tokens against the budget, as the live page draws them").show()
+    titled(viz.step_token_timeline_figure(seen_named, clock_label=wall), "Tokens as they came out", clock_label=wall).show()
     """),
     conclusion("""
     chunks = [c for t in seen for c in t.chunks]
