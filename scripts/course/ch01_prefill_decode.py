@@ -219,7 +219,9 @@ from minengine.worker.model_runner import kv_bytes_per_block
     code("""
     steps = {f"decode x{b}": h100.cost(StepWork.of([(1, 1000, 1)] * b)) for b in (1, 16, 64)}
     steps.update({f"prefill {n}": h100.cost(StepWork.of([(n, 0, 1)])) for n in (64, 512, 2048)})
-    roofline_figure(h100, steps, title=f"Roofline with real steps ({h100.label}; decodes have 1,000 tokens of context)").show()
+    roof = roofline_figure(h100, steps, title=f"Roofline with real steps ({h100.label}; decodes have 1,000 tokens of context)")
+    roof.for_each_trace(lambda tr: tr.update(textposition="middle left") if tr.name.startswith("decode") else None)  # clear of the prefills
+    roof.show()
     for name, c in steps.items():
         print(f"{name:12s} {c.time_s * 1e3:7.2f} ms  intensity {c.arithmetic_intensity:7.1f} FLOP/byte  {c.bound}-bound")
     """),

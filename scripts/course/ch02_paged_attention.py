@@ -62,7 +62,7 @@ CELLS = [
                            SamplingParams(temperature=0.0, max_tokens=pick(24, 16), ignore_eos=True))
     run_to_completion(engine)
     snapshot = next(t for t in reversed(engine.traces) if len(t.block_tables or {}) == 3)   # the last step all three ran
-    viz.block_tables_figure(snapshot).show()
+    viz.block_tables_figure(snapshot).update_traces(textfont={"size": 16}).show()   # physical block ids, readable
     viz.block_pool_figure(snapshot).show()
     """),
     conclusion("""

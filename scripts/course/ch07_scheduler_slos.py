@@ -97,7 +97,8 @@ from minengine.workloads.traces import Trace
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["goodput"] for r in rows], name="goodput (req/s)", mode="lines+markers"),
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["ttft_p99"] * 1000 for r in rows], name="P99 TTFT (ms)", yaxis="y2", mode="lines+markers")])
     titled(fig, "Throughput, goodput and tail TTFT vs arrival rate")
-    fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right"))
+    fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right"),
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
     heavy = sweep[rates[-1]]
     titled(viz.queue_figure(heavy.steps), f"At {rates[-1]:.1f} requests/s: the queue").show()
