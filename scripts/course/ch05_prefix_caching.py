@@ -77,10 +77,12 @@ CELLS = [
     mt_path = data / "prompts" / "mt_bench_question.jsonl" if data else None
     if mt_path is not None and mt_path.exists():
         conversations = [json.loads(line)["turns"] for line in mt_path.read_text().splitlines() if line.strip()]
+        source = "MT-Bench"
     else:
         # built-in: turn 1 asks to go on from a scene of the openings (each conversation starts at a different one)
         conversations = [["".join(SHAKESPEARE_OPENINGS[i:] + SHAKESPEARE_OPENINGS[:i]) + "Go on in the same style.",
                           "Now say it again, but shorter."] for i in range(len(SHAKESPEARE_OPENINGS))]
+        source = "built-in (no MT-Bench data)"
     conversations = [[a[:pick(600, 200)], b[:200]] for a, b in conversations[: pick(16, 6)]]
 
 
@@ -113,7 +115,7 @@ CELLS = [
     chat_off, hit_off, ttft_off = chat(False)
     """),
     conclusion("""
-    conclude(f"Turn 2 of {len(conversations)} conversations: with prefix caching **{hit_on:.0%}** of the prompt tokens came from "
+    conclude(f"Turn 2 of {len(conversations)} {source} conversations: with prefix caching **{hit_on:.0%}** of the prompt tokens came from "
              f"the cache and the median TTFT was **{ttft_on * 1000:.1f} ms**; without it, {hit_off:.0%} and {ttft_off * 1000:.1f} ms: "
              f"the cache spared {hit_on:.0%} of turn 2's prefill, and the first token came {ttft_off / ttft_on:.1f}x sooner.",
              [("caching serves most of turn 2 from the cache", hit_on > 0.5 and hit_off == 0),
