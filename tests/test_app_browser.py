@@ -19,20 +19,15 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from scripts.live_server_screenshot import CHROMIUM, CHROMIUM_ARGS, free_port, wait_http
 from tests.dashboard_model import dashboard_model
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-                 "--no-first-run", "--disable-component-update", "--disable-sync"]
 REPO = Path(__file__).resolve().parents[1]
 SCREENS = Path(os.environ.get("MINENGINE_SCREENSHOTS", "/tmp/minengine_screens"))
 TAB_NAMES = ("blocks", "batch", "tbt", "metrics", "ab")
@@ -67,27 +62,6 @@ _CUT_METRICS_JS = """
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"streamlit did not answer at {url} within {timeout_s} s")
-
-
 def inotify_watches(pid: int) -> int:
     """Inotify watches held by process ``pid`` (one ``inotify wd:`` line per watch in its fdinfo)."""
     count = 0
@@ -116,7 +90,7 @@ def server(tmp_path_factory):
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_healthy(url, proc)
+        wait_http(f"{url}/_stcore/health", proc, timeout_s=90)
         yield url, proc, log_path
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # our own process group only (start_new_session above)
