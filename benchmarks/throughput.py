@@ -277,10 +277,14 @@ def main(argv: list[str] | None = None) -> dict:
     work = make_workload(cfg.vocab_size, a.num_requests, a.seed, a.prompt_len, a.output_len)
     n_out = sum(n for _, n in work)
     info = machine_info()
+    from minengine.layers import cpu_attention
+
+    info["cpu_attention_kernel"] = not cpu_attention.is_disabled() and cpu_attention._kernel() is not None
     print(f"model {a.model or 'bundled'} ({shape.num_params / 1e6:.1f} M params) | "
           f"{a.num_requests} requests, prompts {a.prompt_len[0]}-{a.prompt_len[1]}, outputs "
           f"{a.output_len[0]}-{a.output_len[1]} ({n_out} output tokens) | {info['cpu']}, {info['cores']} cores, "
-          f"torch {info['torch']} | malloc retains freed memory: {malloc_tuned} | load average {info['load_average']}")
+          f"torch {info['torch']} | malloc retains freed memory: {malloc_tuned} | C++ attention kernel: "
+          f"{info['cpu_attention_kernel']} | load average {info['load_average']}")
     hf = load_hf(model_dir)
     rows = []
     for threads in a.threads:

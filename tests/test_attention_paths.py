@@ -8,13 +8,15 @@ import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 
 import math
+import shutil
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from minengine.layers import cpu_attention
 from minengine.layers.attention import paged_attention, write_kv
 from minengine.sampling_params import SamplingParams
 from minengine.worker.forward_batch import ForwardBatch
@@ -80,20 +82,44 @@ def run_case(requests, heads, kv_heads, head_dim, for_triton, seed=0):
 MIXED = [(0, 6), (9, 1), (5, 3), (0, 1), (17, 1), (0, 6), (5, 3), (2, 1), (30, 1), (8, 4)]
 
 
+@pytest.fixture(params=["cpu-kernel", "torch"])
+def cpu_path(request, monkeypatch):
+    """Each CPU test runs twice: with minengine's C++ kernel for decodes and short chunks (it must really be in
+    use where a compiler exists, not silently replaced by the fallback) and with the torch path alone."""
+    if request.param == "torch":
+        monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
+    else:
+        monkeypatch.delenv(cpu_attention.ENV_SWITCH, raising=False)
+        if shutil.which("c++") is None or shutil.which("ninja") is None:
+            pytest.skip("no C++ compiler or ninja here: only the torch path runs")
+        assert cpu_attention.kernel_for(torch.zeros(1, 2, 8), torch.zeros(1, BS, 2, 8)) is not None
+    return request.param
+
+
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(4, 2, 8), (3, 3, 8), (4, 1, 16)], ids=["gqa", "mha", "mqa"])
-def test_torch_attention_matches_dense_reference(heads, kv_heads, head_dim):
+def test_cpu_attention_matches_dense_reference(heads, kv_heads, head_dim, cpu_path):
     """Decode groups of different lengths, a fresh prefill, chunks after context; the two (0, 6) and the two
     (5, 3) requests form equal-shape prefill groups of two."""
     out, ref, batch = run_case(MIXED, heads, kv_heads, head_dim, for_triton=False)
     assert any(g.num_requests == 2 for g in batch.prefill_groups)
-    assert any(g.block_ids is None for g in batch.prefill_groups) and any(
-        g.block_ids is not None for g in batch.prefill_groups)
+    assert any(g.from_start for g in batch.prefill_groups) and not all(g.from_start for g in batch.prefill_groups)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
-@settings(max_examples=25, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 7)), min_size=1, max_size=12), st.integers(0, 2**16))
-def test_torch_attention_random_steps(requests, seed):
+def test_cpu_attention_long_prefills(cpu_path):
+    """Prefill chunks past the kernel's short-chunk limit: one it takes (keys <= MAX_PREFILL_KEYS, from position 0
+    and after context) and ones it leaves to SDPA (more keys), in one step with decodes."""
+    requests = [(0, 40), (30, 20), (560, 24), (0, 530), (3, 1), (520, 1)]
+    out, ref, batch = run_case(requests, 4, 2, 8, for_triton=False, seed=7)
+    kinds = {(g.from_start, cpu_attention.use_kernel(g.q_len, g.seq_len)) for g in batch.prefill_groups}
+    assert kinds == {(True, True), (False, True), (False, False), (True, False)}
+    torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(st.tuples(st.integers(0, 40), st.integers(1, 7)), min_size=1, max_size=12),
+       seed=st.integers(0, 2**16))
+def test_cpu_attention_random_steps(requests, seed, cpu_path):
     out, ref, _ = run_case(requests, 4, 2, 8, for_triton=False, seed=seed)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 

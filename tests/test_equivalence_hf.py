@@ -48,6 +48,15 @@ def test_bundled_model_matches_transformers(bundled_model, bundled_prompts, name
         assert any(t.num_prefill_tokens and t.num_decode_tokens for t in llm.llm_engine.traces)
 
 
+@pytest.mark.parametrize("name", ["chunk-1", "chunk-16", "preemption", "seqs-64"])
+def test_bundled_model_matches_transformers_on_the_torch_attention_path(bundled_model, bundled_prompts, name,
+                                                                       monkeypatch):
+    """The tests above take minengine's C++ CPU attention kernel where it builds; the torch path (gather + SDPA,
+    what runs without a compiler or with MINENGINE_CPU_KERNEL=0) must give the same tokens."""
+    monkeypatch.setenv("MINENGINE_CPU_KERNEL", "0")
+    run_and_compare(bundled_model, bundled_prompts, **CONFIGS[name])
+
+
 @pytest.mark.parametrize("name", ["no-chunking", "chunk-7", "preemption", "seqs-3"])
 @pytest.mark.parametrize("arch", ["random_llama", "random_qwen2"])
 def test_random_models_match_transformers(request, random_prompts, arch, name):

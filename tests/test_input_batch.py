@@ -64,11 +64,11 @@ def check_batch(out, batch: ForwardBatch, for_triton: bool) -> None:
             j = qsl.index(row)
             s = by_row[j]
             assert (s.num_new_tokens, s.seq_len) == (g.q_len, g.seq_len)
-            if g.block_ids is None:
-                assert s.start_pos == 0
-            else:
-                need = cdiv(s.seq_len, BS)
-                assert g.block_ids[r * need:(r + 1) * need].tolist() == s.block_ids[:need]
+            need = cdiv(s.seq_len, BS)
+            assert g.block_ids[r * need:(r + 1) * need].tolist() == s.block_ids[:need]
+            assert g.from_start == (s.start_pos == 0)
+            assert (g.mask is None) == g.from_start
+            if not g.from_start:
                 assert g.mask.shape == (g.q_len, g.seq_len)
             row += g.q_len
     assert row == qsl[-1]

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minengine.worker.forward_batch import ForwardBatch
+from minengine.layers import cpu_attention
+from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGroup
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -52,45 +53,88 @@ def paged_attention_reference(query: torch.Tensor, key: torch.Tensor, value: tor
         [T, Hq, D], same dtype as ``query``.
     """
     out = torch.empty_like(query)
+    for g in batch.decode_groups:
+        _decode_group_sdpa(out, query, k_cache, v_cache, g, scale)
+    for g in batch.prefill_groups:
+        _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale)
+    return out
+
+
+def _decode_group_sdpa(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       g: DecodeGroup, scale: float) -> None:
+    """One decode group: gather its requests' blocks, then one SDPA call (writes ``out``'s group rows)."""
     num_heads = query.shape[1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    group = num_heads // num_kv_heads
-    for g in batch.decode_groups:
-        n, rows = g.num_requests, slice(g.first_row, g.first_row + g.num_requests)
-        # [n * num_blocks, block_size, Hkv, D] -> [n, L, Hkv, D] -> [n, Hkv, L, D] (a view)
-        k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
-        v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
-        q = query[rows].view(n, num_kv_heads, group, head_dim)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
-        out[rows] = o.view(n, num_heads, head_dim)
+    n, rows = g.num_requests, slice(g.first_row, g.first_row + g.num_requests)
+    # [n * num_blocks, block_size, Hkv, D] -> [n, L, Hkv, D] -> [n, Hkv, L, D] (a view)
+    k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+    q = query[rows].view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
+    out[rows] = o.view(n, num_heads, head_dim)
 
-    gqa = group != 1
+
+def _prefill_group_sdpa(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, g: PrefillGroup, scale: float) -> None:
+    """One group of equal-shape prefill chunks, one SDPA call (writes ``out``'s group rows)."""
+    num_heads = query.shape[1]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    n, q_len, seq_len = g.num_requests, g.q_len, g.seq_len
+    rows = slice(g.first_row, g.first_row + n * q_len)
+    q = query[rows].view(n, q_len, num_heads, head_dim)
+    if g.from_start:  # prefill from position 0: the keys are this step's own rows
+        k = key[rows].view(n, q_len, num_kv_heads, head_dim)
+        v = value[rows].view(n, q_len, num_kv_heads, head_dim)
+    else:  # a chunk after cached context: gather the requests' blocks, cut to seq_len
+        k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
+        v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
+    # [n, H, len, D]: with a batch dimension SDPA takes PyTorch's fused CPU kernel (several times faster
+    # than the 3-D call, and no [len, len] score matrix in memory).
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=g.mask, is_causal=g.mask is None, scale=scale,
+                                       enable_gqa=num_heads != num_kv_heads)
+    out[rows] = o.transpose(1, 2).reshape(n * q_len, num_heads, head_dim)
+
+
+def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                        v_cache: torch.Tensor, batch: ForwardBatch, scale: float, kernel) -> torch.Tensor:
+    """The same plan as ``paged_attention_reference``, with minengine's CPU kernel (``layers/cpu_attention.cpp``)
+    for every decode group and every prefill group the kernel is faster on (``cpu_attention.use_kernel``: chunks
+    of at most ``MAX_QUERY_LEN`` tokens, or whose keys number at most ``MAX_PREFILL_KEYS``): it reads each
+    request's blocks in place through its block table (no gather, no padding). Longer prefills keep SDPA, whose
+    blocked kernel wins once a request's keys no longer fit the core's L2 cache. Shapes as in
+    ``paged_attention_reference``; ``kernel`` is ``cpu_attention.kernel_for(...)``."""
+    out = torch.empty_like(query)
+    if query.stride(-1) != 1:
+        query = query.contiguous()
+    threads = torch.get_num_threads()
+    seq_lens = batch.seq_lens
+    for g in batch.decode_groups:  # decodes come first in batch order: row i is request i
+        rows = slice(g.first_row, g.first_row + g.num_requests)
+        kernel(out[rows], query[rows], k_cache, v_cache, g.block_ids.view(g.num_requests, -1), seq_lens[rows], 1,
+               scale, threads)
     for g in batch.prefill_groups:
-        n, q_len, seq_len = g.num_requests, g.q_len, g.seq_len
-        rows = slice(g.first_row, g.first_row + n * q_len)
-        q = query[rows].view(n, q_len, num_heads, head_dim)
-        if g.block_ids is None:  # prefill from position 0: the keys are this step's own rows
-            k = key[rows].view(n, q_len, num_kv_heads, head_dim)
-            v = value[rows].view(n, q_len, num_kv_heads, head_dim)
-        else:  # a chunk after cached context: gather the requests' blocks, cut to seq_len
-            k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
-            v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
-        # [n, H, len, D]: with a batch dimension SDPA takes PyTorch's fused CPU kernel (several times faster
-        # than the 3-D call, and no [len, len] score matrix in memory).
-        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           attn_mask=g.mask, is_causal=g.mask is None, scale=scale, enable_gqa=gqa)
-        out[rows] = o.transpose(1, 2).reshape(n * q_len, num_heads, head_dim)
+        if not cpu_attention.use_kernel(g.q_len, g.seq_len):
+            _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale)
+            continue
+        rows = slice(g.first_row, g.first_row + g.num_requests * g.q_len)
+        kernel(out[rows], query[rows], k_cache, v_cache, g.block_ids.view(g.num_requests, -1),
+               torch.full((g.num_requests,), g.seq_len, dtype=torch.int32), g.q_len, scale, threads)
     return out
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
     """Dispatch: the Triton kernel when the batch was built for it (``batch.block_tables`` set: CUDA with
-    Triton, or the Triton interpreter in tests), the PyTorch reference otherwise. Shapes as in
-    ``paged_attention_reference``."""
+    Triton, or the Triton interpreter in tests); on the CPU, minengine's C++ kernel where it applies
+    (``cpu_attention.kernel_for``: float32/bfloat16, built, not disabled by ``MINENGINE_CPU_KERNEL=0``); the
+    PyTorch reference otherwise. Shapes as in ``paged_attention_reference``."""
     if batch.block_tables is not None:
         from minengine.layers.triton_attention import triton_paged_attention
 
         return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
                                       batch.seq_lens, scale)
+    kernel = cpu_attention.kernel_for(query, k_cache)
+    if kernel is not None:
+        return paged_attention_cpu(query, key, value, k_cache, v_cache, batch, scale, kernel)
     return paged_attention_reference(query, key, value, k_cache, v_cache, batch, scale)

@@ -54,8 +54,9 @@ class PrefillGroup:
             request after request.
         seq_len: tokens of each request after the step; its new tokens sit at positions
             ``seq_len - q_len .. seq_len - 1``.
-        block_ids: [n * cdiv(seq_len, block_size)] int64 blocks holding the keys, or None for prefills from
-            position 0 (q_len == seq_len), whose keys are exactly this step's own K/V rows.
+        block_ids: [n * cdiv(seq_len, block_size)] int64, the blocks holding the keys, request after request.
+            For a prefill from position 0 (q_len == seq_len, ``from_start``) they hold exactly this step's own
+            K/V rows, which the torch path then takes from the step's tensors instead of gathering.
         mask: [q_len, seq_len] bool (True = visible) for chunks after cached context, None for the plain
             causal triangle.
     """
@@ -64,8 +65,13 @@ class PrefillGroup:
     num_requests: int
     q_len: int
     seq_len: int
-    block_ids: torch.Tensor | None
+    block_ids: torch.Tensor
     mask: torch.Tensor | None
+
+    @property
+    def from_start(self) -> bool:
+        """A prefill from position 0: its keys are its own new tokens."""
+        return self.q_len == self.seq_len
 
 
 @dataclass
@@ -236,10 +242,9 @@ def _prefill_groups(num_decodes, q_lens, seq_lens, query_start_loc, tables, bloc
         end = i + 1
         while end < num_reqs and q_lens[end] == q_len and seq_lens[end] == seq_len:
             end += 1
-        block_ids = mask = None
+        block_ids = t(tables[i:end, :int(blocks_needed[i])].reshape(-1), torch.long)
+        mask = None
         if q_len != seq_len:
-            width = int(blocks_needed[i])
-            block_ids = t(tables[i:end, :width].reshape(-1), torch.long)
             # Query j sits at position seq_len - q_len + j and sees keys 0..that position.
             mask = t(np.arange(seq_len)[None, :] <= np.arange(seq_len - q_len, seq_len)[:, None], torch.bool)
         groups.append(PrefillGroup(first_row=int(query_start_loc[i]), num_requests=end - i, q_len=q_len,

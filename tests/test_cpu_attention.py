@@ -1,0 +1,150 @@
+"""minengine's C++ CPU paged-attention kernel (layers/cpu_attention.cpp): its numbers against a float64 reference on
+random block tables, its build (cache, lock, a dead build's leftovers, no compiler) and the switch that turns it off.
+
+The engine-level checks (greedy tokens equal to transformers with the kernel on and off) are in
+test_equivalence_hf.py; test_attention_paths.py runs the whole step plan through both paths."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minengine.layers import cpu_attention
+
+needs_compiler = pytest.mark.skipif(shutil.which("c++") is None or shutil.which("ninja") is None,
+                                    reason="no C++ compiler or ninja: the kernel cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    if shutil.which("c++") is None or shutil.which("ninja") is None:
+        pytest.skip("no C++ compiler or ninja: the kernel cannot be built here")
+    op = cpu_attention.build()
+    assert op is not None, "the kernel failed to build or failed its self-check (see the warning above)"
+    return op
+
+
+def random_problem(seed: int, n: int, q_len: int, kv_heads: int, group: int, head_dim: int, block_size: int,
+                   max_context: int, dtype: torch.dtype):
+    """n requests with random contexts (plus q_len new tokens each), blocks scattered over a shuffled pool;
+    unused slots hold a huge value, so a key read past a request's length would wreck its row."""
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [int(torch.randint(0, max_context + 1, (1,), generator=gen)) + q_len for _ in range(n)]
+    blocks = [-(-s // block_size) for s in seq_lens]
+    width = max(blocks)
+    pool = sum(blocks) + 3
+    perm = torch.randperm(pool, generator=gen)
+    tables = torch.zeros(n, width, dtype=torch.int64)
+    at = 0
+    for i, b in enumerate(blocks):
+        tables[i, :b] = perm[at:at + b]
+        at += b
+    k_cache = torch.full((pool, block_size, kv_heads, head_dim), 1e4)
+    v_cache = torch.full_like(k_cache, 1e4)
+    for i, s in enumerate(seq_lens):
+        for p in range(s):
+            k_cache[tables[i, p // block_size], p % block_size] = torch.randn(kv_heads, head_dim, generator=gen)
+            v_cache[tables[i, p // block_size], p % block_size] = torch.randn(kv_heads, head_dim, generator=gen)
+    query = torch.randn(n * q_len, kv_heads * group, head_dim, generator=gen)
+    return (query.to(dtype), k_cache.to(dtype), v_cache.to(dtype), tables,
+            torch.tensor(seq_lens, dtype=torch.int32))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 6), q_len=st.sampled_from([1, 1, 2, 3, 5, 16]),
+       kv_heads=st.integers(1, 3), group=st.sampled_from([1, 2, 3, 4, 8]), head_dim=st.sampled_from([8, 32, 40, 64]),
+       block_size=st.sampled_from([1, 4, 16]), max_context=st.sampled_from([0, 7, 60]))
+def test_kernel_matches_float64_reference(kernel, seed, n, q_len, kv_heads, group, head_dim, block_size,
+                                          max_context):
+    """Property: for any block layout, context length (0 included: a chunk that only sees itself), q_len, GQA
+    group and head_dim the kernel supports, each row equals causal softmax attention over its own keys."""
+    query, k_cache, v_cache, tables, seq_lens = random_problem(seed, n, q_len, kv_heads, group, head_dim,
+                                                               block_size, max_context, torch.float32)
+    out = torch.empty_like(query)
+    kernel(out, query, k_cache, v_cache, tables, seq_lens, q_len, head_dim ** -0.5, 1)
+    ref = cpu_attention.reference_attention(query, k_cache, v_cache, tables, seq_lens, q_len, head_dim ** -0.5)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=2e-5)
+
+
+def test_kernel_bfloat16_and_two_threads(kernel):
+    """bfloat16 caches (read as float32, output rounded once) and the OpenMP path agree with the reference."""
+    for dtype, threads, tol in ((torch.bfloat16, 1, 2e-2), (torch.float32, 2, 2e-5)):
+        query, k_cache, v_cache, tables, seq_lens = random_problem(3, 9, 1, 2, 4, 64, 16, 200, dtype)
+        out = torch.empty_like(query)
+        kernel(out, query, k_cache, v_cache, tables, seq_lens, 1, 0.125, threads)
+        ref = cpu_attention.reference_attention(query, k_cache, v_cache, tables, seq_lens, 1, 0.125)
+        torch.testing.assert_close(out.double(), ref, atol=tol, rtol=tol)
+
+
+def test_kernel_rejects_what_it_cannot_do(kernel):
+    query, k_cache, v_cache, tables, seq_lens = random_problem(0, 2, 1, 2, 2, 32, 4, 10, torch.float32)
+    out = torch.empty_like(query)
+    with pytest.raises(RuntimeError, match="seq_lens must be int32"):
+        kernel(out, query, k_cache, v_cache, tables, seq_lens.long(), 1, 0.1, 1)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        kernel(out.double(), query.double(), k_cache.double(), v_cache.double(), tables, seq_lens, 1, 0.1, 1)
+    # kernel_for sends what the kernel does not take to the torch path
+    assert cpu_attention.kernel_for(torch.zeros(1, 2, 12), torch.zeros(1, 4, 2, 12)) is None  # head_dim 12
+    assert cpu_attention.kernel_for(query.half(), k_cache.half()) is None
+
+
+def test_switch_turns_the_kernel_off(kernel, monkeypatch):
+    query, k_cache = torch.zeros(1, 2, 32), torch.zeros(1, 4, 2, 32)
+    assert cpu_attention.kernel_for(query, k_cache) is not None
+    for value in ("0", "off", "False", "no"):
+        monkeypatch.setenv(cpu_attention.ENV_SWITCH, value)
+        assert cpu_attention.kernel_for(query, k_cache) is None
+
+
+def _build_in_subprocess(cache: str, extra_env: dict[str, str] | None = None, timeout: float = 240):
+    """Build (or load) the kernel in a fresh process with ``cache`` as the build cache; returns the process."""
+    code = textwrap.dedent("""
+        import logging, sys
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+        from minengine.layers import cpu_attention
+        print("KERNEL", cpu_attention.build() is not None)
+    """)
+    env = dict(os.environ, **{cpu_attention.CACHE_ENV: cache}, **(extra_env or {}))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@needs_compiler
+def test_a_dead_builds_lock_does_not_block_the_next_build(tmp_path):
+    """torch's FileBaton lock is a plain file: a build killed midway leaves it, and torch alone would then wait for
+    it forever. Kill a real build midway, check the leftover, then a new process must build within the timeout."""
+    name = f"minengine_cpu_attention_{cpu_attention.machine_tag()}"
+    code = "from minengine.layers import cpu_attention; cpu_attention.build()"
+    env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(tmp_path)})
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    lock = tmp_path / name / "lock"
+    try:
+        for _ in range(600):  # torch creates its baton right before compiling
+            if lock.exists():
+                break
+            if proc.poll() is not None:
+                pytest.fail("the build finished before it could be interrupted")
+            subprocess.run(["sleep", "0.05"])
+        assert lock.exists(), "torch's build lock never appeared"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert lock.exists()  # what the dead build left behind
+    done = _build_in_subprocess(str(tmp_path))
+    assert "KERNEL True" in done.stdout, done.stdout + done.stderr
+    assert not lock.exists()
+
+
+@needs_compiler
+def test_no_compiler_means_the_torch_path_with_a_warning(tmp_path):
+    done = _build_in_subprocess(str(tmp_path), {"CXX": "/bin/false", "PATH": "/nonexistent"}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "KERNEL False" in done.stdout
+    assert "CPU attention kernel unavailable, using the torch path" in done.stdout + done.stderr
