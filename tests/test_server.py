@@ -465,3 +465,114 @@ def test_speculative_decoding_through_the_server(bundled_model):
                             ("vllm:spec_decode_num_accepted_tokens", s.spec_accepted_tokens)):
             assert _value(families, name, name + "_total") == value, name
         assert _value(families, "vllm:generation_tokens", "vllm:generation_tokens_total") == 80
+
+
+CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
+
+
+def check_continuous_usage(chunks, prompt_tokens_of, final_prompt_tokens, final_completion_tokens):
+    """vLLM's continuous usage stats: every chunk with a choice carries its prompt's token count (constant) and
+    its own choice's completion tokens so far (0 before the first token, non-decreasing, ending at the
+    choice's length); the last chunk (no choices) sums them all."""
+    assert not chunks[-1].choices and chunks[-1].usage.prompt_tokens == final_prompt_tokens
+    assert chunks[-1].usage.completion_tokens == final_completion_tokens
+    so_far: dict[int, int] = {}
+    for c in chunks[:-1]:
+        (choice,) = c.choices
+        u = c.usage
+        assert u.prompt_tokens == prompt_tokens_of(choice.index), (choice.index, u)
+        assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+        assert u.completion_tokens >= so_far.get(choice.index, 0), (choice.index, u)
+        so_far[choice.index] = u.completion_tokens
+    assert sum(so_far.values()) == final_completion_tokens
+    return so_far
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_chat_continuous_usage_stats_on_every_chunk_the_role_chunk_included(client, n):
+    """``stream_options.continuous_usage_stats``: the role chunk reports the prompt's tokens (it said 0) and
+    0 completion tokens; every later chunk the same prompt count and its choice's tokens so far (vLLM)."""
+    messages = [{"role": "user", "content": "Good morrow, fair maid."}]
+    kw = dict(model="tiny-shakespeare-llama", messages=messages, n=n, temperature=0.0, max_tokens=12)
+    plain = client.chat.completions.create(**kw)
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options=CONTINUOUS))
+    roles = [c for c in chunks if c.choices and c.choices[0].delta.role]
+    assert sorted(c.choices[0].index for c in roles) == list(range(n)) and chunks[:n] == roles
+    assert all(c.usage.prompt_tokens == plain.usage.prompt_tokens > 0 and c.usage.completion_tokens == 0
+               for c in roles)
+    per_choice = check_continuous_usage(chunks, lambda i: plain.usage.prompt_tokens, plain.usage.prompt_tokens,
+                                        plain.usage.completion_tokens)
+    assert per_choice == {i: 12 for i in range(n)}
+
+
+def test_completions_continuous_usage_stats_per_prompt_and_choice(client, ref):
+    """The completions stream counts, per chunk, its own prompt's tokens and its own choice's tokens so far (a
+    batch of prompts of different lengths, n=2: the sums over prompts seen so far it reported grew mid-stream)."""
+    prompts = ["ROMEO:", SHAKESPEARE_OPENINGS[1]]
+    lengths = [len(ref.get_tokenizer()(p)["input_ids"]) for p in prompts]
+    assert lengths[0] != lengths[1]
+    kw = dict(model="tiny-shakespeare-llama", prompt=prompts, n=2, temperature=0.0, max_tokens=6)
+    plain = client.completions.create(**kw)
+    assert plain.usage.prompt_tokens == sum(lengths)
+    chunks = list(client.completions.create(**kw, stream=True, stream_options=CONTINUOUS))
+    per_choice = check_continuous_usage(chunks, lambda i: lengths[i // 2], plain.usage.prompt_tokens,
+                                        plain.usage.completion_tokens)
+    assert per_choice == {i: 6 for i in range(4)}
+
+
+def chat_texts(server, body: dict, stream: bool) -> tuple[dict[int, str], dict[int, list[str]], set[str]]:
+    """(text per choice, its content deltas in order, the roles seen) of a chat completion over raw HTTP."""
+    if not stream:
+        r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=TIMEOUT)
+        assert r.status_code == 200, r.text
+        choices = r.json()["choices"]
+        return ({c["index"]: c["message"]["content"] for c in choices}, {},
+                {c["message"]["role"] for c in choices})
+    deltas: dict[int, list[str]] = {}
+    roles = set()
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**body, "stream": True},
+                      timeout=TIMEOUT) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                for c in json.loads(line[6:])["choices"]:
+                    if "role" in c["delta"]:
+                        roles.add(c["delta"]["role"])
+                    deltas.setdefault(c["index"], []).append(c["delta"].get("content") or "")
+    return {i: "".join(d) for i, d in deltas.items()}, deltas, roles
+
+
+ECHOED = "But soft, what light"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("content", [ECHOED, [{"type": "text", "text": "But soft, "}, {"type": "text", "text":
+                                                                                          "what light"}]])
+def test_chat_echo_prepends_the_last_message_of_the_responses_role(server, stream, content):
+    """Chat ``echo`` (vLLM): continuing an assistant message, each of the n choices starts with that message's
+    content (as text, from text parts too): in the message, or streamed as the first content chunk after the
+    role; the rest is what ``echo=false`` generates."""
+    messages = [{"role": "user", "content": "Good morrow."}, {"role": "assistant", "content": content}]
+    body = {"messages": messages, "n": 2, "max_tokens": 6, "temperature": 0, "add_generation_prompt": False,
+            "continue_final_message": True}
+    plain, _, _ = chat_texts(server, body, stream=False)
+    got, deltas, roles = chat_texts(server, {**body, "echo": True}, stream)
+    assert got == {i: ECHOED + plain[i] for i in range(2)} and roles == {"assistant"}
+    if stream:
+        assert all(d[:2] == ["", ECHOED] for d in deltas.values()), deltas
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_echo_of_another_roles_message_or_echo_false_prepends_nothing(server, ref, stream):
+    """``echo`` with a user's last message under the assistant's generation prompt prepends nothing; neither does
+    ``echo=false`` (the text is ``LLM.chat``'s). Without a generation prompt the response's role is the last
+    message's (vLLM), so then that message is echoed."""
+    messages = [{"role": "user", "content": "Good morrow, fair maid."}]
+    (want,) = ref.chat(messages, SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
+    body = {"messages": messages, "n": 2, "max_tokens": 6, "temperature": 0}
+    for echo in (False, True):
+        got, _, roles = chat_texts(server, {**body, "echo": echo}, stream)
+        assert got == {0: want.outputs[0].text, 1: want.outputs[0].text} and roles == {"assistant"}
+    body.update(add_generation_prompt=False)
+    plain, _, roles = chat_texts(server, body, stream)
+    got, _, _ = chat_texts(server, {**body, "echo": True}, stream)
+    assert roles == {"user"} and got == {i: messages[0]["content"] + plain[i] for i in range(2)}

@@ -29,7 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import minengine
 from minengine.engine.llm import default_sampling_overrides
 from minengine.entrypoints.async_engine import AsyncLLMEngine, RequestStream
-from minengine.entrypoints.chat_utils import render_chat
+from minengine.entrypoints.chat_utils import normalize_messages, render_chat
 from minengine.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -260,13 +260,15 @@ class OpenAIServing:
     async def _completion_stream(self, head: dict, streams: list[RequestStream], body: CompletionRequest,
                                  k: int | None) -> AsyncIterator[str]:
         n, opts = body.n, body.stream_options
-        prompt_tokens, completion_tokens, sent_text = {}, 0, {}
+        # continuous usage stats, as vLLM: each chunk counts its own prompt and its own choice's tokens so far;
+        # the final usage chunk sums them all
+        prompt_tokens, completion_tokens, sent_text = {}, {}, {}
         try:
             async for i, out in merge_streams(streams):
                 prompt_tokens[i] = len(out.prompt_token_ids)
                 for c in out.outputs:
                     index = i * n + c.index
-                    completion_tokens += len(c.token_ids)
+                    completion_tokens[index] = completion_tokens.get(index, 0) + len(c.token_ids)
                     text = c.text
                     if body.echo and index not in sent_text:
                         text = (out.prompt or "") + text
@@ -279,10 +281,11 @@ class OpenAIServing:
                         "logprobs": completion_logprobs(c.logprobs, c.token_ids, k, offset) if k is not None else None,
                         "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
                     if opts is not None and opts.include_usage and opts.continuous_usage_stats:
-                        chunk["usage"] = usage(sum(prompt_tokens.values()), completion_tokens)
+                        chunk["usage"] = usage(prompt_tokens[i], completion_tokens[index])
                     yield sse(chunk)
             if opts is not None and opts.include_usage:
-                yield sse({**head, "choices": [], "usage": usage(sum(prompt_tokens.values()), completion_tokens)})
+                yield sse({**head, "choices": [], "usage": usage(sum(prompt_tokens.values()),
+                                                                 sum(completion_tokens.values()))})
         except Exception as exc:  # engine failure mid-stream: tell the client in-band
             logger.exception("completion stream failed")
             yield sse(error_body(str(exc), 500, type_="InternalServerError"))
@@ -304,28 +307,37 @@ class OpenAIServing:
             message = str(exc)
             raise OpenAIError(message, param="messages" if message.startswith("messages") else "chat_template") \
                 from exc
+        # vLLM's response role: the assistant's, or (no generation prompt) the last message's, continued
+        last = normalize_messages(body.messages)[-1]  # render_chat accepted them: this cannot raise
+        role = "assistant" if body.add_generation_prompt else last["role"]
+        # vLLM's chat echo: a choice starts with the last message's content when it is the same role's
+        echo = last["content"] if body.echo and last["role"] == role else ""
         request_id, created = random_id("chatcmpl"), now()
         streams = await self.add_requests(request_id, [{"prompt_token_ids": ids, "prompt": text}], params,
                                           body.priority)
         head = {"id": request_id, "created": created, "model": self.model_name}
         if body.stream:
-            return StreamingResponse(self._chat_stream(head, streams[0], body, k), media_type="text/event-stream")
+            return StreamingResponse(self._chat_stream(head, streams[0], body, k, len(ids), role, echo),
+                                     media_type="text/event-stream")
         outs = await until_disconnected(raw, self._collect(streams))
         if outs is None:
             return Response(status_code=499)
         out = outs[0]
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+        choices = [{"index": c.index, "message": {"role": role, "content": echo + c.text},
                     "logprobs": chat_logprobs(c.logprobs, c.token_ids, k) if k is not None else None,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
         return {**head, "object": "chat.completion", "choices": choices,
                 "usage": usage(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs)),
                 "prompt_logprobs": prompt_logprobs_json(out)}
 
-    async def _chat_stream(self, head: dict, stream: RequestStream, body: ChatCompletionRequest,
-                           k: int | None) -> AsyncIterator[str]:
+    async def _chat_stream(self, head: dict, stream: RequestStream, body: ChatCompletionRequest, k: int | None,
+                           prompt_tokens: int, role: str, echo: str) -> AsyncIterator[str]:
+        """The chat stream: a ``role`` chunk per choice, then (if ``echo`` is not empty) an ``echo`` content chunk
+        per choice, then the generated deltas. Continuous usage stats, as vLLM: every chunk carries
+        ``prompt_tokens`` (the rendered prompt's length) and its own choice's completion tokens so far."""
         head = {**head, "object": "chat.completion.chunk"}
         opts = body.stream_options
-        prompt_tokens, completion_tokens = 0, 0
+        completion_tokens = [0] * body.n  # per choice
 
         def chunk(index: int, delta: dict, c: CompletionOutput | None = None) -> str:
             choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
@@ -335,21 +347,23 @@ class OpenAIServing:
                     choice["logprobs"] = chat_logprobs(c.logprobs, c.token_ids, k)
             data = {**head, "choices": [choice]}
             if opts is not None and opts.include_usage and opts.continuous_usage_stats:
-                data["usage"] = usage(prompt_tokens, completion_tokens)
+                data["usage"] = usage(prompt_tokens, completion_tokens[index])
             return sse(data)
 
         try:
             for index in range(body.n):
-                yield chunk(index, {"role": "assistant", "content": ""})
+                yield chunk(index, {"role": role, "content": ""})
+            if echo:
+                for index in range(body.n):
+                    yield chunk(index, {"content": echo})
             async for _, out in merge_streams([stream]):
-                prompt_tokens = len(out.prompt_token_ids)
                 for c in out.outputs:
-                    completion_tokens += len(c.token_ids)
+                    completion_tokens[c.index] += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:
                         continue
                     yield chunk(c.index, {"content": c.text} if c.text else {}, c)
             if opts is not None and opts.include_usage:
-                yield sse({**head, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+                yield sse({**head, "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens))})
         except Exception as exc:
             logger.exception("chat stream failed")
             yield sse(error_body(str(exc), 500, type_="InternalServerError"))
