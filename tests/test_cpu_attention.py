@@ -148,3 +148,20 @@ def test_no_compiler_means_the_torch_path_with_a_warning(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "KERNEL False" in done.stdout
     assert "CPU attention kernel unavailable, using the torch path" in done.stdout + done.stderr
+
+
+def test_the_cpu_runner_builds_the_kernel_at_start_up(kernel, bundled_model):
+    """The build (seconds, the first time on a machine) happens when the engine is made, not in its first step,
+    where it would land in a request's TTFT; with the switch off nothing is built."""
+    from minengine.engine.llm_engine import LLMEngine
+
+    cpu_attention._kernel.cache_clear()
+    LLMEngine.from_config(model=bundled_model, num_kv_blocks=8)
+    assert cpu_attention._kernel.cache_info().currsize == 1
+    cpu_attention._kernel.cache_clear()
+    os.environ[cpu_attention.ENV_SWITCH] = "0"
+    try:
+        LLMEngine.from_config(model=bundled_model, num_kv_blocks=8)
+    finally:
+        del os.environ[cpu_attention.ENV_SWITCH]
+    assert cpu_attention._kernel.cache_info().currsize == 0

@@ -154,12 +154,18 @@ def _kernel() -> Callable | None:
     return build()
 
 
+def applies(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernel can serve a KV cache of this device, dtype and head_dim (CPU, float32 or bfloat16,
+    head_dim a multiple of 8 up to 512) and is not switched off; says nothing about whether it builds."""
+    return (torch.device(device).type == "cpu" and dtype in DTYPES and head_dim % 8 == 0 and head_dim <= 512
+            and not is_disabled())
+
+
 def kernel_for(query: torch.Tensor, k_cache: torch.Tensor) -> Callable | None:
-    """The kernel when it applies to this layer's tensors (CPU, float32 or bfloat16, head_dim a multiple of 8
-    up to 512, not disabled, built), else None. The first call in a process builds or loads it."""
-    head_dim = k_cache.shape[-1]
-    if (query.device.type != "cpu" or k_cache.dtype not in DTYPES or query.dtype != k_cache.dtype
-            or head_dim % 8 or head_dim > 512 or is_disabled()):
+    """The kernel when it applies to this layer's tensors (``applies``, and ``query`` of the cache's dtype) and
+    builds, else None. The first call in a process builds or loads it (the CPU ``ModelRunner`` makes that call
+    at start-up, so no step pays for the compile)."""
+    if query.dtype != k_cache.dtype or not applies(query.device, k_cache.dtype, k_cache.shape[-1]):
         return None
     return _kernel()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from minengine.core.scheduler_output import SchedulerOutput
+from minengine.layers import cpu_attention
 from minengine.models.llama import LlamaForCausalLM
 from minengine.worker.block_table import BlockTable
 from minengine.worker.cuda_graphs import DecodeGraphs, capture_sizes_for
@@ -30,7 +31,9 @@ class ModelRunner:
         seed: seed of the sampler's shared generator.
         num_swap_blocks: CPU swap-space blocks for swap preemption (0 = none).
         attention_backend: "triton" (the paged-attention kernel; the default on CUDA when Triton is
-            installed) or "torch" (``paged_attention_reference``; the default elsewhere). None picks the default.
+            installed) or "torch" (the default elsewhere: on the CPU, minengine's C++ kernel where it builds,
+            ``layers/cpu_attention.py``, built here at start-up, and ``paged_attention_reference`` for the rest).
+            None picks the default.
         cuda_graphs: replay decode-only steps from CUDA graphs (``worker/cuda_graphs.py``); None = on for CUDA
             with the Triton attention. True on a CPU runs the same padded static-buffer path eagerly (tests).
             Needs the Triton attention; one extra KV block is allocated as the padding rows' sink.
@@ -61,6 +64,9 @@ class ModelRunner:
         self.attention_backend = attention_backend
         if self.device.type == "cpu":
             retain_freed_memory()  # per-step temporaries would otherwise page-fault (worker/host_memory.py)
+            if attention_backend == "torch" and cpu_attention.applies(self.device, self.dtype, model.head_dim):
+                cpu_attention.kernel_for(torch.empty(0, dtype=self.dtype), torch.empty(0, 1, 1, model.head_dim,
+                                                                                       dtype=self.dtype))
         self.block_table = BlockTable()
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and attention_backend == "triton"
