@@ -150,3 +150,14 @@ class FakeEngine:
         check_scheduler(self.sched, out)
         if out is None:  # mid-step, the step's prefix hits and swap-ins are not written yet
             self.shadow.check(self.sched)
+
+
+class StepClock:
+    """A virtual clock for ``LLMEngine(clock=...)``: 1 second per call, so deadlines fall at reproducible points."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now

@@ -16,7 +16,7 @@ from minengine import LLM, EngineConfig, LLMEngine, SamplingParams
 from minengine.core.policies import POLICIES, PolicySettings
 from minengine.request import RequestStatus
 from tests.conftest import hf_greedy
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, StepClock
 
 # ---- invariants on random workloads, every policy and preemption mode ------------------------------------
 
@@ -359,17 +359,6 @@ def test_swap_matches_unpreempted_run_on_bundled_model(bundled_model, bundled_pr
 
 
 # ---- priority argument and deadlines through the engine ---------------------------------------------------
-
-class StepClock:
-    """A virtual clock that advances 1 second per call."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
-
 
 def test_deadline_finishes_with_timeout_and_frees_blocks(random_llama):
     clock = StepClock()

@@ -29,7 +29,7 @@ from minengine.core.policies import POLICIES, PolicySettings
 from minengine.core.predictors import NoisyOraclePredictor
 from minengine.request import RequestStatus
 from tests.conftest import hf_greedy
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, StepClock
 from tests.kv_shadow import check_scheduler, watch_runner
 
 SOAK_WORKLOADS = 600  # fake-model workloads per CI run
@@ -154,17 +154,6 @@ def test_soak_scheduler(chunk):
     """``NUM_FAKE`` workloads (in four chunks), each a random engine, workload, aborts, deadlines, failures."""
     for seed in range(chunk, NUM_FAKE, 4):
         soak_one(seed)
-
-
-class StepClock:
-    """A virtual clock: 1 second per call, so deadlines fall at reproducible points."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
 
 
 @pytest.mark.parametrize("seed", range(NUM_ENGINE))
