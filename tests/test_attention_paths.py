@@ -124,6 +124,20 @@ def test_cpu_attention_random_steps(requests, seed, cpu_path):
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
 
 
+def test_cpu_attention_takes_a_query_whose_head_vectors_are_strided(cpu_path):
+    """A query whose last dimension is not unit-stride (a transposed view): both paths give the contiguous
+    query's result (the kernel path copies it, and allocates its output after the copy)."""
+    step, k_cache, v_cache, gen = make_step(MIXED, 2, 8, seed=3)
+    batch = ForwardBatch.build(step, BS, "cpu")
+    t = batch.num_tokens
+    q = torch.randn(t, 8, 4, generator=gen).transpose(1, 2)  # [T, Hq 4, D 8], last-dim stride 4
+    k_new, v_new = torch.randn(t, 2, 8, generator=gen), torch.randn(t, 2, 8, generator=gen)
+    write_kv(k_new, v_new, k_cache, v_cache, batch.slot_mapping)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, 8 ** -0.5)
+    ref = paged_attention(q.contiguous(), k_new, v_new, k_cache, v_cache, batch, 8 ** -0.5)
+    torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
+
+
 def test_triton_through_forward_batch_matches_dense_reference():
     pytest.importorskip("triton")
     out, ref, batch = run_case(MIXED, 4, 2, 8, for_triton=True)

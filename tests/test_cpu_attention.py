@@ -96,6 +96,48 @@ def test_kernel_rejects_what_it_cannot_do(kernel):
     assert cpu_attention.kernel_for(query.half(), k_cache.half()) is None
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), n=st.integers(1, 4), q_len=st.sampled_from([1, 2, 5]),
+       block_size=st.sampled_from([1, 4, 16]), fault=st.sampled_from(["past-pool", "negative", "short-row",
+                                                                      "seq-below-q", "no-columns"]))
+def test_kernel_refuses_to_read_outside_its_tensors(kernel, seed, n, q_len, block_size, fault):
+    """Property: the kernel reads through the block tables unchecked, so the binding checks, per request, the
+    entries it will read: a block id outside the pool, a seq_len past the row's blocks, a seq_len below q_len,
+    a table without columns. Each is a RuntimeError naming the request, never a segfault or a silent NaN. Table
+    entries past a request's own blocks are never read, so garbage there (-1 here) is allowed."""
+    gen = torch.Generator().manual_seed(seed)
+    query, k_cache, v_cache, tables, seq_lens = random_problem(seed, n, q_len, 2, 2, 32, block_size, 40,
+                                                               torch.float32)
+    needed = [-(-s // block_size) for s in seq_lens.tolist()]
+    padded = torch.cat([tables, torch.zeros(n, 2, dtype=torch.int64)], 1)
+    for i, b in enumerate(needed):
+        padded[i, b:] = -1  # never read: must not be refused
+    out = torch.empty_like(query)
+    kernel(out, query, k_cache, v_cache, padded, seq_lens, q_len, 0.1, 1)
+    torch.testing.assert_close(out.double(), cpu_attention.reference_attention(
+        query, k_cache, v_cache, tables, seq_lens, q_len, 0.1), atol=2e-5, rtol=2e-5)
+    victim = int(torch.randint(0, n, (1,), generator=gen))
+    bad_tables, bad_lens = padded.clone(), seq_lens.clone()
+    entry = int(torch.randint(0, needed[victim], (1,), generator=gen))
+    if fault == "past-pool":
+        bad_tables[victim, entry] = k_cache.shape[0] + int(torch.randint(0, 3, (1,), generator=gen))
+        match = "outside the pool"
+    elif fault == "negative":
+        bad_tables[victim, entry] = -1
+        match = "outside the pool"
+    elif fault == "short-row":
+        bad_lens[victim] = padded.shape[1] * block_size + 1
+        match = "blocks, its block table has"
+    elif fault == "seq-below-q":
+        bad_lens[victim] = q_len - 1
+        match = "less than q_len"
+    else:
+        bad_tables = torch.zeros(n, 0, dtype=torch.int64)
+        match = "its block table has 0"
+    with pytest.raises(RuntimeError, match=match):
+        kernel(out, query, k_cache, v_cache, bad_tables, bad_lens, q_len, 0.1, 1)
+
+
 def test_switch_turns_the_kernel_off(kernel, monkeypatch):
     query, k_cache = torch.zeros(1, 2, 32), torch.zeros(1, 4, 2, 32)
     assert cpu_attention.kernel_for(query, k_cache) is not None

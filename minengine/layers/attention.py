@@ -104,9 +104,9 @@ def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     request's blocks in place through its block table (no gather, no padding). Longer prefills keep SDPA, whose
     blocked kernel wins once a request's keys no longer fit the core's L2 cache. Shapes as in
     ``paged_attention_reference``; ``kernel`` is ``cpu_attention.kernel_for(...)``."""
-    out = torch.empty_like(query)
-    if query.stride(-1) != 1:
+    if query.stride(-1) != 1:  # the kernel needs unit-stride head vectors, in query and out alike
         query = query.contiguous()
+    out = torch.empty_like(query)
     threads = torch.get_num_threads()
     seq_lens = batch.seq_lens
     for g in batch.decode_groups:  # decodes come first in batch order: row i is request i

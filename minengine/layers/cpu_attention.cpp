@@ -1,13 +1,16 @@
-// Paged attention on the CPU for requests with a few new tokens (decodes, short chunks), reading the KV cache in
-// place through each request's block table. Built at first use by minengine/layers/cpu_attention.py.
+// Paged attention on the CPU for requests with a few new tokens (decodes, short chunks) and for short prefills
+// (cpu_attention.use_kernel decides), reading the KV cache in place through each request's block table. Built at
+// first use by minengine/layers/cpu_attention.py.
 //
 // One work item = one request x one KV head. Its rows are the G query heads that share the KV head (grouped-query
 // attention) times the request's q_len new tokens, taken in tiles of up to 4 rows, so every K and V row read
-// serves all the rows of a tile. A tile walks the request's blocks in order; per block it scores the block's keys,
-// updates a running max and sum per row (online softmax: Milakov & Gimelshein 2018; FlashAttention, Dao et al.
-// 2022, section 3.1) and adds the block's values, all in float32. Nothing is gathered or copied: a block's K and V
-// rows are read where they sit in the cache (PagedAttention, Kwon et al. 2023, section 4.1; vLLM's CPU backend has
-// its own attention kernels of the same shape).
+// serves all the rows of a tile. A tile walks the request's blocks twice: the first pass scores every key the
+// tile sees against its rows (the scores kept in per-thread scratch), then each row gets an exact softmax (max,
+// exp, sum over its own keys), then the second pass adds the values with those weights, all in float32. Keeping
+// the scores (4 rows x the keys) is cheap at a CPU's contexts, so no online softmax rescaling (FlashAttention, Dao
+// et al. 2022, section 3.1) is needed. Nothing is gathered or copied: a block's K and V rows are read where they
+// sit in the cache (PagedAttention, Kwon et al. 2023, section 4.1; vLLM's CPU backend has its own attention
+// kernels of the same shape).
 //
 // Vectors: GCC/Clang vector extensions of 8 floats (one AVX2 register, two NEON ones); the compiler maps them to the
 // machine's instructions. Head dims must be a multiple of 8 (the Python side sends any other to the torch path).
@@ -274,12 +277,16 @@ void run(const Problem<scalar_t>& p, int64_t num_requests, int num_threads) {
 
 // out, query: [N * q_len, Hq, D] (last dim contiguous; request i owns rows i * q_len .. (i + 1) * q_len - 1);
 // k_cache, v_cache: [num_blocks, block_size, Hkv, D] contiguous, this step's K/V already written;
-// block_tables: [N, max_blocks] int64 (rows contiguous, any row stride); seq_lens: [N] int32 (context + q_len per request); float32 or bfloat16;
-// D a multiple of 8, at most 512. Runs on num_threads OpenMP threads.
+// block_tables: [N, max_blocks] int64 (rows contiguous, any row stride); seq_lens: [N] int32 (context + q_len per
+// request, q_len <= seq_len <= max_blocks * block_size); float32 or bfloat16; D a multiple of 8, at most 512.
+// Runs on num_threads OpenMP threads. Raises (RuntimeError in Python) on anything that would read outside a
+// tensor: the kernel reads through the block tables unchecked, so they are checked here, once per call.
 void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
                      int64_t q_len, double scale, int64_t num_threads) {
-  TORCH_CHECK(query.device().is_cpu() && out.device().is_cpu() && k_cache.device().is_cpu(), "CPU tensors only");
+  TORCH_CHECK(query.device().is_cpu() && out.device().is_cpu() && k_cache.device().is_cpu() &&
+                  v_cache.device().is_cpu() && block_tables.device().is_cpu() && seq_lens.device().is_cpu(),
+              "CPU tensors only");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out must be [N * q_len, Hq, D]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   v_cache.sizes() == k_cache.sizes(), "k_cache, v_cache must be contiguous [blocks, bs, Hkv, D]");
@@ -294,6 +301,22 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   TORCH_CHECK(seq_lens.numel() == n && query.size(0) == n * q_len && q_len >= 1, "N, q_len and the rows disagree");
   TORCH_CHECK(query.size(2) == dim && heads % kv_heads == 0, "query heads must be a multiple of the KV heads");
   TORCH_CHECK(dim % kLanes == 0 && dim <= kLanes * kMaxChunks, "head_dim must be a multiple of 8, at most 512");
+  TORCH_CHECK(kv_heads >= 1 && k_cache.size(1) >= 1, "k_cache needs at least one KV head and block_size >= 1");
+  // Every block a request reads: its first cdiv(seq_len, block_size) table entries, each a block of the pool.
+  const int64_t pool = k_cache.size(0), bs = k_cache.size(1), width = block_tables.size(1);
+  const int64_t* tables = static_cast<const int64_t*>(block_tables.data_ptr());
+  const int32_t* lens = static_cast<const int32_t*>(seq_lens.data_ptr());
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = lens[i], needed = (len + bs - 1) / bs;
+    TORCH_CHECK(len >= q_len, "request ", i, ": seq_len ", len, " is less than q_len ", q_len);
+    TORCH_CHECK(needed <= width, "request ", i, ": seq_len ", len, " needs ", needed, " blocks, its block table has ",
+                width);
+    for (int64_t b = 0; b < needed; ++b) {
+      const int64_t block = tables[i * block_tables.stride(0) + b];
+      TORCH_CHECK(block >= 0 && block < pool, "request ", i, ": block table entry ", b, " = ", block,
+                  " is outside the pool of ", pool, " blocks");
+    }
+  }
   if (n == 0) return;
 
   auto launch = [&](auto* type_tag) {
