@@ -146,6 +146,18 @@ def test_switch_turns_the_kernel_off(kernel, monkeypatch):
         assert cpu_attention.kernel_for(query, k_cache) is None
 
 
+def test_each_version_of_the_source_builds_under_its_own_name(monkeypatch, tmp_path):
+    """Checkouts of different kernel versions sharing one cache (a home directory, CI) must not rebuild over each
+    other on every switch: the name carries the source's hash (and the CPU's)."""
+    before = cpu_attention.default_name()
+    assert before == cpu_attention.default_name()
+    assert before.startswith(f"minengine_cpu_attention_{cpu_attention.machine_tag()}_")
+    changed = tmp_path / "cpu_attention.cpp"
+    changed.write_text(cpu_attention.SOURCE.read_text() + "\n// another version\n")
+    monkeypatch.setattr(cpu_attention, "SOURCE", changed)
+    assert cpu_attention.default_name() != before
+
+
 def _build_in_subprocess(cache: str, extra_env: dict[str, str] | None = None, timeout: float = 240):
     """Build (or load) the kernel in a fresh process with ``cache`` as the build cache; returns the process."""
     code = textwrap.dedent("""
@@ -162,7 +174,7 @@ def _build_in_subprocess(cache: str, extra_env: dict[str, str] | None = None, ti
 def test_a_dead_builds_lock_does_not_block_the_next_build(tmp_path):
     """torch's FileBaton lock is a plain file: a build killed midway leaves it, and torch alone would then wait for
     it forever. Kill a real build midway, check the leftover, then a new process must build within the timeout."""
-    name = f"minengine_cpu_attention_{cpu_attention.machine_tag()}"
+    name = cpu_attention.default_name()
     code = "from minengine.layers import cpu_attention; cpu_attention.build()"
     env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(tmp_path)})
     proc = subprocess.Popen([sys.executable, "-c", code], env=env)
@@ -207,3 +219,95 @@ def test_the_cpu_runner_builds_the_kernel_at_start_up(kernel, bundled_model):
     finally:
         del os.environ[cpu_attention.ENV_SWITCH]
     assert cpu_attention._kernel.cache_info().currsize == 0
+
+
+BUILD_CODE = textwrap.dedent("""
+    import logging, sys
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    from minengine.layers import cpu_attention
+    print("KERNEL", cpu_attention.build() is not None)
+""")
+
+
+@pytest.fixture(scope="module")
+def cache_built_by_two_processes(tmp_path_factory):
+    """An empty cache that two processes build the kernel into at the same moment: (cache, [(rc, output)] * 2)."""
+    if shutil.which("c++") is None or shutil.which("ninja") is None:
+        pytest.skip("no C++ compiler or ninja: the kernel cannot be built here")
+    cache = tmp_path_factory.mktemp("kernel-cache")
+    env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(cache)})
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_CODE], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    results = []
+    for proc in procs:
+        try:
+            results.append((proc.wait(timeout=400), proc.stdout.read()))
+        finally:
+            proc.kill()
+    return cache, results
+
+
+def test_two_processes_building_into_an_empty_cache_both_get_the_kernel(cache_built_by_two_processes):
+    """The flock serialises them: one compiles, the other waits, then loads the finished library."""
+    _, results = cache_built_by_two_processes
+    for rc, output in results:
+        assert rc == 0 and "KERNEL True" in output, output
+
+
+def test_a_library_cut_short_is_judged_so_at_every_length(cache_built_by_two_processes):
+    """Property: every truncation of a real build (a disk that filled during the link, a partial copy) is judged
+    not whole, the whole file is; so is a file that is not ELF (on Linux)."""
+    cache, _ = cache_built_by_two_processes
+    library = cache / cpu_attention.default_name() / f"{cpu_attention.default_name()}.so"
+    data = library.read_bytes()
+    assert cpu_attention.library_is_whole(library)
+    probe = cache / "probe.so"
+    for size in [0, 1, 16, 51, 52, 63, 64, 65] + list(range(100, len(data), max(1, len(data) // 97))) + [len(data) - 1]:
+        probe.write_bytes(data[:size])
+        assert not cpu_attention.library_is_whole(probe), f"{size} of {len(data)} bytes judged whole"
+    if sys.platform.startswith("linux"):
+        probe.write_bytes(b"INPUT(libfoo.so.1)\n")  # a linker script, not a library
+        assert not cpu_attention.library_is_whole(probe)
+
+
+@pytest.mark.parametrize("keep", [0.0, 0.5, 0.98])
+def test_a_cached_library_cut_short_is_rebuilt_not_loaded(cache_built_by_two_processes, keep):
+    """Loading a truncated shared library kills the process with SIGBUS (the loader maps the missing pages); the
+    build must notice, remove it and link it again, and the process ends with the kernel."""
+    cache, _ = cache_built_by_two_processes
+    library = cache / cpu_attention.default_name() / f"{cpu_attention.default_name()}.so"
+    data = library.read_bytes()
+    library.write_bytes(data[:int(len(data) * keep)])
+    done = _build_in_subprocess(str(cache))
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
+    assert "KERNEL True" in done.stdout and "cut short; rebuilding" in done.stdout + done.stderr, done.stdout
+    assert cpu_attention.library_is_whole(library)
+
+
+NO_HOME_CODE = textwrap.dedent("""
+    import logging, pathlib, sys
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    def no_home(cls):  # what Path.home does with HOME unset for a user without a passwd entry
+        raise RuntimeError("Could not determine home directory.")
+    pathlib.Path.home = classmethod(no_home)
+    import torch
+    from minengine.layers import cpu_attention
+    print("KERNEL", cpu_attention.kernel_for(torch.zeros(1, 2, 32), torch.zeros(1, 4, 2, 32)) is not None)
+""")
+
+
+@pytest.mark.parametrize("where", ["no-home", "cache-is-a-file"])
+def test_no_usable_cache_directory_means_the_torch_path_with_a_warning(tmp_path, where):
+    """No home directory (HOME unset in a container run as an arbitrary user) and a cache path that is a file:
+    the torch path, one warning that names the cause, exit 0 (never an exception out of ``kernel_for``)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HOME", "XDG_CACHE_HOME", cpu_attention.CACHE_ENV)}
+    if where == "cache-is-a-file":
+        (tmp_path / "file").write_text("")
+        env[cpu_attention.CACHE_ENV] = str(tmp_path / "file")
+    done = subprocess.run([sys.executable, "-c", NO_HOME_CODE if where == "no-home" else BUILD_CODE], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "KERNEL False" in done.stdout
+    warnings = [ln for ln in (done.stdout + done.stderr).splitlines() if "using the torch path" in ln]
+    assert len(warnings) == 1, done.stdout + done.stderr
+    assert ("set MINENGINE_KERNEL_CACHE" if where == "no-home" else "Not a directory") in warnings[0]

@@ -2,8 +2,9 @@
 
 Why a kernel of our own: the torch path (``paged_attention_reference``) gathers each decode group's KV blocks into
 one tensor and then runs SDPA over it, so the K/V cross memory about twice, and SDPA with the 1-8 query rows of a
-KV head runs far below the machine's matmul rate. The kernel reads every block once, in place, through the block
-table, with an online softmax (vLLM's CPU backend has its own attention kernels for the same reason).
+KV head runs far below the machine's matmul rate. The kernel reads the blocks in place through the block table, the
+keys in one pass and the values in a second with an exact softmax in between, each pass serving up to 4 query rows
+(vLLM's CPU backend has its own attention kernels for the same reason).
 
 Build: ``torch.utils.cpp_extension.load_inline`` compiles the C++ source with ``-O3 -march=native -fopenmp`` (ninja and
 a C++ compiler: ``pip install ninja``, g++ or clang) into ``~/.cache/minengine/kernels/<name>`` (or
@@ -11,9 +12,12 @@ a C++ compiler: ``pip install ninja``, g++ or clang) into ``~/.cache/minengine/k
 ``torch/library.h`` (not ``torch/extension.h``), which keeps the first build to ~10 s rather than a minute; later
 processes load the cached library. ``-march=native`` makes the library specific to this CPU, so its name carries a
 hash of the CPU's model and flags: a home directory shared by different machines gets one build per CPU type, never
-a wrong one. Builds are serialised by an ``flock`` on a file in that directory, which the operating system releases
-when its holder dies; under it, a ``lock`` file that torch's own build lock left behind (a process killed mid-build:
-every later build would wait for it forever) is removed before building.
+a wrong one; it also carries a hash of the source, the flags and torch's version, so checkouts of different versions
+sharing one cache keep one build each instead of rebuilding over each other. Builds are serialised by an ``flock``
+on a file in that directory, which the operating system releases when its holder dies; under it, a ``lock`` file
+that torch's own build lock left behind (a process killed mid-build: every later build would wait for it forever)
+is removed before building, and so is a cached library cut short (``library_is_whole``: loading one kills the
+process with SIGBUS), which is then rebuilt.
 
 Fallback: with ``MINENGINE_CPU_KERNEL=0``, on a machine without a working C++ compiler, or if the built kernel
 fails its self-check (a tiny problem against a float64 reference), ``kernel_for`` returns None and the torch path
@@ -73,12 +77,34 @@ def machine_tag() -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
 
+def source_tag() -> str:
+    """8 hex digits naming what is built: the C++ source, the compiler flags and torch's version."""
+    text = SOURCE.read_text() + " ".join(CFLAGS) + torch.__version__
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def default_name() -> str:
+    """The extension's name: ``minengine_cpu_attention_<machine_tag()>_<source_tag()>``."""
+    return f"minengine_cpu_attention_{machine_tag()}_{source_tag()}"
+
+
 def cache_directory(name: str) -> Path:
     """The build directory of extension ``name``: ``$MINENGINE_KERNEL_CACHE/<name>``, else
-    ``$XDG_CACHE_HOME/minengine/kernels/<name>`` (``~/.cache`` when XDG_CACHE_HOME is unset)."""
+    ``$XDG_CACHE_HOME/minengine/kernels/<name>`` (``~/.cache`` when XDG_CACHE_HOME is unset).
+
+    Raises:
+        RuntimeError: no cache variable is set and there is no home directory (``HOME`` unset and the user
+            has no passwd entry, as in a container run with an arbitrary ``--user``).
+    """
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]) / name
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minengine" / "kernels" / name
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = Path.home() / ".cache"
+        except RuntimeError:
+            raise RuntimeError(f"no home directory to keep the kernel in: set {CACHE_ENV}") from None
+    return Path(base) / "minengine" / "kernels" / name
 
 
 @contextlib.contextmanager
@@ -114,25 +140,66 @@ def build_lock(directory: Path, timeout_s: float = BUILD_LOCK_TIMEOUT_S):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def library_is_whole(path: Path) -> bool:
+    """False when ``path`` is an ELF file shorter than its own headers say (a build cut short by a full disk or a
+    crash, a partial copy), or is not ELF at all on Linux. The dynamic loader maps such a file without complaint and
+    the process dies of SIGBUS when it touches the missing pages, so it must never be loaded. Non-ELF files on other
+    systems (Mach-O) are not judged: True."""
+    import struct
+    import sys
+
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            header = f.read(64)
+            if header[:4] != b"\x7fELF":
+                return not sys.platform.startswith("linux")
+            if len(header) < 52 or header[4] not in (1, 2) or header[5] not in (1, 2):
+                return False
+            wide, order = header[4] == 2, "<" if header[5] == 1 else ">"
+            # Program header fields (type, file offset, bytes in the file): ELF64 and ELF32 lay them out differently.
+            entry_format = order + ("I4xQ16xQ" if wide else "II8xI")
+            # (program headers' offset, sections' offset) then (ph entry size, ph count, sh entry size, sh count)
+            ph_off, sh_off = struct.unpack_from(order + ("QQ" if wide else "II"), header, 0x20 if wide else 0x1C)
+            ph_size, ph_num, sh_size, sh_num = struct.unpack_from(order + "HHHH", header, 0x36 if wide else 0x2A)
+            if ph_off + ph_size * ph_num > size or sh_off + sh_size * sh_num > size:
+                return False
+            f.seek(ph_off)
+            table = f.read(ph_size * ph_num)
+            for i in range(ph_num):  # every segment's bytes must be in the file
+                kind, offset, filesz = struct.unpack_from(entry_format, table, i * ph_size)
+                if kind and offset + filesz > size:
+                    return False
+    except (OSError, struct.error):
+        return False
+    return True
+
+
 def build(name: str | None = None, build_directory: str | Path | None = None) -> Callable | None:
     """Compile (or load the cached build of) the kernel and self-check it.
 
     Args:
-        name: extension name; default ``minengine_cpu_attention_<machine_tag()>``.
+        name: extension name; default ``default_name()``.
         build_directory: default ``cache_directory(name)``.
 
     Returns:
         ``torch.ops.minengine.paged_attention``, or None (with one warning logged) if anything fails: no
-        compiler or ninja, a compile error, a failed self-check, another process's build that does not finish.
+        compiler or ninja, a compile error, a failed self-check, another process's build that does not finish,
+        a cache directory that cannot be made or written, no home directory to put it in.
     """
-    name = name or f"minengine_cpu_attention_{machine_tag()}"
-    directory = Path(build_directory) if build_directory else cache_directory(name)
     start = time.perf_counter()
     try:
         from torch.utils.cpp_extension import load_inline
 
+        name = name or default_name()
+        directory = Path(build_directory) if build_directory else cache_directory(name)
         if not hasattr(torch.ops.minengine, "paged_attention"):  # one registration per process
             with build_lock(directory):
+                library = directory / f"{name}.so"
+                if library.exists() and not library_is_whole(library):
+                    logger.warning("minengine: the cached CPU attention kernel %s is cut short; rebuilding it", library)
+                    for built in (library, *directory.glob("*.o")):
+                        built.unlink()
                 load_inline(name=name, cpp_sources=[SOURCE.read_text()], extra_cflags=CFLAGS,
                             extra_ldflags=["-fopenmp"], build_directory=str(directory), is_python_module=False,
                             no_implicit_headers=True)
