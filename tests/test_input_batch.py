@@ -200,3 +200,52 @@ def test_block_table_follows_a_rolled_back_step():
     assert table.table[row, :3].tolist() == [4, 8, 9]
     row = table.update(step([4, 8]))[0]  # rolled back again and rescheduled shorter
     assert table.table[row, :2].tolist() == [4, 8] and table.num_blocks[row] == 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 24), st.integers(1, 16)), min_size=1, max_size=6), st.integers(0, 12),
+       st.integers(1, 8), st.sampled_from([1, 2, 4]), st.booleans(), st.randoms(use_true_random=False))
+def test_forward_batch_matches_a_naive_rebuild_with_speculative_decoding(work, num_blocks, k, block_size,
+                                                                          prefix_caching, rng):
+    """Property: with proposals verified and rejected at random, the persistent BlockTable still equals each
+    request's block list and the slot mapping follows it. A rejection frees the blocks that held only rejected
+    proposals (``KVCacheManager.truncate``) and a later step allocates blocks at the same indices again, so a row
+    can change without changing its length."""
+    num_blocks += max(cdiv(p + m + k, block_size) for p, m in work)  # each request fits alone
+    kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+    sched = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=80,
+                      speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
+                                          "prompt_lookup_max": 2})
+    for i, (prompt_len, max_tokens) in enumerate(work):
+        pattern = [3 + (i + j) % 5 for j in range(1 + i % 3)]  # repetitive: the n-gram proposer proposes
+        prompt = (pattern * prompt_len)[:prompt_len]
+        sched.add_request(Request(str(i), prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
+                                                                 ignore_eos=True), arrival_time=0.0))
+    tables = {False: BlockTable(max_rows=2, max_blocks=2), True: BlockTable(max_rows=2, max_blocks=2)}
+    verified = 0
+    for _ in range(2000):
+        if not sched.has_unfinished_requests():
+            break
+        out = sched.schedule()
+        if not out.scheduled:
+            continue
+        for for_triton, table in tables.items():
+            batch = ForwardBatch.build(out, block_size, "cpu", table, for_triton=for_triton)
+            slots = batch.slot_mapping.tolist()
+            for j, i in enumerate(batch.batch_order.tolist()):
+                s = out.scheduled[i]
+                row = table.row_of(s.request_id)
+                assert table.table[row, :len(s.block_ids)].tolist() == list(s.block_ids), s.request_id
+                a = batch.query_start_loc[j].item()
+                assert slots[a:a + len(s.token_ids)] == [s.block_ids[p // block_size] * block_size + p % block_size
+                                                         for p in range(s.start_pos, s.start_pos + len(s.token_ids))]
+        sampled = {}
+        for s in out.scheduled:
+            if s.sample:
+                spec = list(s.spec_token_ids)
+                verified += bool(spec)
+                accepted = rng.randint(0, len(spec))  # a random prefix of the proposals survives
+                sampled[s.request_id] = spec[:accepted] + [3 + rng.randrange(5)]
+        sched.update_from_output(out, sampled)
+    assert not sched.has_unfinished_requests()
+    assert kv.num_free_blocks == num_blocks

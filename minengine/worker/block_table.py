@@ -43,8 +43,14 @@ class BlockTable:
     def row_of(self, request_id: str) -> int | None:
         return self._row.get(request_id)
 
-    def update(self, scheduler_output: SchedulerOutput) -> np.ndarray:
+    def update(self, scheduler_output: SchedulerOutput, block_size: int | None = None) -> np.ndarray:
         """Bring the rows of this step's requests up to date; returns their rows ([B] int64, step order).
+
+        ``block_size`` (tokens per block) bounds what must be re-checked: blocks before the one holding a
+        request's first new token hold computed K/V and never change while it runs; from that one on, a block
+        that held only rejected speculative proposals may have been freed (``KVCacheManager.truncate``) and
+        another allocated at the same index since the last update, at the same row length. None re-checks
+        every stored block.
 
         Per request this costs O(1) plus the blocks added since its last step (a decode adds one block every
         ``block_size`` steps). A request admitted this step (new, resumed after preemption, swapped in) or
@@ -76,9 +82,10 @@ class BlockTable:
                 stored = 0
             else:
                 stored = int(self.num_blocks[row])
-                # Append-only between admissions, except after a rolled-back step: re-check what the last update
-                # appended (usually nothing or one block) and rewrite from there if it changed.
-                start = self._written_from[row]
+                # Append-only between admissions, except after a rolled-back step or a speculative rejection:
+                # re-check what the last update appended and the blocks from the step's first new token on
+                # (usually one or two) and rewrite from there if they changed.
+                start = min(self._written_from[row], s.start_pos // block_size if block_size else 0)
                 changed = start < stored and ids[start:stored] != self.table[row, start:stored].tolist()
                 if len(ids) < stored or changed:
                     stored = min(start, len(ids))

@@ -142,7 +142,7 @@ class ForwardBatch:
             raise ValueError("ForwardBatch.build needs a step with at least one scheduled request")
         if block_table is None:
             block_table = BlockTable()
-        rows = block_table.update(scheduler_output)
+        rows = block_table.update(scheduler_output, block_size)
         num_reqs = len(scheduled)
         q_lens = np.fromiter((len(s.token_ids) for s in scheduled), np.int64, num_reqs)
         starts = np.fromiter((s.start_pos for s in scheduled), np.int64, num_reqs)
