@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_attention.cpp")
 ENV_SWITCH = "MINENGINE_CPU_KERNEL"  # "0" (or off/false/no) runs the torch path
 CACHE_ENV = "MINENGINE_KERNEL_CACHE"  # where builds go (default ~/.cache/minengine/kernels)
-BUILD_LOCK_TIMEOUT_S = 600.0  # waiting longer than this for another process's build: use the torch path
+BUILD_LOCK_TIMEOUT_S = 180.0  # waiting longer than this for another process's build (~10 s here): the torch path
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
 DTYPES = (torch.float32, torch.bfloat16)
 # Which requests the kernel takes (``use_kernel``): any with at most MAX_QUERY_LEN new tokens (decodes, short
