@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
     info = machine_info()
     from minengine.layers import cpu_attention
 
-    info["cpu_attention_kernel"] = not cpu_attention.is_disabled() and cpu_attention._kernel() is not None
+    info["cpu_attention_kernel"] = not cpu_attention.is_disabled() and cpu_attention.get_kernel() is not None
     print(f"model {a.model or 'bundled'} ({shape.num_params / 1e6:.1f} M params) | "
           f"{a.num_requests} requests, prompts {a.prompt_len[0]}-{a.prompt_len[1]}, outputs "
           f"{a.output_len[0]}-{a.output_len[1]} ({n_out} output tokens) | {info['cpu']}, {info['cores']} cores, "

@@ -209,16 +209,16 @@ def test_the_cpu_runner_builds_the_kernel_at_start_up(kernel, bundled_model):
     where it would land in a request's TTFT; with the switch off nothing is built."""
     from minengine.engine.llm_engine import LLMEngine
 
-    cpu_attention._kernel.cache_clear()
+    cpu_attention.get_kernel.cache_clear()
     LLMEngine.from_config(model=bundled_model, num_kv_blocks=8)
-    assert cpu_attention._kernel.cache_info().currsize == 1
-    cpu_attention._kernel.cache_clear()
+    assert cpu_attention.get_kernel.cache_info().currsize == 1
+    cpu_attention.get_kernel.cache_clear()
     os.environ[cpu_attention.ENV_SWITCH] = "0"
     try:
         LLMEngine.from_config(model=bundled_model, num_kv_blocks=8)
     finally:
         del os.environ[cpu_attention.ENV_SWITCH]
-    assert cpu_attention._kernel.cache_info().currsize == 0
+    assert cpu_attention.get_kernel.cache_info().currsize == 0
 
 
 BUILD_CODE = textwrap.dedent("""

@@ -217,7 +217,9 @@ def build(name: str | None = None, build_directory: str | Path | None = None) ->
 
 
 @functools.cache
-def _kernel() -> Callable | None:
+def get_kernel() -> Callable | None:
+    """The kernel of this process: ``build()`` once (compile or load), then the same op, or None (the torch
+    path) every time after a failed build."""
     return build()
 
 
@@ -230,11 +232,11 @@ def applies(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> bo
 
 def kernel_for(query: torch.Tensor, k_cache: torch.Tensor) -> Callable | None:
     """The kernel when it applies to this layer's tensors (``applies``, and ``query`` of the cache's dtype) and
-    builds, else None. The first call in a process builds or loads it (the CPU ``ModelRunner`` makes that call
+    builds, else None. The first call in a process builds or loads it (the CPU ``ModelRunner`` calls ``get_kernel``
     at start-up, so no step pays for the compile)."""
     if query.dtype != k_cache.dtype or not applies(query.device, k_cache.dtype, k_cache.shape[-1]):
         return None
-    return _kernel()
+    return get_kernel()
 
 
 def reference_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -65,8 +65,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             retain_freed_memory()  # per-step temporaries would otherwise page-fault (worker/host_memory.py)
             if attention_backend == "torch" and cpu_attention.applies(self.device, self.dtype, model.head_dim):
-                cpu_attention.kernel_for(torch.empty(0, dtype=self.dtype), torch.empty(0, 1, 1, model.head_dim,
-                                                                                       dtype=self.dtype))
+                cpu_attention.get_kernel()  # the compile (seconds, once per machine) now, not in the first step
         self.block_table = BlockTable()
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and attention_backend == "triton"
