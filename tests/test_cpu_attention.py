@@ -158,16 +158,18 @@ def test_each_version_of_the_source_builds_under_its_own_name(monkeypatch, tmp_p
     assert cpu_attention.default_name() != before
 
 
+BUILD_CODE = textwrap.dedent("""
+    import logging, sys
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
+    from minengine.layers import cpu_attention
+    print("KERNEL", cpu_attention.build() is not None)
+""")
+
+
 def _build_in_subprocess(cache: str, extra_env: dict[str, str] | None = None, timeout: float = 240):
     """Build (or load) the kernel in a fresh process with ``cache`` as the build cache; returns the process."""
-    code = textwrap.dedent("""
-        import logging, sys
-        logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-        from minengine.layers import cpu_attention
-        print("KERNEL", cpu_attention.build() is not None)
-    """)
     env = dict(os.environ, **{cpu_attention.CACHE_ENV: cache}, **(extra_env or {}))
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-c", BUILD_CODE], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @needs_compiler
@@ -219,14 +221,6 @@ def test_the_cpu_runner_builds_the_kernel_at_start_up(kernel, bundled_model):
     finally:
         del os.environ[cpu_attention.ENV_SWITCH]
     assert cpu_attention.get_kernel.cache_info().currsize == 0
-
-
-BUILD_CODE = textwrap.dedent("""
-    import logging, sys
-    logging.basicConfig(level=logging.INFO, stream=sys.stdout)
-    from minengine.layers import cpu_attention
-    print("KERNEL", cpu_attention.build() is not None)
-""")
 
 
 @pytest.fixture(scope="module")
