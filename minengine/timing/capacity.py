@@ -36,7 +36,7 @@ class MemoryFit:
 
 def memory_fit(hardware: str | Hardware, model: str | ModelShape, tp: int = 1,
                gpu_memory_utilization: float = GPU_MEMORY_UTILIZATION) -> MemoryFit:
-    """The weights one device holds (``num_params x dtype_bytes / tp``: tensor parallelism splits the weights
+    """The weights one device holds (``shape.weight_bytes / tp``: tensor parallelism splits the weights
     evenly) against ``gpu_memory_utilization x memory_bytes`` of that device.
 
     Raises:
@@ -50,5 +50,5 @@ def memory_fit(hardware: str | Hardware, model: str | ModelShape, tp: int = 1,
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     if not hw.memory_bytes > 0:
         raise ValueError(f"hardware {hw.name!r} has no memory_bytes to check against")
-    return MemoryFit(weight_bytes_per_device=shape.num_params * shape.dtype_bytes / tp,
+    return MemoryFit(weight_bytes_per_device=shape.weight_bytes / tp,
                      usable_bytes_per_device=gpu_memory_utilization * hw.memory_bytes)

@@ -6,7 +6,7 @@ the KV cache, and runs the LM head and the sampler for ``num_sampled`` rows. Fro
     FLOPs = 2 x layer params x tokens                                   (every linear layer, all new tokens)
           + sum over requests of 4 x layers x num_heads x head_dim x causal pairs    (QK^T and PV)
           + 2 x vocab x hidden x sampled rows                           (LM head, sampling rows only)
-    bytes = layer weights (read once per step, shared by the whole batch)
+    bytes = layer weights (read once per step, shared by the whole batch; ``weight_dtype_bytes`` each)
           + LM head weights (when any row samples)
           + sum over requests of (context_len + num_new_tokens) x KV bytes per token   (attention reads K/V)
           + new tokens x KV bytes per token                             (K/V written)
@@ -208,6 +208,7 @@ class StepCostModel:
         self._kv_share = kv_heads_per_gpu / m.num_kv_heads
         self._num_layer_params = m.num_layer_params
         self._lm_head_params = m.lm_head_params
+        self._layer_weight_bytes = m.layer_weight_dtype_bytes  # weight-only int8: 1; the LM head keeps dtype_bytes
         self._linear_flops_per_token = 2.0 * m.num_layer_params
         self._attention_flops_per_pair = 4.0 * m.num_layers * m.q_size
         self._lm_head_flops_per_row = 2.0 * m.lm_head_params
@@ -263,7 +264,8 @@ class StepCostModel:
         lm_head_flops = self._lm_head_flops_per_row * sampled / tp
         flops = linear_flops + attention_flops + lm_head_flops
 
-        weight_bytes = (self._num_layer_params + (self._lm_head_params if sampled else 0)) * self.shape.dtype_bytes / tp
+        weight_bytes = (self._num_layer_params * self._layer_weight_bytes
+                        + (self._lm_head_params * self.shape.dtype_bytes if sampled else 0)) / tp
         kv_bytes = (context + tokens) * self._kv_bytes_per_token * self._kv_share
         other_bytes = tokens * self._embedding_bytes_per_token  # embedding rows (replicated)
         nbytes = weight_bytes + kv_bytes + other_bytes if tokens else 0.0

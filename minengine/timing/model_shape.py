@@ -30,6 +30,9 @@ class ModelShape:
             HF config (``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads``...).
         dtype_bytes: bytes per weight and per activation element moved (2 for BF16, 1 for FP8, 4 for FP32).
         kv_dtype_bytes: bytes per KV-cache element; ``None`` = ``dtype_bytes``.
+        weight_dtype_bytes: bytes per weight of the decoder layers when only they are quantized (weight-only int8:
+            1, while activations, embeddings and the LM head keep ``dtype_bytes``, as minengine's
+            ``quantization="int8"`` does); ``None`` = ``dtype_bytes``.
         tie_word_embeddings: the LM head is the embedding matrix (counted once in ``num_params``).
         gated_mlp: SwiGLU (gate, up, down: 3 matrices) rather than 2.
         qkv_bias: q/k/v projections have biases (Qwen2).
@@ -48,6 +51,7 @@ class ModelShape:
     vocab_size: int
     dtype_bytes: int = 2
     kv_dtype_bytes: int | None = None
+    weight_dtype_bytes: int | None = None
     tie_word_embeddings: bool = False
     gated_mlp: bool = True
     qkv_bias: bool = False
@@ -58,9 +62,10 @@ class ModelShape:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"ModelShape.{name} must be a positive integer, got {v!r}")
-        if self.kv_dtype_bytes is not None and (not isinstance(self.kv_dtype_bytes, int) or self.kv_dtype_bytes < 1):
-            raise ValueError(f"ModelShape.kv_dtype_bytes must be a positive integer or None, "
-                             f"got {self.kv_dtype_bytes!r}")
+        for name in ("kv_dtype_bytes", "weight_dtype_bytes"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"ModelShape.{name} must be a positive integer or None, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
 
@@ -100,6 +105,18 @@ class ModelShape:
         """All parameters: layers, embedding, and the LM head unless tied."""
         embed = self.vocab_size * self.hidden_size
         return self.num_layer_params + embed + (0 if self.tie_word_embeddings else self.lm_head_params)
+
+    @property
+    def layer_weight_dtype_bytes(self) -> int:
+        """Bytes per decoder-layer weight: ``weight_dtype_bytes``, else ``dtype_bytes``."""
+        return self.weight_dtype_bytes if self.weight_dtype_bytes is not None else self.dtype_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights: the layers at ``layer_weight_dtype_bytes``, embedding and LM head at
+        ``dtype_bytes``."""
+        return self.num_layer_params * self.layer_weight_dtype_bytes + (self.num_params - self.num_layer_params) \
+            * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
