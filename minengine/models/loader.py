@@ -89,16 +89,24 @@ def load_config(path: Path, trust_remote_code: bool = False):
 
 
 def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-               revision: str | None = None, trust_remote_code: bool = False) -> tuple[LlamaForCausalLM, object, Path]:
+               revision: str | None = None, trust_remote_code: bool = False,
+               quantization: str | None = None) -> tuple[LlamaForCausalLM, object, Path]:
     """Build the model for a checkpoint and load its weights (``revision``, ``trust_remote_code``: as
-    transformers', for the hub download and the config).
+    transformers', for the hub download and the config; ``quantization="int8"``: the decoder's linear layers
+    quantized to int8 weights once loaded, ``layers/quantization.py``).
 
     Returns:
         (model in eval mode on ``device`` with ``dtype`` parameters, the transformers config, the local path).
     Raises:
         ValueError: unknown architecture, sliding-window attention, a missing or garbled ``config.json``,
-            unreadable weight files, or weights that do not match the config (the file named).
+            unreadable weight files, weights that do not match the config (the file named), an unknown
+            ``quantization``.
     """
+    if quantization is not None:
+        from minengine.layers.quantization import QUANTIZATION_METHODS
+
+        if quantization not in QUANTIZATION_METHODS:  # before any loading work
+            raise ValueError(f"quantization must be one of {(None, *QUANTIZATION_METHODS)}, got {quantization!r}")
     path = resolve_model_path(model, revision)
     hf_config = load_config(path, trust_remote_code)
     model_type = getattr(hf_config, "model_type", None)
@@ -132,6 +140,10 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     net.rotary = type(net.rotary)(hf_config)  # its buffer was built on the meta device
     net = net.to(device=device, dtype=dtype).eval()
     net.rotary.inv_freq = net.rotary.inv_freq.float()  # keep RoPE frequencies in float32 at any dtype
+    if quantization is not None:
+        from minengine.layers.quantization import quantize_model
+
+        quantize_model(net, quantization)
     return net, hf_config, path
 
 

@@ -1,0 +1,179 @@
+"""Weight-only int8 (``quantization="int8"``): each linear layer's weight as int8 with one scale per output channel.
+
+A weight W [out, in] is stored as ``qweight = round(W / scale[:, None])`` clamped to [-127, 127] (int8) and
+``scale = max_j |W[i, j]| / 127`` (float32, [out]): symmetric "absmax" round-to-nearest quantization per output
+channel (LLM.int8(), Dettmers et al. 2022, section 3, without its outlier decomposition; the W8A16 layout of
+vLLM's and TensorRT-LLM's weight-only int8). Activations stay in the model's dtype, so a matmul is
+
+    y = x @ W^T ~= (x @ qweight^T) * scale          (a per-output-channel scale factors out of the sum)
+
+The int8 bytes are what a memory-bound decode reads: a quarter of float32, half of bfloat16 (the modelled clock
+prices that through ``ModelShape.weight_dtype_bytes``). Embeddings and the LM head stay in the model's dtype (the
+bundled model ties them; vLLM's weight-only methods also leave the LM head unquantized by default).
+
+Kernels (``int8_matmul``): torch's ``torch._weight_int8pack_mm(x, qweight, scale)`` (an ATen CPU kernel: int8
+weights, per-channel scales, x and scales of one dtype) where it is fast and right, else dequantize-then-matmul.
+Measured by ``benchmarks/quantization.py`` (torch 2.13, this project's 2-core AMD EPYC with AVX-512, 1 thread, a
+[rows, 256] x [256, 688] layer; ``benchmarks/results/quantization.md``): in bfloat16 it beats converting the weight
+and calling ``mm`` up to 16 rows (0.014 vs 0.118 ms at 1 row, 0.098 vs 0.145 ms at 16) and loses from 32 (0.81 vs
+0.18 ms); in float32 it is slower at every size (1.04 vs 0.059 ms at 1 row, 97 vs 1.8 ms at 128), and float16 has
+no fast path on this CPU either (see the results file). It also computes wrong sums for an ``in_features`` that is
+not a multiple of 16 (24 and 40 here; 8 gave NaN) or kills the process (12 and 100: segfault). So: the packed
+kernel for CPU bfloat16 inputs of at most ``INT8PACK_MAX_ROWS`` rows (decodes) and a width that is a multiple of 16,
+the dequantizing path otherwise (float32, prefills, CUDA).
+
+Tensor parallelism: the scales belong to output channels, so ``shard_int8`` cuts a column-parallel layer's
+(qweight, scale) along dim 0 together, and a row-parallel layer's qweight along dim 1 with the scales whole; each
+rank's ``int8_matmul`` then gives its share (column: its outputs; row: a partial sum to all-reduce, the bias added
+once after). Quantize the whole weight first, then shard: quantizing a row-parallel shard alone would give each
+rank different scales than the unsharded model has.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QUANTIZATION_METHODS = ("int8",)
+INT8PACK_MAX_ROWS = 16  # above this, dequantize-then-matmul is faster in bfloat16 too (measured, see above)
+# torch 2.13's CPU kernel seems to step through in_features 16 at a time with no remainder loop: here widths 8, 24
+# and 40 gave NaN or wrong sums and 12 and 100 crashed the process (segfault); multiples of 16 were right.
+INT8PACK_WIDTH_MULTIPLE = 16
+# The decoder's linear layers (nn.Linear children of each DecoderLayer's self_attn and mlp).
+QUANTIZED_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8 quantization of ``weight`` [out, in] (any float dtype).
+
+    Returns:
+        (qweight int8 [out, in] in [-127, 127], scale float32 [out]) with ``qweight * scale[:, None] ~= weight``;
+        an all-zero row gets scale 1.0.
+    Raises:
+        ValueError: ``weight`` not 2-D floating point, or not finite.
+    """
+    if weight.dim() != 2 or not weight.is_floating_point():
+        raise ValueError(f"weight must be a 2-D float tensor [out, in], got {tuple(weight.shape)} {weight.dtype}")
+    w = weight.detach().float()
+    if not torch.isfinite(w).all():
+        raise ValueError("weight has inf or NaN entries: it cannot be quantized")
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return qweight, scale
+
+
+def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight [out, in] in ``dtype`` that (qweight int8 [out, in], scale [out]) stand for."""
+    return (qweight.to(torch.float32) * scale.to(torch.float32)[:, None]).to(dtype)
+
+
+def uses_int8pack(x: torch.Tensor) -> bool:
+    """Whether ``int8_matmul`` takes ``torch._weight_int8pack_mm`` for input ``x`` [..., in]: CPU, bfloat16, at
+    most ``INT8PACK_MAX_ROWS`` rows (see the module docstring for the measurements), ``in`` a multiple of
+    ``INT8PACK_WIDTH_MULTIPLE`` (the only widths that kernel computes correctly)."""
+    width = x.shape[-1]
+    rows = x.numel() // width if width else 0
+    return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and 0 < rows <= INT8PACK_MAX_ROWS
+            and width % INT8PACK_WIDTH_MULTIPLE == 0 and hasattr(torch, "_weight_int8pack_mm"))
+
+
+def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ (qweight * scale[:, None])^T + bias``: a linear layer with int8 weights.
+
+    Args:
+        x: [..., in] float32 / bfloat16 / float16 activations.
+        qweight: [out, in] int8; scale: [out] (any float dtype; float32 from ``quantize_int8``).
+        bias: [out] or None (a row-parallel shard passes None and adds the bias after the all-reduce).
+
+    Returns:
+        [..., out] in ``x.dtype``. Computed by ``torch._weight_int8pack_mm`` where ``uses_int8pack(x)``, else as
+        ``(x @ qweight^T) * scale`` with qweight converted to ``x.dtype`` (dequantize-then-matmul, the scale applied
+        to the [..., out] result rather than to the [out, in] weight: the same numbers up to rounding, fewer
+        multiplies for small batches).
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if uses_int8pack(x2):
+        y = torch._weight_int8pack_mm(x2.contiguous(), qweight, scale.to(x.dtype))
+    else:
+        y = F.linear(x2, qweight.to(x.dtype)) * scale.to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*shape[:-1], qweight.shape[0])
+
+
+def shard_int8(qweight: torch.Tensor, scale: torch.Tensor, dim: int, rank: int,
+               world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s share of a quantized weight for tensor parallelism (Megatron-LM, Shoeybi et al. 2019).
+
+    Args:
+        dim: 0 for a column-parallel layer (output channels split: qweight rows and their scales together),
+            1 for a row-parallel one (input features split: qweight columns; every rank keeps all the scales).
+
+    Returns:
+        (qweight shard, scale shard), contiguous.
+    Raises:
+        ValueError: ``dim`` not 0 or 1, the split size not divisible by ``world_size``, ``rank`` out of range.
+    """
+    if dim not in (0, 1):
+        raise ValueError(f"dim must be 0 (column-parallel) or 1 (row-parallel), got {dim!r}")
+    if not 0 <= rank < world_size or qweight.shape[dim] % world_size:
+        raise ValueError(f"cannot give rank {rank} of {world_size} a share of dim {dim} (size {qweight.shape[dim]})")
+    q = qweight.chunk(world_size, dim=dim)[rank].contiguous()
+    s = scale.chunk(world_size)[rank].contiguous() if dim == 0 else scale
+    return q, s
+
+
+class Int8Linear(nn.Module):
+    """A linear layer with int8 weights: ``int8_matmul(x, qweight, scale, bias)``.
+
+    Buffers: ``qweight`` int8 [out, in], ``scale`` float32 [out], ``bias`` [out] in the activations' dtype or None.
+    """
+
+    def __init__(self, qweight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        if qweight.dtype != torch.int8 or qweight.dim() != 2 or scale.shape != (qweight.shape[0],):
+            raise ValueError(f"need qweight int8 [out, in] and scale [out], got {qweight.dtype} "
+                             f"{tuple(qweight.shape)} and {tuple(scale.shape)}")
+        self.out_features, self.in_features = qweight.shape
+        self.register_buffer("qweight", qweight)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", bias)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Int8Linear:
+        """Quantize an ``nn.Linear`` (its weight per output channel; the bias kept as is)."""
+        qweight, scale = quantize_int8(linear.weight)
+        bias = linear.bias.detach() if linear.bias is not None else None
+        return cls(qweight.to(linear.weight.device), scale.to(linear.weight.device), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_matmul(x, self.qweight, self.scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"
+
+
+def quantize_model(model: nn.Module, method: str = "int8") -> int:
+    """Replace, in place, every decoder linear layer (``QUANTIZED_LAYERS`` of each ``model.model.layers[i]``'s
+    ``self_attn`` and ``mlp``) by its ``Int8Linear``; embeddings, norms and the LM head are left as they are.
+    Called by ``models.loader.load_model(..., quantization="int8")`` after the weights are loaded.
+
+    Returns:
+        the number of layers quantized.
+    Raises:
+        ValueError: ``method`` not in ``QUANTIZATION_METHODS`` (the message lists them).
+    """
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization must be one of {(None, *QUANTIZATION_METHODS)}, got {method!r}")
+    count = 0
+    for layer in model.model.layers:
+        for block in (layer.self_attn, layer.mlp):
+            for name, child in list(block.named_children()):
+                if name in QUANTIZED_LAYERS and isinstance(child, nn.Linear):
+                    setattr(block, name, Int8Linear.from_linear(child))
+                    count += 1
+    return count
