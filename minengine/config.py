@@ -13,6 +13,10 @@ from minengine.core.spec_decode import SpeculativeConfig
 BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespeare-llama")
 
 _DTYPES = ("float32", "float16", "bfloat16")
+# vLLM's names. "fp8" and "fp8_e4m3": float8 e4m3 K/V with per-tensor scales (minengine/layers/kv_quant.py).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+# None = the checkpoint's weights as they are; "int8": weight-only int8 of the linear layers (layers/quantization.py).
+QUANTIZATIONS = (None, "int8")
 MAX_BLOCK_SIZE = 1024  # tokens; vLLM offers 1..128
 
 
@@ -90,6 +94,13 @@ class EngineConfig:
             ``swap_space_blocks`` is None.
         revision: the hub revision (branch, tag or commit) of ``model`` and ``tokenizer``, for the loaders.
         trust_remote_code: let transformers run a checkpoint's own code (its config and tokenizer classes).
+        kv_cache_dtype: vLLM's name: ``"auto"`` (the model's dtype) or ``"fp8"`` / ``"fp8_e4m3"``: K/V stored as
+            float8 e4m3 with one scale per layer for K and one for V (1.0 unless set), dequantized inside attention;
+            a KV block then takes 1 byte per element, so a memory budget (``kv_cache_memory_bytes``,
+            ``gpu_memory_utilization``) holds 4x the float32 blocks. See ``minengine/layers/kv_quant.py``.
+        quantization: vLLM's name: ``None`` or ``"int8"``: weight-only int8 of every decoder linear layer
+            (q/k/v/o, gate/up/down; per-output-channel scales, applied at load time; activations, embeddings and
+            the LM head stay in ``dtype``). See ``minengine/layers/quantization.py``.
         served_model_name: the name clients and metrics use (``model`` of the OpenAI API, the ``model_name``
             label); None = ``model`` as given, or "tiny-shakespeare-llama" for the bundled model (``model`` None
             or ``BUNDLED_MODEL``).
@@ -130,6 +141,8 @@ class EngineConfig:
     swap_space_bytes: int | None = None
     revision: str | None = None
     trust_remote_code: bool = False
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
     served_model_name: str | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
@@ -188,6 +201,11 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1] or None, got {u!r}")
         if self.swap_space_bytes is not None:
             _positive("swap_space_bytes", self.swap_space_bytes)
+        if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if not (self.quantization is None or isinstance(self.quantization, str)) \
+                or self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if not isinstance(self.trust_remote_code, bool):
             raise ValueError(f"trust_remote_code must be a bool, got {self.trust_remote_code!r}")
         for name in ("revision", "served_model_name"):

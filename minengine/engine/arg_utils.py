@@ -14,7 +14,9 @@ gpu_memory_utilization     ``EngineConfig.gpu_memory_utilization``: a KV budget,
 swap_space (GiB)           ``swap_space_bytes`` (used by ``preemption_mode="swap"``)
 scheduling_policy="fcfs"   ``"decode-first"`` (vLLM's FCFS serves running requests first); "priority" as is
 dtype="auto"               float32 on the CPU; on CUDA the checkpoint's dtype (float16 for a float32 one)
-tensor_parallel_size, ...  must be 1 (one device); quantization None, kv_cache_dtype "auto", cpu_offload_gb 0
+tensor_parallel_size, ...  must be 1 (one device); cpu_offload_gb 0
+quantization               ``EngineConfig.quantization``: None or "int8" (weight-only)
+kv_cache_dtype             ``EngineConfig.kv_cache_dtype``: "auto", "fp8" or "fp8_e4m3"
 disable_log_stats          ``EngineConfig.disable_log_stats``: no Prometheus updates per step
 enforce_eager, ...         accepted, no effect (no CUDA graphs)
 =========================  ==================================================================================
@@ -41,8 +43,6 @@ _VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
     "max_seq_len_to_capture": (int, None, None, "accepted; no effect"),
     "tokenizer_mode": (str, "auto", ("auto",), "must be 'auto'"),
     "tokenizer_revision": (str, None, None, "hub revision of the tokenizer (default: revision)"),
-    "quantization": (str, None, (None,), "must be None: no quantized kernels"),
-    "kv_cache_dtype": (str, "auto", ("auto",), "must be 'auto': the KV cache has the model's dtype"),
     "cpu_offload_gb": (float, 0, (0,), "must be 0"),
     "generation_config": (str, "auto", ("auto", "vllm"), "'auto': sampling defaults from the checkpoint's "
                           "generation_config.json; 'vllm': SamplingParams() defaults"),

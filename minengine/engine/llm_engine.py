@@ -136,7 +136,8 @@ class LLMEngine:
             from minengine.worker.model_runner import ModelRunner
 
             runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
-                                 num_swap_blocks=swap_blocks, max_num_seqs=config.max_num_seqs)
+                                 num_swap_blocks=swap_blocks, max_num_seqs=config.max_num_seqs,
+                                 kv_cache_dtype=self._kv_cache_dtype)
         self.runner = runner
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
@@ -150,7 +151,7 @@ class LLMEngine:
             config.served_model_name, config.max_model_len,
             {"block_size": str(config.block_size), "num_gpu_blocks": str(num_blocks),
              "num_cpu_blocks": str(swap_blocks), "enable_prefix_caching": str(config.enable_prefix_caching),
-             "cache_dtype": config.dtype},
+             "cache_dtype": config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype},
             num_speculative_tokens=config.speculative_config.num_speculative_tokens if config.speculative_config else 0)
         self._record_state()
 
@@ -158,6 +159,7 @@ class LLMEngine:
         """Load the model and tokenizer of ``config``; returns (resolved device, KV bytes per block)."""
         import torch
 
+        from minengine.layers.kv_quant import kv_cache_torch_dtype
         from minengine.models.loader import load_model, load_tokenizer
         from minengine.worker.model_runner import kv_bytes_per_block
 
@@ -170,11 +172,12 @@ class LLMEngine:
         if device == "cpu" and config.num_cpu_threads is not None:
             torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
         self.model, self.hf_config, self.model_path = load_model(config.model, dtype, device, config.revision,
-                                                                 config.trust_remote_code)
+                                                                 config.trust_remote_code, config.quantization)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None,
                                         revision=config.revision if config.tokenizer else None,
                                         trust_remote_code=config.trust_remote_code)
-        return device, kv_bytes_per_block(self.model, config.block_size, dtype)
+        self._kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)  # fp8: 1 byte per element
+        return device, kv_bytes_per_block(self.model, config.block_size, self._kv_cache_dtype)
 
     @classmethod
     def from_config(cls, **kwargs) -> LLMEngine:

@@ -3,6 +3,9 @@
 Idea: PagedAttention (Kwon et al., SOSP 2023, section 4.1): the K/V of a request live in fixed-size
 blocks anywhere in one big pool; a block table maps its logical blocks to physical ones, and the slot
 mapping says where each new token's K/V goes.
+
+The cache may be FP8 (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``): K/V are then written as float8 e4m3 with
+the layer's per-tensor ``k_scale`` / ``v_scale`` and every path below reads them back dequantized.
 """
 
 from __future__ import annotations
@@ -11,25 +14,33 @@ import torch
 import torch.nn.functional as F
 
 from minengine.layers import cpu_attention
+from minengine.layers.kv_quant import is_fp8, round_trip, write_fp8_rows
 from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGroup
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Scatter new K/V into the paged cache.
 
     Args:
-        key, value: [T, Hkv, D], one row per new token of the step.
-        k_cache, v_cache: [num_blocks, block_size, Hkv, D], written in place.
+        key, value: [T, Hkv, D], one row per new token of the step, in the model's dtype.
+        k_cache, v_cache: [num_blocks, block_size, Hkv, D], written in place: the model's dtype, or float8 e4m3fn
+            (then ``key / k_scale`` and ``value / v_scale`` are stored, saturated at +-448).
         slot_mapping: [T] int64, ``block_id * block_size + offset`` of each new token.
+        k_scale, v_scale: the FP8 cache's per-tensor scales (ignored for another dtype).
     """
+    if is_fp8(k_cache):
+        write_fp8_rows(key, k_cache, slot_mapping, k_scale)
+        write_fp8_rows(value, v_cache, slot_mapping, v_scale)
+        return
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
 def paged_attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                              v_cache: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
+                              v_cache: torch.Tensor, batch: ForwardBatch, scale: float, k_scale: float = 1.0,
+                              v_scale: float = 1.0) -> torch.Tensor:
     """Causal attention of each request's new tokens against its own cached keys, read via its block table.
 
     The PyTorch path (CPU, or CUDA without Triton), with no block-diagonal mask over the whole batch. It follows
@@ -39,7 +50,11 @@ def paged_attention_reference(query: torch.Tensor, key: torch.Tensor, value: tor
       (contiguous rows of the cache, not single slots) into one [n, L, Hkv, D] tensor and runs one SDPA call,
       the G query heads of a KV head as G query rows against it (grouped-query attention without copying K/V);
     - prefill chunks in groups of equal (q_len, seq_len), one SDPA call per group, with PyTorch's fused CPU
-      kernel (4-D inputs). A prefill from position 0 attends to this step's own K/V rows, which need no gather.
+      kernel (4-D inputs). A prefill from position 0 attends to this step's own K/V rows, which need no gather
+      (with an FP8 cache, ``key`` and ``value`` must then be what the cache holds: ``kv_quant.round_trip``).
+
+    With an FP8 cache the gathered blocks are converted to the query's dtype, ``k_scale`` is folded into the
+    softmax scale and ``v_scale`` multiplies the output.
 
     Args:
         query: [T, Hq, D] for all new tokens of the step (request i owns rows
@@ -48,35 +63,47 @@ def paged_attention_reference(query: torch.Tensor, key: torch.Tensor, value: tor
         k_cache, v_cache: [num_blocks, block_size, Hkv, D] with this step's K/V already written.
         batch: the step's metadata (``ForwardBatch`` built with ``for_triton=False``).
         scale: softmax scale, usually ``1 / sqrt(D)``.
+        k_scale, v_scale: an FP8 cache's per-tensor scales (a stored element times its scale is the true value).
 
     Returns:
         [T, Hq, D], same dtype as ``query``.
     """
     out = torch.empty_like(query)
     for g in batch.decode_groups:
-        _decode_group_sdpa(out, query, k_cache, v_cache, g, scale)
+        _decode_group_sdpa(out, query, k_cache, v_cache, g, scale, k_scale, v_scale)
     for g in batch.prefill_groups:
-        _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale)
+        _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale, k_scale, v_scale)
     return out
 
 
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The blocks ``block_ids`` of ``cache`` ([n_blocks, block_size, Hkv, D]) in ``dtype`` (an FP8 cache's bytes
+    converted, not yet scaled: the scales are applied once per group, on the scores and the output)."""
+    blocks = cache.index_select(0, block_ids)
+    return blocks.to(dtype) if blocks.dtype != dtype else blocks
+
+
 def _decode_group_sdpa(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       g: DecodeGroup, scale: float) -> None:
+                       g: DecodeGroup, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """One decode group: gather its requests' blocks, then one SDPA call (writes ``out``'s group rows)."""
     num_heads = query.shape[1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     n, rows = g.num_requests, slice(g.first_row, g.first_row + g.num_requests)
     # [n * num_blocks, block_size, Hkv, D] -> [n, L, Hkv, D] -> [n, Hkv, L, D] (a view)
-    k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+    k = _gather(k_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = _gather(v_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
     q = query[rows].view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale * k_scale)
+    if v_scale != 1.0:
+        o = o * v_scale
     out[rows] = o.view(n, num_heads, head_dim)
 
 
 def _prefill_group_sdpa(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        k_cache: torch.Tensor, v_cache: torch.Tensor, g: PrefillGroup, scale: float) -> None:
-    """One group of equal-shape prefill chunks, one SDPA call (writes ``out``'s group rows)."""
+                        k_cache: torch.Tensor, v_cache: torch.Tensor, g: PrefillGroup, scale: float,
+                        k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """One group of equal-shape prefill chunks, one SDPA call (writes ``out``'s group rows). ``key``/``value``
+    are the step's rows in true values; cached blocks are stored ones (times ``k_scale``/``v_scale``)."""
     num_heads = query.shape[1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     n, q_len, seq_len = g.num_requests, g.q_len, g.seq_len
@@ -85,25 +112,30 @@ def _prefill_group_sdpa(out: torch.Tensor, query: torch.Tensor, key: torch.Tenso
     if g.from_start:  # prefill from position 0: the keys are this step's own rows
         k = key[rows].view(n, q_len, num_kv_heads, head_dim)
         v = value[rows].view(n, q_len, num_kv_heads, head_dim)
+        k_scale = v_scale = 1.0  # true values already
     else:  # a chunk after cached context: gather the requests' blocks, cut to seq_len
-        k = k_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
-        v = v_cache.index_select(0, g.block_ids).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
+        k = _gather(k_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
+        v = _gather(v_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
     # [n, H, len, D]: with a batch dimension SDPA takes PyTorch's fused CPU kernel (several times faster
     # than the 3-D call, and no [len, len] score matrix in memory).
     o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=g.mask, is_causal=g.mask is None, scale=scale,
+                                       attn_mask=g.mask, is_causal=g.mask is None, scale=scale * k_scale,
                                        enable_gqa=num_heads != num_kv_heads)
+    if v_scale != 1.0:
+        o = o * v_scale
     out[rows] = o.transpose(1, 2).reshape(n * q_len, num_heads, head_dim)
 
 
 def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                        v_cache: torch.Tensor, batch: ForwardBatch, scale: float, kernel) -> torch.Tensor:
+                        v_cache: torch.Tensor, batch: ForwardBatch, scale: float, kernel, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
     """The same plan as ``paged_attention_reference``, with minengine's CPU kernel (``layers/cpu_attention.cpp``)
     for every decode group and every prefill group the kernel is faster on (``cpu_attention.use_kernel``: chunks
     of at most ``MAX_QUERY_LEN`` tokens, or whose keys number at most ``MAX_PREFILL_KEYS``): it reads each
     request's blocks in place through its block table (no gather, no padding). Longer prefills keep SDPA, whose
     blocked kernel wins once a request's keys no longer fit the core's L2 cache. Shapes as in
-    ``paged_attention_reference``; ``kernel`` is ``cpu_attention.kernel_for(...)``."""
+    ``paged_attention_reference``; ``kernel`` is ``cpu_attention.kernel_for(...)``; an FP8 cache is read by the
+    kernel in place, with ``k_scale`` / ``v_scale``."""
     if query.stride(-1) != 1:  # the kernel needs unit-stride head vectors, in query and out alike
         query = query.contiguous()
     out = torch.empty_like(query)
@@ -112,29 +144,35 @@ def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     for g in batch.decode_groups:  # decodes come first in batch order: row i is request i
         rows = slice(g.first_row, g.first_row + g.num_requests)
         kernel(out[rows], query[rows], k_cache, v_cache, g.block_ids.view(g.num_requests, -1), seq_lens[rows], 1,
-               scale, threads)
+               scale, threads, k_scale, v_scale)
     for g in batch.prefill_groups:
         if not cpu_attention.use_kernel(g.q_len, g.seq_len):
-            _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale)
+            _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale, k_scale, v_scale)
             continue
         rows = slice(g.first_row, g.first_row + g.num_requests * g.q_len)
         kernel(out[rows], query[rows], k_cache, v_cache, g.block_ids.view(g.num_requests, -1),
-               torch.full((g.num_requests,), g.seq_len, dtype=torch.int32), g.q_len, scale, threads)
+               torch.full((g.num_requests,), g.seq_len, dtype=torch.int32), g.q_len, scale, threads, k_scale, v_scale)
     return out
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, batch: ForwardBatch, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, batch: ForwardBatch, scale: float, k_scale: float = 1.0,
+                    v_scale: float = 1.0) -> torch.Tensor:
     """Dispatch: the Triton kernel when the batch was built for it (``batch.block_tables`` set: CUDA with
     Triton, or the Triton interpreter in tests); on the CPU, minengine's C++ kernel where it applies
-    (``cpu_attention.kernel_for``: float32/bfloat16, built, not disabled by ``MINENGINE_CPU_KERNEL=0``); the
-    PyTorch reference otherwise. Shapes as in ``paged_attention_reference``."""
+    (``cpu_attention.kernel_for``: float32/bfloat16, an FP8 cache too, built, not disabled by
+    ``MINENGINE_CPU_KERNEL=0``); the PyTorch reference otherwise. Shapes as in ``paged_attention_reference``;
+    ``key``/``value`` are the step's rows as computed (with an FP8 cache the paths that attend to them directly
+    first round them as the cache does, so every path sees the same keys); ``k_scale``/``v_scale``: an FP8
+    cache's per-tensor scales."""
     if batch.block_tables is not None:
         from minengine.layers.triton_attention import triton_paged_attention
 
         return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
-                                      batch.seq_lens, scale)
+                                      batch.seq_lens, scale, k_scale, v_scale)
+    if is_fp8(k_cache) and any(g.from_start for g in batch.prefill_groups):
+        key, value = round_trip(key, k_scale), round_trip(value, v_scale)
     kernel = cpu_attention.kernel_for(query, k_cache)
     if kernel is not None:
-        return paged_attention_cpu(query, key, value, k_cache, v_cache, batch, scale, kernel)
-    return paged_attention_reference(query, key, value, k_cache, v_cache, batch, scale)
+        return paged_attention_cpu(query, key, value, k_cache, v_cache, batch, scale, kernel, k_scale, v_scale)
+    return paged_attention_reference(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale)

@@ -14,6 +14,10 @@
 //
 // Vectors: GCC/Clang vector extensions of 8 floats (one AVX2 register, two NEON ones); the compiler maps them to the
 // machine's instructions. Head dims must be a multiple of 8 (the Python side sends any other to the torch path).
+//
+// An FP8 KV cache (float8 e4m3, kv_cache_dtype="fp8", minengine/layers/kv_quant.py) is read here too: its bytes are
+// widened to float32 as they are loaded, and its per-tensor scales are folded in where they cost nothing, k_scale
+// into the query (q . (k_scale k) = (k_scale q) . k) and v_scale into the final normalisation.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -29,7 +33,9 @@ typedef float vfloat __attribute__((vector_size(kLanes * sizeof(float))));
 typedef uint32_t vuint __attribute__((vector_size(kLanes * sizeof(uint32_t))));
 typedef uint16_t vhalf __attribute__((vector_size(kLanes * sizeof(uint16_t))));
 typedef int32_t vint __attribute__((vector_size(kLanes * sizeof(int32_t))));
+typedef uint8_t vbyte __attribute__((vector_size(kLanes * sizeof(uint8_t))));
 using bf16_bits = uint16_t;  // a bfloat16 as its raw bits: the top half of a float32
+using fp8_bits = uint8_t;    // a float8 e4m3fn as its raw bits (sign, 4 exponent bits with bias 7, 3 mantissa bits)
 
 #if defined(__clang__) || __GNUC__ >= 12
 #define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
@@ -47,6 +53,23 @@ inline vfloat load(const bf16_bits* p) {
   vhalf h;
   std::memcpy(&h, p, sizeof(h));
   return reinterpret_cast<vfloat>(__builtin_convertvector(h, vuint) << 16);
+}
+
+// float8 e4m3fn -> float32, 8 at a time, in integer arithmetic that vectorises (no table lookups). With e the
+// exponent field and m the mantissa: a normal number (e > 0) is 2^(e - 7) (1 + m / 8), the float32 whose bits are
+// the byte's low 7 bits shifted to the top of the mantissa, (b & 0x7f) << 20, plus (127 - 7) << 23 on the exponent;
+// a subnormal one (e = 0, the low 7 bits < 8) is m x 2^-9. No float32 subnormal is ever formed (they are slow on
+// x86). The NaN pattern (0x7f, 0xff) is never written: the writer saturates at +-448 (kv_quant.quantize_kv).
+inline vfloat load(const fp8_bits* p) {
+  vbyte b;
+  std::memcpy(&b, p, sizeof(b));
+  const vuint bits = __builtin_convertvector(b, vuint);
+  const vuint magnitude = bits & 0x7fu;
+  const vuint normal = (magnitude << 20) + (120u << 23);
+  const vfloat subnormal = __builtin_convertvector(magnitude, vfloat) * (1.0f / 512.0f);
+  const vuint is_subnormal = reinterpret_cast<vuint>(magnitude < 8u);  // all ones where e = 0
+  const vuint value = (is_subnormal & reinterpret_cast<vuint>(subnormal)) | (~is_subnormal & normal);
+  return reinterpret_cast<vfloat>(value | ((bits & 0x80u) << 24));
 }
 
 inline float to_float(float x) { return x; }
@@ -101,26 +124,28 @@ inline float exp_nonpositive(float x) {
   return p * two_n;
 }
 
-template <typename scalar_t>
+// scalar_t: the query's and output's type (float, bf16_bits); cache_t: the KV cache's (the same, or fp8_bits).
+template <typename scalar_t, typename cache_t>
 struct Problem {
   scalar_t* out;                // [N * q_len, Hq, D]
   const scalar_t* query;        // [N * q_len, Hq, D]
   int64_t q_row_stride, q_head_stride, o_row_stride, o_head_stride;
-  const scalar_t* k_cache;      // [num_blocks, block_size, Hkv, D]
-  const scalar_t* v_cache;
+  const cache_t* k_cache;       // [num_blocks, block_size, Hkv, D]
+  const cache_t* v_cache;
   const int64_t* block_tables;  // [N, max_blocks], rows table_stride apart
   int64_t table_stride;
   const int32_t* seq_lens;      // [N]: tokens with K/V in the cache, this step's included
   int64_t q_len, block_size, num_kv_heads, group, head_dim;
-  float scale;
+  float scale;                  // softmax scale times k_scale (a key's true value is k_scale x its stored one)
+  float v_scale;                // a value's true value is v_scale x its stored one
 };
 
 // Blocks lie anywhere in the pool, so the hardware prefetcher cannot guess the next one: ask for its rows (this
 // KV head's) of one cache while the current block is computed.
-template <typename scalar_t>
-inline void prefetch_block(const Problem<scalar_t>& p, const scalar_t* cache, int64_t block, int64_t kv_head) {
-  const scalar_t* base = cache + (block * p.block_size * p.num_kv_heads + kv_head) * p.head_dim;
-  const int64_t line = 64 / sizeof(scalar_t);  // elements per cache line
+template <typename scalar_t, typename cache_t>
+inline void prefetch_block(const Problem<scalar_t, cache_t>& p, const cache_t* cache, int64_t block, int64_t kv_head) {
+  const cache_t* base = cache + (block * p.block_size * p.num_kv_heads + kv_head) * p.head_dim;
+  const int64_t line = 64 / sizeof(cache_t);  // elements per cache line
   for (int64_t t = 0; t < p.block_size; ++t) {
     for (int64_t d = 0; d < p.head_dim; d += line) __builtin_prefetch(base + t * p.num_kv_heads * p.head_dim + d);
   }
@@ -141,8 +166,8 @@ struct Scratch {
 // against the R rows; (2) each row's max, exp and sum over all its scores (long loops that vectorise); (3) every
 // value row is loaded once and added into the R rows' sums with their weights. One request x head's K and V
 // (a few hundred KB at most for the contexts a CPU serves) stay in the L2 cache between the passes.
-template <typename scalar_t, int R, int kChunks>
-void attend_rows(const Problem<scalar_t>& p, int64_t req, int64_t kv_head, int64_t row0, Scratch& scratch) {
+template <typename scalar_t, typename cache_t, int R, int kChunks>
+void attend_rows(const Problem<scalar_t, cache_t>& p, int64_t req, int64_t kv_head, int64_t row0, Scratch& scratch) {
   const int64_t chunks = kChunks ? kChunks : p.head_dim / kLanes;
   const int64_t G = p.group, bs = p.block_size;
   const int64_t context = p.seq_lens[req] - p.q_len;  // tokens before this step's first new one
@@ -172,11 +197,11 @@ void attend_rows(const Problem<scalar_t>& p, int64_t req, int64_t kv_head, int64
 
   // (1) Scores: each key row is loaded once for the R rows.
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const scalar_t* block = p.k_cache + (table[b] * bs * p.num_kv_heads + kv_head) * p.head_dim;
+    const cache_t* block = p.k_cache + (table[b] * bs * p.num_kv_heads + kv_head) * p.head_dim;
     if (b + 1 < num_blocks) prefetch_block(p, p.k_cache, table[b + 1], kv_head);
     const int64_t in_block = std::min(bs, keys - b * bs);
     for (int64_t t = 0; t < in_block; ++t) {
-      const scalar_t* key = block + t * token_stride;
+      const cache_t* key = block + t * token_stride;
       vfloat dot[R] = {};
       for (int64_t c = 0; c < chunks; ++c) {
         const vfloat k = load(key + c * kLanes);
@@ -207,15 +232,15 @@ void attend_rows(const Problem<scalar_t>& p, int64_t req, int64_t kv_head, int64
       row_sum += s[t];
     }
     for (int64_t t = visible; t < keys; ++t) s[t] = 0.0f;
-    inv_sum[r] = 1.0f / row_sum;  // row_sum >= 1: the row's largest score contributes e^0
+    inv_sum[r] = p.v_scale / row_sum;  // row_sum >= 1: the row's largest score contributes e^0
   }
   // (3) Values: each value row is loaded once for the R rows.
   for (int64_t b = 0; b < num_blocks; ++b) {
-    const scalar_t* block = p.v_cache + (table[b] * bs * p.num_kv_heads + kv_head) * p.head_dim;
+    const cache_t* block = p.v_cache + (table[b] * bs * p.num_kv_heads + kv_head) * p.head_dim;
     if (b + 1 < num_blocks) prefetch_block(p, p.v_cache, table[b + 1], kv_head);
     const int64_t in_block = std::min(bs, keys - b * bs);
     for (int64_t t = 0; t < in_block; ++t) {
-      const scalar_t* value = block + t * token_stride;
+      const cache_t* value = block + t * token_stride;
       float w[R];
       for (int r = 0; r < R; ++r) w[r] = scores[r * stride + b * bs + t];
       for (int64_t c = 0; c < chunks; ++c) {
@@ -237,32 +262,32 @@ void attend_rows(const Problem<scalar_t>& p, int64_t req, int64_t kv_head, int64
 
 // One request x one KV head: its q_len * G rows in tiles of up to 4 (a second tile reads the request's K/V
 // again, from the L2 cache by then).
-template <typename scalar_t, int kChunks>
-void attend_one(const Problem<scalar_t>& p, int64_t req, int64_t kv_head) {
+template <typename scalar_t, typename cache_t, int kChunks>
+void attend_one(const Problem<scalar_t, cache_t>& p, int64_t req, int64_t kv_head) {
   thread_local Scratch scratch;
   const int64_t rows = p.q_len * p.group;
   for (int64_t row0 = 0; row0 < rows; row0 += 4) {
     switch (std::min<int64_t>(4, rows - row0)) {
-      case 4: attend_rows<scalar_t, 4, kChunks>(p, req, kv_head, row0, scratch); break;
-      case 3: attend_rows<scalar_t, 3, kChunks>(p, req, kv_head, row0, scratch); break;
-      case 2: attend_rows<scalar_t, 2, kChunks>(p, req, kv_head, row0, scratch); break;
-      default: attend_rows<scalar_t, 1, kChunks>(p, req, kv_head, row0, scratch);
+      case 4: attend_rows<scalar_t, cache_t, 4, kChunks>(p, req, kv_head, row0, scratch); break;
+      case 3: attend_rows<scalar_t, cache_t, 3, kChunks>(p, req, kv_head, row0, scratch); break;
+      case 2: attend_rows<scalar_t, cache_t, 2, kChunks>(p, req, kv_head, row0, scratch); break;
+      default: attend_rows<scalar_t, cache_t, 1, kChunks>(p, req, kv_head, row0, scratch);
     }
   }
 }
 
-template <typename scalar_t>
-void run(const Problem<scalar_t>& p, int64_t num_requests, int num_threads) {
+template <typename scalar_t, typename cache_t>
+void run(const Problem<scalar_t, cache_t>& p, int64_t num_requests, int num_threads) {
   const int64_t items = num_requests * p.num_kv_heads;
   // Items differ in length (requests of different contexts): hand them out one at a time.
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (num_threads > 1 && items > 1)
   for (int64_t i = 0; i < items; ++i) {
     const int64_t req = i / p.num_kv_heads, kv_head = i % p.num_kv_heads;
     switch (p.head_dim) {
-      case 32: attend_one<scalar_t, 4>(p, req, kv_head); break;
-      case 64: attend_one<scalar_t, 8>(p, req, kv_head); break;
-      case 128: attend_one<scalar_t, 16>(p, req, kv_head); break;
-      default: attend_one<scalar_t, 0>(p, req, kv_head);
+      case 32: attend_one<scalar_t, cache_t, 4>(p, req, kv_head); break;
+      case 64: attend_one<scalar_t, cache_t, 8>(p, req, kv_head); break;
+      case 128: attend_one<scalar_t, cache_t, 16>(p, req, kv_head); break;
+      default: attend_one<scalar_t, cache_t, 0>(p, req, kv_head);
     }
   }
 }
@@ -278,12 +303,13 @@ void run(const Problem<scalar_t>& p, int64_t num_requests, int num_threads) {
 // out, query: [N * q_len, Hq, D] (last dim contiguous; request i owns rows i * q_len .. (i + 1) * q_len - 1);
 // k_cache, v_cache: [num_blocks, block_size, Hkv, D] contiguous, this step's K/V already written;
 // block_tables: [N, max_blocks] int64 (rows contiguous, any row stride); seq_lens: [N] int32 (context + q_len per
-// request, q_len <= seq_len <= max_blocks * block_size); float32 or bfloat16; D a multiple of 8, at most 512.
-// Runs on num_threads OpenMP threads. Raises (RuntimeError in Python) on anything that would read outside a
-// tensor: the kernel reads through the block tables unchecked, so they are checked here, once per call.
+// request, q_len <= seq_len <= max_blocks * block_size); query and out float32 or bfloat16, the caches of the same
+// dtype or float8 e4m3fn (each stored element times k_scale / v_scale is the true key / value); D a multiple of 8,
+// at most 512. Runs on num_threads OpenMP threads. Raises (RuntimeError in Python) on anything that would read
+// outside a tensor: the kernel reads through the block tables unchecked, so they are checked here, once per call.
 void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& seq_lens,
-                     int64_t q_len, double scale, int64_t num_threads) {
+                     int64_t q_len, double scale, int64_t num_threads, double k_scale, double v_scale) {
   TORCH_CHECK(query.device().is_cpu() && out.device().is_cpu() && k_cache.device().is_cpu() &&
                   v_cache.device().is_cpu() && block_tables.device().is_cpu() && seq_lens.device().is_cpu(),
               "CPU tensors only");
@@ -291,8 +317,10 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
                   v_cache.sizes() == k_cache.sizes(), "k_cache, v_cache must be contiguous [blocks, bs, Hkv, D]");
   TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query and out need a contiguous last dimension");
-  TORCH_CHECK(query.scalar_type() == k_cache.scalar_type() && out.scalar_type() == k_cache.scalar_type() &&
-                  v_cache.scalar_type() == k_cache.scalar_type(), "query, out and the caches must share a dtype");
+  const bool fp8 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  TORCH_CHECK(out.scalar_type() == query.scalar_type() && v_cache.scalar_type() == k_cache.scalar_type() &&
+                  (fp8 || k_cache.scalar_type() == query.scalar_type()),
+              "query and out must share a dtype, and the caches that dtype or float8_e4m3fn");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.dim() == 2 &&
                   (block_tables.stride(1) == 1 || block_tables.size(1) == 1),
               "block_tables must be an [N, max_blocks] int64 tensor with contiguous rows");
@@ -319,28 +347,31 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   }
   if (n == 0) return;
 
-  auto launch = [&](auto* type_tag) {
+  auto launch = [&](auto* type_tag, auto* cache_tag) {
     using scalar_t = std::remove_pointer_t<decltype(type_tag)>;
-    const Problem<scalar_t> p{static_cast<scalar_t*>(out.data_ptr()), static_cast<const scalar_t*>(query.data_ptr()),
-                              query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-                              static_cast<const scalar_t*>(k_cache.data_ptr()),
-                              static_cast<const scalar_t*>(v_cache.data_ptr()),
-                              static_cast<const int64_t*>(block_tables.data_ptr()), block_tables.stride(0),
-                              static_cast<const int32_t*>(seq_lens.data_ptr()), q_len, k_cache.size(1), kv_heads,
-                              heads / kv_heads, dim, static_cast<float>(scale)};
+    using cache_t = std::remove_pointer_t<decltype(cache_tag)>;
+    const Problem<scalar_t, cache_t> p{
+        static_cast<scalar_t*>(out.data_ptr()), static_cast<const scalar_t*>(query.data_ptr()),
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        static_cast<const cache_t*>(k_cache.data_ptr()), static_cast<const cache_t*>(v_cache.data_ptr()),
+        static_cast<const int64_t*>(block_tables.data_ptr()), block_tables.stride(0),
+        static_cast<const int32_t*>(seq_lens.data_ptr()), q_len, k_cache.size(1), kv_heads, heads / kv_heads, dim,
+        static_cast<float>(scale * k_scale), static_cast<float>(v_scale)};
     run(p, n, static_cast<int>(std::max<int64_t>(1, num_threads)));
   };
-  if (k_cache.scalar_type() == at::kFloat) {
-    launch(static_cast<float*>(nullptr));
-  } else if (k_cache.scalar_type() == at::kBFloat16) {
-    launch(static_cast<bf16_bits*>(nullptr));
+  if (query.scalar_type() == at::kFloat) {
+    fp8 ? launch(static_cast<float*>(nullptr), static_cast<fp8_bits*>(nullptr))
+        : launch(static_cast<float*>(nullptr), static_cast<float*>(nullptr));
+  } else if (query.scalar_type() == at::kBFloat16) {
+    fp8 ? launch(static_cast<bf16_bits*>(nullptr), static_cast<fp8_bits*>(nullptr))
+        : launch(static_cast<bf16_bits*>(nullptr), static_cast<bf16_bits*>(nullptr));
   } else {
-    TORCH_CHECK(false, "paged_attention: float32 or bfloat16 only, got ", k_cache.scalar_type());
+    TORCH_CHECK(false, "paged_attention: a float32 or bfloat16 query only, got ", query.scalar_type());
   }
 }
 
 TORCH_LIBRARY(minengine, m) {
   m.def("paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
-        "Tensor seq_lens, int q_len, float scale, int num_threads) -> ()",
+        "Tensor seq_lens, int q_len, float scale, int num_threads, float k_scale=1.0, float v_scale=1.0) -> ()",
         &paged_attention);
 }

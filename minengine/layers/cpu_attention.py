@@ -4,7 +4,9 @@ Why a kernel of our own: the torch path (``paged_attention_reference``) gathers 
 one tensor and then runs SDPA over it, so the K/V cross memory about twice, and SDPA with the 1-8 query rows of a
 KV head runs far below the machine's matmul rate. The kernel reads the blocks in place through the block table, the
 keys in one pass and the values in a second with an exact softmax in between, each pass serving up to 4 query rows
-(vLLM's CPU backend has its own attention kernels for the same reason).
+(vLLM's CPU backend has its own attention kernels for the same reason). An FP8 cache (``kv_cache_dtype="fp8"``,
+``layers/kv_quant.py``) is read in place too, each float8 byte widened to float32 as it is loaded, the per-tensor
+``k_scale`` folded into the query and ``v_scale`` into the softmax's normalisation.
 
 Build: ``torch.utils.cpp_extension.load_inline`` compiles the C++ source with ``-O3 -march=native -fopenmp`` (ninja and
 a C++ compiler: ``pip install ninja``, g++ or clang) into ``~/.cache/minengine/kernels/<name>`` (or
@@ -45,7 +47,7 @@ ENV_SWITCH = "MINENGINE_CPU_KERNEL"  # "0" (or off/false/no) runs the torch path
 CACHE_ENV = "MINENGINE_KERNEL_CACHE"  # where builds go (default ~/.cache/minengine/kernels)
 BUILD_LOCK_TIMEOUT_S = 180.0  # waiting longer than this for another process's build (~10 s here): the torch path
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]
-DTYPES = (torch.float32, torch.bfloat16)
+DTYPES = (torch.float32, torch.bfloat16)  # the query's (and output's); the cache's too, or float8 e4m3fn
 # Which requests the kernel takes (``use_kernel``): any with at most MAX_QUERY_LEN new tokens (decodes, short
 # chunks, speculative verification), and longer prefill chunks while their keys number at most MAX_PREFILL_KEYS.
 # Past that, SDPA's blocked kernel wins: the kernel reads a request's keys once per query token, from L2 while they
@@ -223,35 +225,40 @@ def get_kernel() -> Callable | None:
     return build()
 
 
-def applies(device: torch.device | str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether the kernel can serve a KV cache of this device, dtype and head_dim (CPU, float32 or bfloat16,
-    head_dim a multiple of 8 up to 512) and is not switched off; says nothing about whether it builds."""
-    return (torch.device(device).type == "cpu" and dtype in DTYPES and head_dim % 8 == 0 and head_dim <= 512
-            and not is_disabled())
+def applies(device: torch.device | str, dtype: torch.dtype, head_dim: int,
+            cache_dtype: torch.dtype | None = None) -> bool:
+    """Whether the kernel can serve a model of this device, dtype (float32 or bfloat16) and head_dim (a multiple
+    of 8 up to 512) with a KV cache of ``cache_dtype`` (None: ``dtype``; or float8 e4m3fn) on the CPU, and is not
+    switched off; says nothing about whether it builds."""
+    cache_dtype = dtype if cache_dtype is None else cache_dtype
+    return (torch.device(device).type == "cpu" and dtype in DTYPES and cache_dtype in (dtype, torch.float8_e4m3fn)
+            and head_dim % 8 == 0 and head_dim <= 512 and not is_disabled())
 
 
 def kernel_for(query: torch.Tensor, k_cache: torch.Tensor) -> Callable | None:
-    """The kernel when it applies to this layer's tensors (``applies``, and ``query`` of the cache's dtype) and
-    builds, else None. The first call in a process builds or loads it (the CPU ``ModelRunner`` calls ``get_kernel``
-    at start-up, so no step pays for the compile)."""
-    if query.dtype != k_cache.dtype or not applies(query.device, k_cache.dtype, k_cache.shape[-1]):
+    """The kernel when it applies to this layer's tensors (``applies``: ``query`` of the cache's dtype, or an FP8
+    cache) and builds, else None. The first call in a process builds or loads it (the CPU ``ModelRunner`` calls
+    ``get_kernel`` at start-up, so no step pays for the compile)."""
+    if not applies(query.device, query.dtype, k_cache.shape[-1], k_cache.dtype):
         return None
     return get_kernel()
 
 
 def reference_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                        block_tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, scale: float) -> torch.Tensor:
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, q_len: int, scale: float,
+                        k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """What the kernel computes, in float64, one request at a time: request i's q_len rows
     ``query[i * q_len:(i + 1) * q_len]`` ([rows, Hq, D]) attend causally to its first ``seq_lens[i]`` keys,
-    read slot by slot through ``block_tables[i]``. Returns [N * q_len, Hq, D] float64."""
+    read slot by slot through ``block_tables[i]`` (stored keys times ``k_scale``, values times ``v_scale``).
+    Returns [N * q_len, Hq, D] float64."""
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = query.shape[1] // num_kv_heads
     out = torch.zeros(query.shape, dtype=torch.float64)
     for i, seq_len in enumerate(seq_lens.tolist()):
         pos = torch.arange(seq_len)
         blocks = block_tables[i, pos // block_size]
-        k = k_cache[blocks, pos % block_size].double().repeat_interleave(group, 1)  # [seq_len, Hq, D]
-        v = v_cache[blocks, pos % block_size].double().repeat_interleave(group, 1)
+        k = k_cache[blocks, pos % block_size].double().repeat_interleave(group, 1) * k_scale  # [seq_len, Hq, D]
+        v = v_cache[blocks, pos % block_size].double().repeat_interleave(group, 1) * v_scale
         q = query[i * q_len:(i + 1) * q_len].double()
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
         q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
@@ -262,7 +269,9 @@ def reference_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def self_check(op: Callable) -> float:
     """Max abs error of ``op`` against ``reference_attention`` on a small float32 problem (GQA 2, head_dim 32,
-    two requests over scattered blocks, one decode-shaped and one with 3 new tokens)."""
+    two requests over scattered blocks, one decode-shaped and one with 3 new tokens), with a float32 cache and with
+    an FP8 one (scales 0.5 and 2: the reference reads the same float8 bytes, so both must agree to float32
+    rounding)."""
     gen = torch.Generator().manual_seed(0)
     block_size, num_kv_heads, heads, dim = 4, 2, 4, 32
     k_cache = torch.randn(9, block_size, num_kv_heads, dim, generator=gen)
@@ -272,8 +281,10 @@ def self_check(op: Callable) -> float:
     for q_len, seq_lens in ((1, [13, 6]), (3, [3, 16])):
         seq = torch.tensor(seq_lens, dtype=torch.int32)
         query = torch.randn(2 * q_len, heads, dim, generator=gen)
-        out = torch.empty_like(query)
-        op(out, query, k_cache, v_cache, block_tables, seq, q_len, dim ** -0.5, 1)
-        ref = reference_attention(query, k_cache, v_cache, block_tables, seq, q_len, dim ** -0.5)
-        worst = max(worst, (out.double() - ref).abs().max().item())
+        for k, v, k_scale, v_scale in ((k_cache, v_cache, 1.0, 1.0),
+                                       (k_cache.to(torch.float8_e4m3fn), v_cache.to(torch.float8_e4m3fn), 0.5, 2.0)):
+            out = torch.empty_like(query)
+            op(out, query, k, v, block_tables, seq, q_len, dim ** -0.5, 1, k_scale, v_scale)
+            ref = reference_attention(query, k, v, block_tables, seq, q_len, dim ** -0.5, k_scale, v_scale)
+            worst = max(worst, (out.double() - ref).abs().max().item())
     return worst

@@ -21,6 +21,11 @@ possibly with context already in the cache) and decodes (one new token) are
 flattened into a single ``[T, Hq, D]`` query tensor, and ``query_start_loc``
 says which rows belong to which request.
 
+An FP8 KV cache (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``) is read as
+it is: each float8 tile is converted to float32 as it is loaded, the
+per-tensor ``k_scale`` folded into the query and ``v_scale`` into the final
+normalisation.
+
 Triton is imported lazily, on the first call of :func:`triton_available` or
 :func:`triton_paged_attention`, so ``import minengine.layers.triton_attention``
 works on machines without Triton. To run the kernel on a CPU, set the
@@ -89,7 +94,8 @@ def _paged_attention_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
     token_to_req_ptr,  # [T] int32: which request owns each query row
-    scale,  # float: softmax scale
+    scale,  # float: softmax scale times k_scale (a stored key times k_scale is the true key)
+    v_scale,  # float: a stored value times v_scale is the true value
     stride_qt,
     stride_qh,
     stride_qd,
@@ -177,8 +183,8 @@ def _paged_attention_kernel(
         acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
         m_i = m_new
 
-    # ---- Normalise and write out in the output dtype.
-    out = acc / l_i
+    # ---- Normalise (and undo the values' FP8 scale) and write out in the output dtype.
+    out = acc * (v_scale / l_i)
     tl.store(
         out_ptr + token * stride_ot + head * stride_oh + offs_d * stride_od,
         out.to(out_ptr.dtype.element_ty),
@@ -204,6 +210,8 @@ def triton_paged_attention(
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of a mixed prefill/decode batch against a paged KV cache.
 
@@ -211,11 +219,12 @@ def triton_paged_attention(
         query: ``[T, Hq, D]`` float32 / float16 / bfloat16. The new tokens of
             the whole step; request ``i`` owns rows
             ``query_start_loc[i]:query_start_loc[i + 1]``. May be a strided view.
-        k_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype as ``query``.
+        k_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype as ``query``,
+            or float8 e4m3fn (an FP8 cache: stored values times ``k_scale``).
             ``Hq`` must be a multiple of ``Hkv``; query head ``h`` reads KV head
             ``h // (Hq // Hkv)`` (grouped-query attention). ``block_size`` must
             be a power of two.
-        v_cache: ``[num_blocks, block_size, Hkv, D]``, same dtype as ``query``.
+        v_cache: ``[num_blocks, block_size, Hkv, D]``, the dtype of ``k_cache``.
         block_tables: ``[B, max_blocks_per_seq]`` int32. Row ``i`` lists the
             physical block ids of request ``i`` in logical order; entries past
             ``ceil(seq_lens[i] / block_size)`` are padding and never read.
@@ -227,6 +236,7 @@ def triton_paged_attention(
             ``seq_len - q_len + j``; a query at position ``p`` attends to
             positions ``0..p`` of its own request.
         scale: softmax scale, usually ``1 / sqrt(D)``.
+        k_scale, v_scale: an FP8 cache's per-tensor scales (1.0 otherwise).
 
     Returns:
         ``[T, Hq, D]`` tensor in ``query.dtype`` (accumulation is float32).
@@ -242,8 +252,9 @@ def triton_paged_attention(
         raise ValueError("expected query [T, Hq, D] and k_cache / v_cache [num_blocks, block_size, Hkv, D]")
     if k_cache.shape != v_cache.shape:
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in shape")
-    if not (query.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"dtype mismatch: query {query.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    if k_cache.dtype != v_cache.dtype or k_cache.dtype not in (query.dtype, torch.float8_e4m3fn):
+        raise ValueError(f"dtype mismatch: query {query.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype} "
+                         "(the caches must have the query's dtype or be float8_e4m3fn)")
     if query.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"unsupported dtype {query.dtype}")
     num_tokens, num_q_heads, head_dim = query.shape
@@ -282,7 +293,8 @@ def triton_paged_attention(
         query_start_loc,
         seq_lens,
         token_to_req,
-        float(scale),
+        float(scale) * float(k_scale),
+        float(v_scale),
         query.stride(0),
         query.stride(1),
         query.stride(2),

@@ -25,8 +25,12 @@ def _head_dim(cfg) -> int:
 
 
 class Attention(nn.Module):
+    """Self-attention on the paged cache. ``k_scale`` / ``v_scale``: the per-tensor scales of an FP8 KV cache
+    (``layers/kv_quant.py``; 1.0, vLLM's default; ``kv_quant.set_kv_scales`` sets calibrated ones)."""
+
     def __init__(self, cfg, qkv_bias: bool, qk_norm: bool):
         super().__init__()
+        self.k_scale = self.v_scale = 1.0
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         self.head_dim = _head_dim(cfg)
@@ -52,8 +56,8 @@ class Attention(nn.Module):
         cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         k_cache, v_cache = kv_cache
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)
+        write_kv(k, v, k_cache, v_cache, batch.slot_mapping, self.k_scale, self.v_scale)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale, self.k_scale, self.v_scale)
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from minengine.core.scheduler_output import SchedulerOutput
@@ -14,9 +16,14 @@ from minengine.worker.host_memory import retain_freed_memory
 from minengine.worker.sampler import Sampler, TokenLogprobs, compute_prompt_logprobs
 from minengine.worker.swap import CpuSwapSpace
 
+logger = logging.getLogger(__name__)
+
 
 def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one KV block takes over all layers: 2 (K and V) x layers x block_size x Hkv x D x dtype size."""
+    """Bytes one KV block takes over all layers: 2 (K and V) x layers x block_size x Hkv x D x the cache dtype's
+    size (``dtype``: 4 float32, 2 bfloat16, 1 float8 e4m3 for ``kv_cache_dtype="fp8"``). An FP8 cache's scales
+    are per tensor (two floats per layer, on the model, ``layers/kv_quant.py``), not per block: they add 0 bytes
+    to a block, so the same memory holds 4x the float32 blocks and 2x the bfloat16 ones."""
     itemsize = torch.empty((), dtype=dtype).element_size()
     return 2 * len(model.model.layers) * block_size * model.num_kv_heads * model.head_dim * itemsize
 
@@ -38,6 +45,8 @@ class ModelRunner:
             with the Triton attention. True on a CPU runs the same padded static-buffer path eagerly (tests).
             Needs the Triton attention; one extra KV block is allocated as the padding rows' sink.
         max_num_seqs: the largest decode batch a graph is captured for (larger steps run eagerly).
+        kv_cache_dtype: the KV tensors' dtype; None = the model's. ``torch.float8_e4m3fn`` is the FP8 cache
+            (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``), read by every attention path.
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
@@ -50,21 +59,29 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
                  num_swap_blocks: int = 0, attention_backend: str | None = None, cuda_graphs: bool | None = None,
-                 max_num_seqs: int = 512):
+                 max_num_seqs: int = 512, kv_cache_dtype: torch.dtype | None = None):
         self.model = model
         self.block_size = block_size
-        p = next(model.parameters())
+        p = next(p for p in model.parameters() if p.is_floating_point())  # int8 weights: the activations' dtype
         self.device, self.dtype = p.device, p.dtype
+        self.kv_cache_dtype = kv_cache_dtype or self.dtype
         if attention_backend is None:
             from minengine.layers.triton_attention import triton_available
 
             attention_backend = "triton" if self.device.type == "cuda" and triton_available() else "torch"
         if attention_backend not in ("torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch' or 'triton', got {attention_backend!r}")
+        if (attention_backend == "triton" and self.kv_cache_dtype == torch.float8_e4m3fn and self.device.type == "cuda"
+                and torch.cuda.get_device_capability(self.device) < (8, 9)):
+            # Triton converts float8e4nv only on sm_89+ (Ada, Hopper); the torch path converts with torch.
+            logger.warning("minengine: an FP8 KV cache needs compute capability 8.9+ for the Triton attention; "
+                           "using the torch attention path")
+            attention_backend = "torch"
         self.attention_backend = attention_backend
         if self.device.type == "cpu":
             retain_freed_memory()  # per-step temporaries would otherwise page-fault (worker/host_memory.py)
-            if attention_backend == "torch" and cpu_attention.applies(self.device, self.dtype, model.head_dim):
+            if attention_backend == "torch" and cpu_attention.applies(self.device, self.dtype, model.head_dim,
+                                                                      self.kv_cache_dtype):
                 cpu_attention.get_kernel()  # the compile (seconds, once per machine) now, not in the first step
         self.block_table = BlockTable()
         if cuda_graphs is None:
@@ -73,12 +90,12 @@ class ModelRunner:
             raise ValueError("cuda_graphs needs attention_backend='triton'")
         # The graphs' padding rows write into one extra block that the scheduler never hands out.
         shape = (num_blocks + (1 if cuda_graphs else 0), block_size, model.num_kv_heads, model.head_dim)
-        self.kv_caches = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                           torch.zeros(shape, dtype=self.dtype, device=self.device))
+        self.kv_caches = [(torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),
+                           torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
                           for _ in model.model.layers]
         self.sampler = Sampler(seed)
         self.swap_space = CpuSwapSpace(num_swap_blocks, len(self.kv_caches), block_size, model.num_kv_heads,
-                                       model.head_dim, self.dtype)
+                                       model.head_dim, self.kv_cache_dtype)
         self.last_swap_time_s = 0.0
         self.last_logprobs: dict[str, list[TokenLogprobs]] = {}
         self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
