@@ -248,7 +248,8 @@ def _clock_spec(a: argparse.Namespace, config: EngineConfig):
     kind = a.clock
     if kind == "auto":
         kind = "cpu" if config.device == "cpu" else "perf"
-    return ClockSpec(kind, hardware=a.hardware, model=a.model_shape, tp=a.clock_tp, block_size=config.block_size)
+    return ClockSpec(kind, hardware=a.hardware, model=a.model_shape, tp=a.clock_tp, block_size=config.block_size,
+                     kv_cache_dtype=config.kv_cache_dtype, quantization=config.quantization)
 
 
 def _warm_up(engine: LLMEngine) -> None:

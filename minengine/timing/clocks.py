@@ -233,6 +233,32 @@ def as_clock(clock) -> Clock:
 
 # ---- choosing a clock by name ------------------------------------------------------------------------------
 CLOCK_KINDS = ("modelled", "cpu", "perf", "wall")
+# EngineConfig.kv_cache_dtype / .quantization -> bytes per KV element / per decoder-layer weight (None: the shape's)
+KV_CACHE_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1}
+QUANTIZATION_WEIGHT_BYTES = {None: None, "int8": 1}
+
+
+def shape_for_engine(shape: str | ModelShape, kv_cache_dtype: str = "auto",
+                     quantization: str | None = None) -> ModelShape:
+    """The model shape as an engine with these ``EngineConfig`` settings stores it: ``kv_cache_dtype="fp8"`` sets
+    ``kv_dtype_bytes=1``, ``quantization="int8"`` sets ``weight_dtype_bytes=1`` (activations keep ``dtype_bytes``);
+    "auto" / None leave the shape's own. The name says what changed ("Llama-3-8B, fp8 KV, int8 weights").
+
+    Raises:
+        ValueError: an unknown shape, ``kv_cache_dtype`` or ``quantization`` (the accepted values listed).
+    """
+    if kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
+        raise ValueError(f"kv_cache_dtype must be one of {tuple(KV_CACHE_DTYPE_BYTES)}, got {kv_cache_dtype!r}")
+    if quantization not in QUANTIZATION_WEIGHT_BYTES:
+        raise ValueError(f"quantization must be one of {tuple(QUANTIZATION_WEIGHT_BYTES)}, got {quantization!r}")
+    shape = get_model_shape(shape)
+    changes, notes = {}, []
+    if KV_CACHE_DTYPE_BYTES[kv_cache_dtype] is not None:
+        changes["kv_dtype_bytes"], notes = KV_CACHE_DTYPE_BYTES[kv_cache_dtype], ["fp8 KV"]
+    if QUANTIZATION_WEIGHT_BYTES[quantization] is not None:
+        changes["weight_dtype_bytes"] = QUANTIZATION_WEIGHT_BYTES[quantization]
+        notes.append(f"{quantization} weights")
+    return shape.with_(name=", ".join([shape.name, *notes]), **changes) if changes else shape
 
 
 @dataclass(frozen=True)
@@ -245,6 +271,9 @@ class ClockSpec:
             "wall" (``WallClock``: real time, idle gaps slept through).
         hardware, model, tp: the modelled target (preset names or ``Hardware`` / ``ModelShape``); "modelled" only.
         block_size: tokens per KV block, to cost swaps; "modelled" only.
+        kv_cache_dtype, quantization: the engine's ``EngineConfig`` settings of the same names, priced on the
+            target shape (``shape_for_engine``: fp8 KV is 1 byte per element, int8 weights 1 byte per weight);
+            "modelled" only.
         step_time_scale: factor on measured durations; "cpu" / "perf" only.
 
     Raises:
@@ -257,16 +286,19 @@ class ClockSpec:
     tp: int = 1
     block_size: int = 16
     step_time_scale: float = 1.0
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in CLOCK_KINDS:
             raise ValueError(f"clock kind must be one of {CLOCK_KINDS}, got {self.kind!r}")
-        if self.kind == "modelled":
-            get_hardware(self.hardware), get_model_shape(self.model)  # fail early on unknown names
+        if self.kind == "modelled":  # fail early on unknown names
+            get_hardware(self.hardware), shape_for_engine(self.model, self.kv_cache_dtype, self.quantization)
 
     def cost_model(self) -> StepCostModel:
         """The ``StepCostModel`` of a "modelled" spec."""
-        return StepCostModel(self.hardware, self.model, tp=self.tp, block_size=self.block_size)
+        shape = shape_for_engine(self.model, self.kv_cache_dtype, self.quantization)
+        return StepCostModel(self.hardware, shape, tp=self.tp, block_size=self.block_size)
 
     def make(self) -> Clock:
         """A new clock of this kind, at time 0."""

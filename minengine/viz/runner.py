@@ -35,8 +35,9 @@ class DashboardConfig:
 
     ``model=None`` is the bundled model (it computes the tokens; a modelled clock times them as the target model
     shape would run). ``clock`` is a ``minengine.timing.ClockSpec`` (hashable, so it keys the cache): default
-    modelled, H100 SXM, Llama-3-8B shapes. ``max_model_len`` is not a knob: the runner sets it to the
-    workload's longest request.
+    modelled, H100 SXM, Llama-3-8B shapes. ``kv_cache_dtype`` ("auto", "fp8") and ``quantization`` (None,
+    "int8") are the engine's (``EngineConfig``) and the modelled clock prices them on the target shape.
+    ``max_model_len`` is not a knob: the runner sets it to the workload's longest request.
     """
 
     max_num_batched_tokens: int = 256
@@ -52,12 +53,16 @@ class DashboardConfig:
     seed: int = 0
     model: str | None = None
     clock: ClockSpec = field(default=DEFAULT_CLOCK)
+    kv_cache_dtype: str = "auto"
+    quantization: str | None = None
 
     def make_clock(self):
-        """A fresh clock for one run (a modelled one costs KV swaps with this config's ``block_size``)."""
+        """A fresh clock for one run (a modelled one costs KV swaps with this config's ``block_size``, and KV and
+        weight bytes with its ``kv_cache_dtype`` and ``quantization``)."""
         spec = self.clock
         if spec.kind == "modelled":
-            spec = dataclasses.replace(spec, block_size=self.block_size)
+            spec = dataclasses.replace(spec, block_size=self.block_size, kv_cache_dtype=self.kv_cache_dtype,
+                                       quantization=self.quantization)
         return spec.make()
 
     def validate(self) -> None:
@@ -118,7 +123,8 @@ class DashboardConfig:
                             if self.enable_chunked_prefill else 0,  # the cap needs chunking (EngineConfig)
                             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
                             scheduling_policy=self.scheduling_policy,
-                            speculative_config=self.speculative_config(), trace_block_tables=True)
+                            speculative_config=self.speculative_config(), trace_block_tables=True,
+                            kv_cache_dtype=self.kv_cache_dtype, quantization=self.quantization)
 
     def speculative_config(self) -> dict | None:
         """vLLM's ``speculative_config`` dict for ``num_speculative_tokens`` (None when 0: off)."""
