@@ -1,0 +1,329 @@
+"""What fp8 KV and int8 weights cost in quality and buy in memory and (modelled) time, in one run.
+
+Issue 19, part 2. On the bundled tiny Shakespeare Llama, through the real engine (its attention paths read the
+FP8 cache; its linear layers run int8 weights):
+
+1. perplexity on the held-out split (the last 10 % of Tiny Shakespeare's characters, the bundled model's own
+   validation split, never trained on) in non-overlapping windows, from the engine's prompt logprobs, for float32,
+   fp8 KV (scales 1.0, vLLM's default), fp8 KV with scales calibrated on the training split (amax / 448), int8
+   weights, and fp8 KV + int8; bfloat16 as the 2-byte reference;
+2. greedy agreement with float32 over ``--prompts`` prompts from the held-out split: the fraction of output
+   positions with the same token, the first position that differs (the output length when none does) and how
+   many outputs are identical;
+3. KV blocks in a fixed ``--budget-mib`` budget (``kv_cache_memory_bytes``) for each KV dtype, from the engines;
+   and for Llama-3-8B on one H100 (80 GB x 0.9), the blocks left after the weights;
+4. the modelled decode step on an H100 for Llama-3-8B (``StepCostModel``; fp8 KV = 1 byte per KV element, int8
+   weights = 1 byte per decoder weight with 16-bit activations) at 1 and ``--batch`` decodes of ``--context``
+   tokens;
+5. the int8 matmul kernels on this CPU (torch threads 1, median of repeats): ``torch._weight_int8pack_mm`` vs
+   dequantize-then-matmul vs the float matmul, for the bundled model's widest layer, which sets
+   ``layers/quantization.py``'s choice.
+
+    python benchmarks/quantization.py --write        # ~3-6 minutes on 2 shared cores
+Prints Markdown; ``--write`` also writes ``benchmarks/results/quantization.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+
+from benchmarks.throughput import machine_info  # noqa: E402
+from minengine import LLM, SamplingParams  # noqa: E402
+from minengine.config import BUNDLED_MODEL  # noqa: E402
+from minengine.layers import kv_quant  # noqa: E402
+from minengine.layers import quantization as q8  # noqa: E402
+from minengine.models.loader import load_tokenizer  # noqa: E402
+from minengine.timing import LLAMA_3_8B, StepCostModel  # noqa: E402
+from minengine.timing.capacity import memory_fit  # noqa: E402
+from minengine.timing.clocks import shape_for_engine  # noqa: E402
+from minengine.workloads import find_data_dir  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+# name -> (EngineConfig settings, calibrated KV scales?)
+MODES = {
+    "float32": ({}, False),
+    "bfloat16": ({"dtype": "bfloat16"}, False),
+    "fp8 KV": ({"kv_cache_dtype": "fp8"}, False),
+    "fp8 KV, calibrated scales": ({"kv_cache_dtype": "fp8"}, True),
+    "int8 weights": ({"quantization": "int8"}, False),
+    "fp8 KV + int8 weights": ({"kv_cache_dtype": "fp8", "quantization": "int8"}, False),
+}
+
+
+def splits(tokenizer, data_dir: Path | None) -> tuple[list[int], list[int]]:
+    """(training-split ids, held-out ids): the first 90 % / last 10 % of the text's characters, as
+    ``scripts/train_tiny_model.py`` split them."""
+    path = (data_dir or Path()) / "text" / "tinyshakespeare.txt"
+    if data_dir is None or not path.is_file():
+        raise SystemExit(f"Tiny Shakespeare not found (looked for {path}); set MINENGINE_DATA or --data")
+    text = path.read_text()
+    cut = int(len(text) * 0.9)
+    return tokenizer(text[:cut])["input_ids"], tokenizer(text[cut:])["input_ids"]
+
+
+def windows(ids: list[int], length: int, count: int | None) -> list[list[int]]:
+    """Non-overlapping windows of ``length`` tokens from the start (``count`` of them, None = all that fit)."""
+    out = [ids[i:i + length] for i in range(0, len(ids) - length + 1, length)]
+    return out if count is None else out[:count]
+
+
+def engine(settings: dict, num_blocks: int | None = None) -> LLM:
+    extra = {"num_kv_blocks": num_blocks} if num_blocks else {}
+    return LLM(BUNDLED_MODEL, max_model_len=1024, **settings, **extra)
+
+
+def kv_amax(llm: LLM) -> tuple[list[tuple[float, float]], float]:
+    """Per layer (max |K|, max |V|) over everything the engine's cache holds, and the fraction of its nonzero
+    elements below 2^-6 (e4m3's subnormal range at scale 1)."""
+    amax, small, nonzero = [], 0, 0
+    for k, v in llm.llm_engine.runner.kv_caches:
+        amax.append((k.float().abs().max().item(), v.float().abs().max().item()))
+        for t in (k.float().abs(), v.float().abs()):
+            nz = t[t > 0]
+            small += int((nz < 2.0 ** -6).sum())
+            nonzero += nz.numel()
+    return amax, small / max(nonzero, 1)
+
+
+def perplexity(llm: LLM, wins: list[list[int]]) -> float:
+    """exp(mean negative log-likelihood) of every window token after the first, from prompt logprobs."""
+    outs = llm.generate([{"prompt_token_ids": w} for w in wins], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                        use_tqdm=False)
+    nll, count = 0.0, 0
+    for w, o in zip(wins, outs):
+        for tok, lp in zip(w[1:], o.prompt_logprobs[1:]):
+            nll -= lp[tok].logprob
+            count += 1
+    return math.exp(nll / count)
+
+
+def greedy(llm: LLM, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def agreement(ref: list[list[int]], got: list[list[int]]) -> dict:
+    """Token-level agreement (same token at the same position), first divergence (mean, median; the length when
+    none) and identical outputs."""
+    same = sum(a == b for r, g in zip(ref, got) for a, b in zip(r, g))
+    total = sum(len(r) for r in ref)
+    first = [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), len(r)) for r, g in zip(ref, got)]
+    return {"token_agreement": same / total, "first_divergence_mean": statistics.mean(first),
+            "first_divergence_median": statistics.median(first),
+            "identical": sum(r == g for r, g in zip(ref, got)), "num_prompts": len(ref)}
+
+
+def quality(args, train: list[int], held_out: list[int]) -> tuple[list[dict], dict]:
+    """Sections 1 and 2: one row per mode, plus the K/V magnitudes the scale choice rests on."""
+    eval_wins = windows(held_out, args.window_len, args.windows)
+    calib_wins = windows(train, args.window_len, args.calibration_windows)
+    # Enough blocks that no window's K/V is overwritten (the free queue hands out unused blocks first): the cache
+    # then holds every token's K/V for kv_amax.
+    pool = (len(calib_wins) + len(eval_wins)) * (-(-args.window_len // 16) + 1) + 16
+    calib = engine({}, pool)
+    perplexity(calib, calib_wins)
+    calib_amax, _ = kv_amax(calib)
+    scales = kv_quant.calibrated_kv_scales(calib_amax)
+    step = max(1, (len(held_out) - args.prompt_len) // args.prompts)
+    prompts = [held_out[i * step:i * step + args.prompt_len] for i in range(args.prompts)]
+    rows, reference, magnitudes = [], None, {}
+    for name, (settings, calibrated) in MODES.items():
+        start = time.perf_counter()
+        llm = engine(settings, pool if name == "float32" else None)
+        if calibrated:
+            kv_quant.set_kv_scales(llm.llm_engine.model, scales)
+        ppl = perplexity(llm, eval_wins)
+        if name == "float32":
+            amax, small = kv_amax(llm)
+            magnitudes = {"held_out_k_amax": max(a for a, _ in amax), "held_out_v_amax": max(b for _, b in amax),
+                          "fraction_below_2^-6": small, "calibrated_scales": scales}
+        out = greedy(llm, prompts, args.max_tokens)
+        reference = reference or out
+        rows.append({"mode": name, "perplexity": ppl, **agreement(reference, out),
+                     "seconds": time.perf_counter() - start})
+        print(f"  {name}: perplexity {ppl:.3f} ({rows[-1]['seconds']:.0f} s)", flush=True)
+    return rows, magnitudes
+
+
+def blocks(args) -> list[dict]:
+    """Section 3: KV blocks in ``--budget-mib`` for the bundled model (the engines' own count) and in one H100
+    for Llama-3-8B (the memory left after the weights, per 16-token block)."""
+    budget = args.budget_mib * 2**20
+    rows = []
+    for dtype, kv in (("float32", "auto"), ("bfloat16", "auto"), ("float32", "fp8"), ("bfloat16", "fp8")):
+        e = LLM(BUNDLED_MODEL, dtype=dtype, kv_cache_dtype=kv, kv_cache_memory_bytes=budget).llm_engine
+        rows.append({"model": "bundled", "dtype": dtype, "kv_cache_dtype": kv, "quantization": None,
+                     "bytes_per_block": e.kv_cache_bytes // e.num_kv_blocks, "num_blocks": e.num_kv_blocks})
+    for kv, quant in (("auto", None), ("fp8", None), ("auto", "int8"), ("fp8", "int8")):
+        shape = shape_for_engine(LLAMA_3_8B, kv, quant)
+        fit = memory_fit("h100", shape)
+        per_block = 16 * shape.kv_bytes_per_token
+        rows.append({"model": "Llama-3-8B on H100 (x0.9)", "dtype": "bfloat16", "kv_cache_dtype": kv,
+                     "quantization": quant, "bytes_per_block": per_block,
+                     "num_blocks": int(fit.kv_bytes_per_device // per_block)})
+    return rows
+
+
+def modelled(args) -> list[dict]:
+    """Section 4: the modelled decode step of Llama-3-8B on an H100."""
+    rows = []
+    for kv, quant in (("auto", None), ("fp8", None), ("auto", "int8"), ("fp8", "int8")):
+        model = StepCostModel("h100", shape_for_engine(LLAMA_3_8B, kv, quant))
+        one = model.cost([(1, args.context - 1, 1)])
+        many = model.cost([(1, args.context - 1, 1)] * args.batch)
+        rows.append({"kv_cache_dtype": kv, "quantization": quant, "step_ms_batch_1": one.time_s * 1e3,
+                     f"step_ms_batch_{args.batch}": many.time_s * 1e3, "weight_gb": many.weight_bytes / 1e9,
+                     "kv_gb": many.kv_bytes / 1e9, "bound": many.bound,
+                     "tokens_per_s": args.batch / many.time_s})
+    return rows
+
+
+def kernels(args) -> list[dict]:
+    """Section 5: ms per call of each int8 matmul way (1 torch thread, median of ``--repeats`` x 10 calls)."""
+    torch.set_num_threads(1)
+    out_f, in_f = 688, 256  # the bundled model's gate/up projections: its widest linear layers
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(out_f, in_f, generator=g)
+    qweight, scale = q8.quantize_int8(w)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for m in (1, 4, 16, 32, 128):
+            x = torch.randn(m, in_f, generator=g).to(dtype)
+            s = scale.to(dtype)
+            ways = {"int8pack_ms": lambda x=x, s=s: torch._weight_int8pack_mm(x, qweight, s),
+                    "dequantize_ms": lambda x=x, s=s: torch.nn.functional.linear(x, qweight.to(x.dtype)) * s,
+                    "float_ms": lambda x=x: torch.nn.functional.linear(x, w.to(x.dtype))}
+            row = {"dtype": str(dtype).replace("torch.", ""), "rows": m}
+            for name, fn in ways.items():
+                fn()
+                times = []
+                for _ in range(args.repeats):
+                    t = time.perf_counter()
+                    for _ in range(10):
+                        fn()
+                    times.append((time.perf_counter() - t) / 10 * 1e3)
+                row[name] = statistics.median(times)
+            row["int8_matmul_uses"] = "int8pack" if q8.uses_int8pack(x) else "dequantize"
+            rows.append(row)
+    return rows
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """Markdown table: (header, key, format)."""
+    lines = ["| " + " | ".join(h for h, _, _ in columns) + " |",
+             "|" + "|".join("---:" if f else "---" for _, _, f in columns) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(format(r[k], f) if f and r[k] is not None else str(r[k])
+                                       for _, k, f in columns) + " |")
+    return "\n".join(lines)
+
+
+def report(result: dict, args) -> str:
+    info, mag = result["info"], result["magnitudes"]
+    q = table(result["quality"], [("mode", "mode", ""), ("perplexity", "perplexity", ".3f"),
+                                  ("token agreement", "token_agreement", ".1%"),
+                                  ("first divergence (mean)", "first_divergence_mean", ".1f"),
+                                  ("(median)", "first_divergence_median", ".1f"),
+                                  (f"identical of {args.prompts}", "identical", "d")])
+    b = table(result["blocks"], [("model", "model", ""), ("dtype", "dtype", ""),
+                                 ("kv_cache_dtype", "kv_cache_dtype", ""), ("quantization", "quantization", ""),
+                                 ("bytes per block", "bytes_per_block", ",d"), ("blocks", "num_blocks", ",d")])
+    m = table(result["modelled"], [("kv_cache_dtype", "kv_cache_dtype", ""), ("quantization", "quantization", ""),
+                                   ("step, 1 decode (ms)", "step_ms_batch_1", ".2f"),
+                                   (f"step, {args.batch} decodes (ms)", f"step_ms_batch_{args.batch}", ".2f"),
+                                   ("weights read (GB)", "weight_gb", ".2f"), ("KV read (GB)", "kv_gb", ".2f"),
+                                   ("bound", "bound", ""), ("tokens/s", "tokens_per_s", ",.0f")])
+    k = table(result["kernels"], [("dtype", "dtype", ""), ("rows", "rows", "d"),
+                                  ("_weight_int8pack_mm (ms)", "int8pack_ms", ".3f"),
+                                  ("dequantize + mm (ms)", "dequantize_ms", ".3f"),
+                                  ("float mm (ms)", "float_ms", ".3f"),
+                                  ("int8_matmul takes", "int8_matmul_uses", "")])
+    return f"""# Quantized KV cache and weights on the bundled model
+
+Generated by `python benchmarks/quantization.py` ({info['date']}, {info['cpu']}, {info['cores']} cores, torch
+{info['torch']}, load average before {info['load_before'][0]:.2f}, after {info['load_after'][0]:.2f}); total
+{info['seconds']:.0f} s.
+
+## Quality (bundled model, held-out Tiny Shakespeare)
+Perplexity over {result['num_eval_tokens']:,} held-out tokens ({result['num_windows']} windows of {args.window_len}).
+Greedy agreement with float32 over {args.prompts} prompts of {args.prompt_len} held-out tokens, {args.max_tokens}
+new tokens each. Calibrated scales: amax / 448 per layer over {args.calibration_windows} training windows.
+Held-out K/V magnitudes (float32): max |K| {mag['held_out_k_amax']:.2f}, max |V| {mag['held_out_v_amax']:.2f},
+{mag['fraction_below_2^-6']:.1%} of the elements below 2^-6 (e4m3's subnormals at scale 1).
+
+{q}
+
+## KV blocks in a fixed budget
+Bundled model: `kv_cache_memory_bytes` = {args.budget_mib} MiB, the engines' own block counts. Llama-3-8B: one
+H100's 80 GB x 0.9 less the weights, in 16-token blocks.
+
+{b}
+
+## Modelled decode step, Llama-3-8B on an H100 (StepCostModel)
+Decodes at {args.context} tokens of context; bfloat16 activations in every row.
+
+{m}
+
+## int8 matmul kernels on this CPU
+A [rows, 256] x [256, 688] layer, torch threads 1, median of {args.repeats} x 10 calls.
+
+{k}
+"""
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data", default=None, help="the shared/data folder (default: found as the other benchmarks)")
+    p.add_argument("--window-len", type=int, default=256)
+    p.add_argument("--windows", type=int, default=None, help="held-out windows (default: all)")
+    p.add_argument("--calibration-windows", type=int, default=64)
+    p.add_argument("--prompts", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--budget-mib", type=int, default=64)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--write", action="store_true")
+    p.add_argument("--out", default=str(RESULTS / "quantization.md"))
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    info = {**machine_info(), "date": datetime.date.today().isoformat(),
+            "load_before": os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),)}
+    tokenizer = load_tokenizer(BUNDLED_MODEL, required=True)
+    train, held_out = splits(tokenizer, find_data_dir(args.data))
+    print("quality", flush=True)
+    quality_rows, magnitudes = quality(args, train, held_out)
+    print("blocks, modelled, kernels", flush=True)
+    result = {"quality": quality_rows, "magnitudes": magnitudes, "blocks": blocks(args), "modelled": modelled(args),
+              "kernels": kernels(args),
+              "num_windows": len(windows(held_out, args.window_len, args.windows)),
+              "num_eval_tokens": len(windows(held_out, args.window_len, args.windows)) * (args.window_len - 1)}
+    info["load_after"] = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),)
+    info["seconds"] = time.perf_counter() - start
+    result["info"] = info
+    text = report(result, args)
+    print(text)
+    if args.write:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        out.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    main()
