@@ -13,12 +13,13 @@ bundled model ties them; vLLM's weight-only methods also leave the LM head unqua
 
 Kernels (``int8_matmul``): torch's ``torch._weight_int8pack_mm(x, qweight, scale)`` (an ATen CPU kernel: int8
 weights, per-channel scales, x and scales of one dtype) where it is fast and right, else dequantize-then-matmul.
-Measured by ``benchmarks/quantization.py`` (torch 2.13, this project's 2-core AMD EPYC with AVX-512, 1 thread, a
-[rows, 256] x [256, 688] layer; ``benchmarks/results/quantization.md``): in bfloat16 it beats converting the weight
-and calling ``mm`` up to 16 rows (0.014 vs 0.118 ms at 1 row, 0.098 vs 0.145 ms at 16) and loses from 32 (0.81 vs
-0.18 ms); in float32 it is slower at every size (1.04 vs 0.059 ms at 1 row, 97 vs 1.8 ms at 128), and float16 has
-no fast path on this CPU either (see the results file). It also computes wrong sums for an ``in_features`` that is
-not a multiple of 16 (24 and 40 here; 8 gave NaN) or kills the process (12 and 100: segfault). So: the packed
+Measured by ``benchmarks/quantization.py`` (torch 2.13, this project's 2-core AMD EPYC with AVX-512, shared, load
+average ~10, 1 thread, a [rows, 256] x [256, 688] layer; ``benchmarks/results/quantization.md``): in bfloat16 it
+beats converting the weight and calling ``mm`` up to 16 rows (0.015 vs 0.112 ms at 1 row, 0.100 vs 0.789 ms at 16)
+and loses from 32 (1.00 vs 0.16 ms); in float32 it is slower at every size (0.20 vs 0.034 ms at 1 row, 102 vs
+2.2 ms at 128), in float16 too (1.06 vs 0.65 ms at 1 row, 110 vs 15.8 ms at 128). It also computes wrong sums for
+an ``in_features`` that is not a multiple of 16 (24 and 40 here; 8 gave NaN) or kills the process (12 and 100:
+segfault). So: the packed
 kernel for CPU bfloat16 inputs of at most ``INT8PACK_MAX_ROWS`` rows (decodes) and a width that is a multiple of 16,
 the dequantizing path otherwise (float32, prefills, CUDA).
 
