@@ -1,21 +1,23 @@
 """Scheduling policies: how one step spends the token budget across decodes, unfinished prefill chunks and
 new prompts, which waiting request goes next and which running request is the preemption victim.
 
-Every policy is a small class behind one interface (``SchedulingPolicy``); the mechanics (allocation,
-preemption, admission, the admission probe, swapping) stay in ``StepBuilder`` and ``Scheduler``, so a policy
-only decides an ORDER and CAPS. ``POLICIES`` maps the names of ``EngineConfig.scheduling_policy`` to classes.
+Every policy is a small class behind one interface (``SchedulingPolicy``); the mechanics (chunking,
+allocation, preemption, admission, the admission probe, swapping) stay in ``StepBuilder``, so a policy only
+decides an ORDER and CAPS. ``POLICIES`` maps the names of ``EngineConfig.scheduling_policy`` to classes.
+
+Imports go one way: the scheduler imports the policies, the policies the step builder (the moves they call),
+and the builder sees a policy only through ``step_builder.QueueOrder`` (its ``next_waiting`` and
+``pick_victim``), so it imports neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
+from minengine.core.step_builder import StepBuilder
 from minengine.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    from minengine.core.step_builder import StepBuilder
 
 
 @dataclass(frozen=True)

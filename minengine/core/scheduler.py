@@ -25,7 +25,7 @@ from minengine.core.policies import PolicySettings, SchedulingPolicy, make_polic
 from minengine.core.predictors import OraclePredictor
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.core.spec_decode import NgramProposer, SpeculativeConfig
-from minengine.core.step_builder import StepBuilder, Undo
+from minengine.core.step_builder import StepBuilder, StepLimits, Undo, reset_for_recompute
 from minengine.core.swap_space import SwapSpace
 from minengine.request import Request, RequestStatus
 
@@ -136,55 +136,38 @@ class Scheduler:
         return done
 
     # ---- one step -------------------------------------------------------------------------------------
-    def chunk(self, num_uncomputed: int, token_budget: int) -> int:
-        """How many of a request's uncomputed tokens it may compute this step (the prefill-chunk cap applies
-        only with chunked prefill: without it a prompt runs in one step)."""
-        if num_uncomputed > 1 and self.long_prefill_token_threshold > 0 and self.enable_chunked_prefill:
-            num_uncomputed = min(num_uncomputed, self.long_prefill_token_threshold)
-        return min(num_uncomputed, token_budget)
-
-    def preempt(self, request: Request, out: SchedulerOutput) -> None:
-        """Take a running request off the GPU and put it at the FRONT of the waiting queue.
-
-        Swap (when ``preemption_mode="swap"`` and the swap space has room for all its blocks): its blocks'
-        KV is copied to CPU blocks (``out.blocks_to_swap_out``, done by the runner before the forward) and
-        ``num_computed_tokens`` is kept. Otherwise recompute: the blocks are freed and ``num_computed_tokens``
-        goes back to 0; the generated tokens stay, so the re-prefill continues where it was.
-        """
-        self.running.remove(request)
-        gpu_ids = self.kv.get_block_ids(request.request_id)
-        if self.preemption_mode == "swap" and gpu_ids and len(gpu_ids) <= self.swap_space.num_free_blocks:
-            cpu_ids = self.swap_space.allocate(len(gpu_ids))
-            out.blocks_to_swap_out.extend(zip(gpu_ids, cpu_ids))
-            request.swapped_block_ids = cpu_ids
-            request.status = RequestStatus.SWAPPED
-            self.num_swapped_out_blocks += len(gpu_ids)
-        else:
-            self._reset_for_recompute(request)
-        self.kv.free(request)  # freed blocks may be reused this step: the runner swaps out before the forward
-        request.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.appendleft(request)
-        out.preempted_ids.append(request.request_id)
-
-    @staticmethod
-    def _reset_for_recompute(request: Request) -> None:
-        """A recompute preemption: nothing computed any more; the re-prefill covers prompt + outputs."""
-        request.status = RequestStatus.PREEMPTED
-        request.num_computed_tokens = 0
-        request.prefill_len = request.num_tokens
-
     def schedule(self) -> SchedulerOutput:
         """Build the next step with the scheduling policy (see ``StepBuilder`` for the moves it makes).
         The step stays open until ``update_from_output`` commits it or ``rollback`` gives it back."""
         self.swap_space.begin_step()
         waiting_before = list(self.waiting)
-        step = StepBuilder(self)
+        step = self._new_step()
         self.policy.fill(step)
         self.num_steps += 1
         out = step.build()
+        self._count_moves(step)
         self._open_step = _OpenStep(out, step.undo, waiting_before)
         return out
+
+    def preempt(self, request: Request, out: SchedulerOutput) -> None:
+        """Preempt a running request between steps, recording the move in ``out`` (``StepBuilder.preempt``
+        makes it; inside ``schedule()`` the builder preempts by itself)."""
+        step = self._new_step(out)
+        step.preempt(request)
+        self._count_moves(step)
+
+    def _new_step(self, out: SchedulerOutput | None = None) -> StepBuilder:
+        """A builder for the next step: what it may use and change, passed down (it never looks back here)."""
+        limits = StepLimits(self.max_num_batched_tokens, self.max_num_seqs, self.max_model_len,
+                            self.enable_chunked_prefill, self.long_prefill_token_threshold, self.preemption_mode,
+                            self.shrink_prefill_chunks, self.reserve_predicted_kv)
+        return StepBuilder(self.kv, self.policy, limits, self.waiting, self.running, self.swap_space,
+                           self.num_steps, self.proposer, out)
+
+    def _count_moves(self, step: StepBuilder) -> None:
+        self.num_preemptions += step.num_preemptions
+        self.num_swapped_out_blocks += step.num_swapped_out_blocks
+        self.num_swapped_in_blocks += step.num_swapped_in_blocks
 
     def rollback(self, scheduler_output: SchedulerOutput) -> None:
         """Give back the step scheduled last, whose forward, sampling or detokenization failed: the engine is
@@ -226,7 +209,7 @@ class Scheduler:
                 self.swap_space.release(request.swapped_block_ids)
                 self.num_swapped_out_blocks -= len(request.swapped_block_ids)
                 request.swapped_block_ids = []
-                self._reset_for_recompute(request)
+                reset_for_recompute(request)
         victims = [r for r in self.waiting if r.request_id in preempted]
         self.waiting.clear()
         self.waiting.extend(victims + [r for r in open_step.waiting_before if r.request_id in self.requests])

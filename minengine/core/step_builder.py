@@ -4,20 +4,67 @@ A policy (``core/policies.py``) decides the order; the builder does the mechanic
 chunking under the token budget, allocating KV blocks, preempting a victim the policy picks when blocks run
 out, admitting waiting requests (with the admission probe and swap-in), and recording the step's
 ``SchedulerOutput``.
+
+Data flows down: the ``Scheduler`` hands the builder what a step needs (the KV cache manager, its queues, the
+swap space, the proposer, this step's ``StepLimits``) and the policy's queue order (``QueueOrder``); the
+builder never looks back at the scheduler, and it records every move in the ``SchedulerOutput`` and in its
+``Undo`` list, which the scheduler keeps to commit or roll back the step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from minengine.core.kv_cache_manager import cdiv
+from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from minengine.core.spec_decode import NgramProposer
+from minengine.core.swap_space import SwapSpace
 from minengine.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from minengine.core.scheduler import Scheduler
+
+class QueueOrder(Protocol):
+    """The two choices of the scheduling policy that the builder asks for while it makes its moves (every
+    ``SchedulingPolicy`` is one; see ``core/policies.py`` for their meaning)."""
+
+    def next_waiting(self, waiting: Sequence[Request], step_index: int) -> Request:
+        """The waiting request to admit next."""
+        ...
+
+    def pick_victim(self, candidates: Sequence[Request], step_index: int) -> Request:
+        """The running request to preempt, among ``candidates``."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepLimits:
+    """The scheduler's limits and switches for one step (``Scheduler`` documents each; read from its
+    attributes at every ``schedule()``)."""
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    preemption_mode: str = "recompute"
+    shrink_prefill_chunks: bool = False
+    reserve_predicted_kv: bool = False
+
+    def chunk(self, num_uncomputed: int, token_budget: int) -> int:
+        """How many of a request's uncomputed tokens it may compute this step (the prefill-chunk cap applies
+        only with chunked prefill: without it a prompt runs in one step)."""
+        if num_uncomputed > 1 and self.long_prefill_token_threshold > 0 and self.enable_chunked_prefill:
+            num_uncomputed = min(num_uncomputed, self.long_prefill_token_threshold)
+        return min(num_uncomputed, token_budget)
+
+
+def reset_for_recompute(request: Request) -> None:
+    """A recompute preemption: nothing computed any more; the re-prefill covers prompt + outputs."""
+    request.status = RequestStatus.PREEMPTED
+    request.num_computed_tokens = 0
+    request.prefill_len = request.num_tokens
 
 
 @dataclass(slots=True)
@@ -46,26 +93,46 @@ class Undo:
 class StepBuilder:
     """The step being built.
 
+    Args:
+        kv: the KV cache manager (block tables, prefix cache).
+        policy: the scheduling policy's queue order (``QueueOrder``).
+        limits: this step's ``StepLimits``.
+        waiting: the scheduler's waiting queue; admissions take from it, preemptions put back at its front.
+        running: the scheduler's running requests in admission order; admissions append, preemptions remove.
+        swap_space: the CPU swap space (``preemption_mode="swap"``; size 0 otherwise).
+        step_index: the scheduler's step count (for priority aging and round-robin turns).
+        proposer: speculative decoding's proposer (``core/spec_decode.py``); None = off.
+        out: where the moves are recorded (default: a new ``SchedulerOutput``).
+
     Attributes:
         budget: tokens left of ``max_num_batched_tokens``.
-        step_index: the scheduler's step count (for priority aging and round-robin turns).
         out: the ``SchedulerOutput`` filled as requests are scheduled, preempted and admitted.
         undo: the state before the step of every request scheduled in it (see ``Undo``).
+        num_preemptions, num_swapped_out_blocks, num_swapped_in_blocks: this builder's moves, which the
+            scheduler adds to its totals.
     """
 
-    def __init__(self, scheduler: Scheduler):
-        self.scheduler = scheduler
-        self.kv = scheduler.kv
-        self.policy = scheduler.policy
-        self.proposer = scheduler.proposer  # speculative decoding (None: off)
-        self.budget = scheduler.max_num_batched_tokens
-        self.step_index = scheduler.num_steps
-        self.out = SchedulerOutput()
+    def __init__(self, kv: KVCacheManager, policy: QueueOrder, limits: StepLimits, waiting: deque[Request],
+                 running: list[Request], swap_space: SwapSpace, step_index: int,
+                 proposer: NgramProposer | None = None, out: SchedulerOutput | None = None):
+        self.kv = kv
+        self.policy = policy
+        self.limits = limits
+        self.waiting = waiting
+        self.running = running
+        self.swap_space = swap_space
+        self.proposer = proposer
+        self.budget = limits.max_num_batched_tokens
+        self.step_index = step_index
+        self.out = SchedulerOutput() if out is None else out
         self._scheduled: list[tuple[Request, int]] = []
         self._num_new: dict[str, int] = {}  # request id -> tokens scheduled for it in this step
         self._spec: dict[str, list[int]] = {}  # request id -> its proposals in this step (speculative decoding)
         self.undo: list[Undo] = []
         self._reserved: int | None = None  # reserve_predicted_kv: blocks the running requests still need
+        self.num_preemptions = 0
+        self.num_swapped_out_blocks = 0
+        self.num_swapped_in_blocks = 0
 
     # ---- what the policy can look at ------------------------------------------------------------------
     def is_scheduled(self, request: Request) -> bool:
@@ -78,12 +145,11 @@ class StepBuilder:
 
     def unscheduled_running(self) -> list[Request]:
         """Running requests with nothing scheduled yet this step, in running (admission) order."""
-        return [r for r in self.scheduler.running if r.request_id not in self._num_new]
+        return [r for r in self.running if r.request_id not in self._num_new]
 
     def peek_waiting(self) -> Request | None:
         """The waiting request the policy would admit next, or None when nobody waits."""
-        waiting = self.scheduler.waiting
-        return self.policy.next_waiting(waiting, self.step_index) if waiting else None
+        return self.policy.next_waiting(self.waiting, self.step_index) if self.waiting else None
 
     # ---- moves ----------------------------------------------------------------------------------------
     def run(self, request: Request, limit: int | None = None) -> int:
@@ -94,7 +160,7 @@ class StepBuilder:
             tokens scheduled; 0 when the request itself was the victim (or nothing fits the limit).
         """
         limit = self.budget if limit is None else min(limit, self.budget)
-        num_new = self.scheduler.chunk(request.num_tokens - request.num_computed_tokens, limit)
+        num_new = self.limits.chunk(request.num_tokens - request.num_computed_tokens, limit)
         if num_new <= 0:
             return 0
         undo = Undo.of(request, len(self.kv.req_to_blocks.get(request.request_id, ())))
@@ -106,11 +172,36 @@ class StepBuilder:
                 return 1 + len(spec)
         while self.kv.allocate_slots(request, num_new) is None:
             victim = self.policy.pick_victim(self.unscheduled_running(), self.step_index)
-            self.scheduler.preempt(victim, self.out)
+            self.preempt(victim)
             if victim is request:
                 return 0
         self._add(request, num_new, undo)
         return num_new
+
+    def preempt(self, request: Request) -> None:
+        """Take a running request off the GPU and put it at the FRONT of the waiting queue.
+
+        Swap (when ``preemption_mode="swap"`` and the swap space has room for all its blocks): its blocks'
+        KV is copied to CPU blocks (``out.blocks_to_swap_out``, done by the runner before the forward) and
+        ``num_computed_tokens`` is kept. Otherwise recompute: the blocks are freed and ``num_computed_tokens``
+        goes back to 0; the generated tokens stay, so the re-prefill continues where it was.
+        """
+        self.running.remove(request)
+        gpu_ids = self.kv.get_block_ids(request.request_id)
+        if (self.limits.preemption_mode == "swap" and gpu_ids
+                and len(gpu_ids) <= self.swap_space.num_free_blocks):
+            cpu_ids = self.swap_space.allocate(len(gpu_ids))
+            self.out.blocks_to_swap_out.extend(zip(gpu_ids, cpu_ids))
+            request.swapped_block_ids = cpu_ids
+            request.status = RequestStatus.SWAPPED
+            self.num_swapped_out_blocks += len(gpu_ids)
+        else:
+            reset_for_recompute(request)
+        self.kv.free(request)  # freed blocks may be reused this step: the runner swaps out before the forward
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        self.out.preempted_ids.append(request.request_id)
 
     def _speculate(self, request: Request, limit: int) -> list[int]:
         """Proposals for a decode (``core/spec_decode.py``) and their KV slots, or [] (then it decodes plainly).
@@ -122,16 +213,16 @@ class StepBuilder:
         yet scheduled in this step (what its next decode token may need), so proposals never preempt anybody,
         directly or by leaving a later decode of the same step without a block (vLLM v1 would preempt for
         them). Under memory pressure a request therefore speculates only within the blocks it holds."""
-        sched, bs = self.scheduler, self.kv.block_size
-        room = min(limit, sched.max_model_len - request.num_tokens,
+        bs = self.kv.block_size
+        room = min(limit, self.limits.max_model_len - request.num_tokens,
                    request.sampling_params.max_tokens - request.num_output_tokens) - 1
         if room <= 0:
             return []
         held = len(self.kv.req_to_blocks.get(request.request_id, ()))
-        others = len(sched.running) - len(self._num_new) - 1  # running, not scheduled yet, not this request
+        others = len(self.running) - len(self._num_new) - 1  # running, not scheduled yet, not this request
         free = max(0, self.kv.num_free_blocks - max(0, others))
         room = min(room, (held + free) * bs - request.num_computed_tokens - 1)
-        spec = sched.proposer.propose(request, room) if room > 0 else []
+        spec = self.proposer.propose(request, room) if room > 0 else []
         if spec and self.kv.allocate_slots(request, 1 + len(spec)) is None:
             raise RuntimeError("speculative allocation failed after the free-block check")  # a bug guard
         return spec
@@ -160,15 +251,15 @@ class StepBuilder:
         itself, or two requests could take turns preempting each other forever. Returns the tokens scheduled
         (0 = nothing admitted).
         """
-        sched = self.scheduler
         limit = self.budget if limit is None else min(limit, self.budget)
-        if not sched.waiting or limit <= 0 or len(sched.running) >= sched.max_num_seqs or self.out.preempted_ids:
+        if (not self.waiting or limit <= 0 or len(self.running) >= self.limits.max_num_seqs
+                or self.out.preempted_ids):
             return 0
-        request = self.policy.next_waiting(sched.waiting, self.step_index)
+        request = self.policy.next_waiting(self.waiting, self.step_index)
         free = self.kv.num_free_blocks
         if reserve_running:
-            free -= self.blocks_for_next_token(sched.running)
-        if sched.reserve_predicted_kv and not self._fits_predicted(request, free):
+            free -= self.blocks_for_next_token(self.running)
+        if self.limits.reserve_predicted_kv and not self._fits_predicted(request, free):
             return 0
         undo = Undo.of(request, 0)
         if request.swapped_block_ids:
@@ -177,9 +268,9 @@ class StepBuilder:
             num_new = self._allocate_new(request, limit, free)
         if num_new == 0:
             return 0
-        sched.waiting.remove(request)
+        self.waiting.remove(request)
         request.status = RequestStatus.RUNNING
-        sched.running.append(request)
+        self.running.append(request)
         self.out.admitted_ids.append(request.request_id)
         self._add(request, num_new, undo)
         if self._reserved is not None:
@@ -200,13 +291,12 @@ class StepBuilder:
     def _allocate_new(self, request: Request, limit: int, free: int) -> int:
         """Blocks for a (re)started prompt out of ``free`` blocks: the prefix-cache hit, the tokens whose KV
         arrives from elsewhere (``num_external_computed_tokens``, all or nothing), then a first chunk."""
-        sched = self.scheduler
         hit_blocks, num_hit = self.kv.get_computed_blocks(request)
         num_external = max(0, min(request.num_external_computed_tokens, request.num_tokens - 1) - num_hit)
         num_uncomputed = request.num_tokens - num_hit - num_external
-        if not sched.enable_chunked_prefill and num_uncomputed > limit:
+        if not self.limits.enable_chunked_prefill and num_uncomputed > limit:
             return 0
-        num_new = sched.chunk(num_uncomputed, limit)
+        num_new = self.limits.chunk(num_uncomputed, limit)
         free -= sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hit blocks in the free queue are taken back
         if self.kv.num_blocks_needed(request, num_external + num_new, len(hit_blocks)) > free:
             if num_external:
@@ -229,12 +319,11 @@ class StepBuilder:
     def _swap_in(self, request: Request, limit: int, free: int) -> int:
         """Blocks for a swapped-out request out of ``free`` blocks: fresh GPU blocks for its saved ones
         (copied in by the runner before the forward) plus those its next chunk needs."""
-        sched = self.scheduler
         num_saved = len(request.swapped_block_ids)
         num_uncomputed = request.num_tokens - request.num_computed_tokens
-        if not sched.enable_chunked_prefill and num_uncomputed > limit:
+        if not self.limits.enable_chunked_prefill and num_uncomputed > limit:
             return 0
-        num_new = sched.chunk(num_uncomputed, limit)
+        num_new = self.limits.chunk(num_uncomputed, limit)
         if self.kv.num_blocks_needed(request, num_new) > free:  # its table is empty: this counts every block
             if free < num_saved:
                 return 0
@@ -243,8 +332,8 @@ class StepBuilder:
                 return 0
         gpu_ids = self.kv.take_blocks(request, num_saved)
         self.out.blocks_to_swap_in.extend(zip(request.swapped_block_ids, gpu_ids))
-        sched.swap_space.release(request.swapped_block_ids)
-        sched.num_swapped_in_blocks += num_saved
+        self.swap_space.release(request.swapped_block_ids)
+        self.num_swapped_in_blocks += num_saved
         request.swapped_block_ids = []
         if self.kv.allocate_slots(request, num_new) is None:
             raise RuntimeError("swap-in allocation failed after the free-block check")  # a bug guard
@@ -258,7 +347,7 @@ class StepBuilder:
         if predicted is None:
             predicted = request.sampling_params.max_tokens
         final = request.num_prompt_tokens + max(predicted, request.num_output_tokens + 1)
-        return cdiv(min(final, self.scheduler.max_model_len), self.kv.block_size)
+        return cdiv(min(final, self.limits.max_model_len), self.kv.block_size)
 
     def _predicted_need(self, request: Request) -> int:
         """Blocks ``request`` is predicted to take beyond those it holds."""
@@ -271,10 +360,10 @@ class StepBuilder:
         predicted too short is admitted too early and may be preempted (or make others be) when it outgrows
         its prediction. With nothing running, a request is always admitted (else one predicted longer than the
         pool would wait forever)."""
-        if not self.scheduler.running:
+        if not self.running:
             return True
         if self._reserved is None:  # once per step; admissions then add their own need
-            self._reserved = sum(self._predicted_need(r) for r in self.scheduler.running)
+            self._reserved = sum(self._predicted_need(r) for r in self.running)
         return free - self._reserved >= self.predicted_blocks(request)
 
     def blocks_for_next_token(self, requests: Iterable[Request]) -> int:
@@ -291,8 +380,8 @@ class StepBuilder:
         ``already_computed`` is the request's ``num_computed_tokens`` once its held (or hit) blocks are in
         place; the empty slots of its last held block take chunk tokens without a new block.
         """
-        sched = self.scheduler
-        if not sched.shrink_prefill_chunks or not sched.enable_chunked_prefill or free_blocks < 1:
+        limits = self.limits
+        if not limits.shrink_prefill_chunks or not limits.enable_chunked_prefill or free_blocks < 1:
             return 0
         slack = (-already_computed) % self.kv.block_size
         return min(num_new, free_blocks * self.kv.block_size + slack)

@@ -197,18 +197,18 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
     | # | vLLM v1 | what happens | minengine |
     |---|---|---|---|
     | 1 | `self.running`, `self.waiting` | two queues; running requests are served first (decode-first) | `Scheduler.running` / `waiting`, `DecodeFirst.fill`: `step.run_all(...)` then `step.admit_all()` |
-    | 2 | `num_new_tokens = request.num_tokens_with_spec - request.num_computed_tokens`, capped by `long_prefill_token_threshold` and `token_budget` | tokens this step | `Scheduler.chunk`, called by `StepBuilder.run` |
-    | 3 | `self.kv_cache_manager.allocate_slots(request, num_new_tokens)`; on `None`, preempt `self.running.pop()` (or the lowest priority) and `self.waiting.prepend_request(...)` | KV allocation, preemption | `StepBuilder.run`: `self.kv.allocate_slots`, `policy.pick_victim`, `Scheduler.preempt` (`waiting.appendleft`) |
+    | 2 | `num_new_tokens = request.num_tokens_with_spec - request.num_computed_tokens`, capped by `long_prefill_token_threshold` and `token_budget` | tokens this step | `StepLimits.chunk`, called by `StepBuilder.run` |
+    | 3 | `self.kv_cache_manager.allocate_slots(request, num_new_tokens)`; on `None`, preempt `self.running.pop()` (or the lowest priority) and `self.waiting.prepend_request(...)` | KV allocation, preemption | `StepBuilder.run`: `self.kv.allocate_slots`, `policy.pick_victim`, `StepBuilder.preempt` (`waiting.appendleft`) |
     | 4 | `SchedulerOutput(scheduled_new_reqs=..., num_scheduled_tokens=..., ...)` | the step's plan for the model runner | `StepBuilder.build` → `SchedulerOutput` of `ScheduledRequest`s |
     | 5 | `update_from_output`: advance `num_computed_tokens`, append sampled tokens, check stop, free finished | write-back after the forward | `Scheduler.update_from_output` |
     """),
     code("""
     mapping = {
-        "1 queues, running first": (step_builder_module.StepBuilder.unscheduled_running, "self.scheduler.running"),
-        "2 tokens this step": (step_builder_module.StepBuilder.run, "self.scheduler.chunk("),
+        "1 queues, running first": (step_builder_module.StepBuilder.unscheduled_running, "self.running"),
+        "2 tokens this step": (step_builder_module.StepBuilder.run, "self.limits.chunk("),
         "3 KV allocation": (step_builder_module.StepBuilder.run, "self.kv.allocate_slots(request, num_new)"),
         "3 preemption": (step_builder_module.StepBuilder.run, "self.policy.pick_victim(self.unscheduled_running()"),
-        "3 re-queue at the head": (scheduler_module.Scheduler.preempt, "self.waiting.appendleft(request)"),
+        "3 re-queue at the head": (step_builder_module.StepBuilder.preempt, "self.waiting.appendleft(request)"),
         "4 SchedulerOutput": (step_builder_module.StepBuilder.build, "ScheduledRequest("),
         "5 write-back": (scheduler_module.Scheduler.update_from_output, "request.num_computed_tokens += s.num_new_tokens"),
     }
@@ -326,7 +326,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
     """),
     md("""
     ## Where does the victim go? The head of the queue: last preempted, first back
-    `Scheduler.preempt` puts a victim at the **front** of the waiting queue (`appendleft`), and admission takes the
+    `StepBuilder.preempt` puts a victim at the **front** of the waiting queue (`appendleft`), and admission takes the
     front. Newcomers join at the back. So a victim comes back before any request that arrived after it, and among
     several victims waiting at once the **last one preempted is the first re-admitted** (a stack). Since each victim was
     the newest running request when it was chosen, the stack gives them back in their original admission order:
@@ -626,7 +626,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
                     "answer_2 = max(small.request_metrics, key=lambda r: small.request_metrics[r].num_prompt_tokens)  # not the longest"]),
     *exercise(3, """
         In the small-pool run the first three victims, in the order they were preempted, are `first_wave`. In which order were
-        they re-admitted? Answer a list of their ids, predicted from how `Scheduler.preempt` re-queues (not read from the trace).
+        they re-admitted? Answer a list of their ids, predicted from how `StepBuilder.preempt` re-queues (not read from the trace).
         """, "Each victim goes to the front of the waiting queue, and admission takes the front.", "answer_3",
         "answer_3 = list(reversed(first_wave))",
         """
@@ -683,7 +683,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         minengine simply choose among requests not yet scheduled.
         """),
     *question("what if victims were re-queued at the tail?", """
-        `Scheduler.preempt` puts a victim at the head of the waiting queue. What would happen under steady traffic if it went
+        `StepBuilder.preempt` puts a victim at the head of the waiting queue. What would happen under steady traffic if it went
         to the tail instead?
         """, """
         Every request that arrived after the victim would be admitted before it, and each new admission takes the blocks the
