@@ -1,0 +1,176 @@
+"""InputProcessor: prompts in, validated ``Request``s out (vLLM v1's ``InputProcessor``, formerly ``Processor``).
+
+Everything the engine does with a request before it is queued: tokenize the prompt (or check its token ids),
+validate the request id, the ``SamplingParams``, priority, deadline and arrival time against the engine's
+limits (``max_model_len``, the KV pool), resolve ``max_tokens=None`` and the stop token ids, and fan an
+``n > 1`` request out into its children (``parallel_sampling.py``). Nothing here changes the engine: a
+request is queued by ``LLMEngine.enqueue`` (or ``add_request``), so a whole batch can be validated first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from minengine.config import EngineConfig
+from minengine.core.kv_cache_manager import cdiv
+from minengine.engine.parallel_sampling import RequestGroup, child_request_id, child_sampling_params
+from minengine.inputs import check_unicode
+from minengine.request import Request
+from minengine.sampling_params import SamplingParams
+from minengine.timing.clocks import Clock
+
+Prompt = str | dict | list[int]
+
+
+class InputProcessor:
+    """Turns prompts into requests for one engine.
+
+    Args:
+        config: the engine settings (``max_model_len``, ``block_size``).
+        tokenizer: the model's tokenizer, or None (then prompts must be token ids and stop strings are refused).
+        vocab_size: token ids must be in ``[0, vocab_size)``.
+        eos_token_id: the model's EOS id (a stop token unless ``ignore_eos``), or None.
+        num_kv_blocks: the KV pool size in blocks; one request alone must fit in it.
+        clock: the engine's clock (seconds); requests arrive at its now unless given an ``arrival_time``.
+        request_id_in_use: whether an id belongs to an unfinished request (the engine's queues and outputs).
+    """
+
+    def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, eos_token_id: int | None,
+                 num_kv_blocks: int, clock: Clock, request_id_in_use: Callable[[str], bool]):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.num_kv_blocks = num_kv_blocks
+        self.clock = clock
+        self.request_id_in_use = request_id_in_use
+
+    def prompt_to_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """A prompt as (text or None, token ids). Accepts a string, ``{"prompt_token_ids": [...]}`` (vLLM's
+        TokensPrompt), ``{"prompt": "..."}`` or a plain list of ids.
+
+        Raises:
+            ValueError: wrong type, a string prompt without a tokenizer, ids outside the vocabulary.
+        """
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
+                if not isinstance(ids, (list, tuple)):
+                    raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
+            elif "prompt" in prompt:
+                return self.prompt_to_token_ids(prompt["prompt"])
+            else:
+                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+        elif isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("prompt is a string but the model has no tokenizer: pass "
+                                 "{'prompt_token_ids': [...]} or EngineConfig(tokenizer=...)")
+            check_unicode(prompt, "prompt")
+            text, ids = prompt, self.tokenizer(prompt)["input_ids"]
+        elif isinstance(prompt, (list, tuple)):
+            text, ids = None, prompt
+        else:
+            raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+        ids = list(ids)
+        vocab = self.vocab_size
+        # the same test for every id as a loop would do, at C speed (prompts of a trace replay are long)
+        if ids and (any(not issubclass(tp, int) or tp is bool for tp in set(map(type, ids)))
+                    or min(ids) < 0 or max(ids) >= vocab):
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}) (the vocabulary size)")
+        return text, ids
+
+    def make_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                     arrival_time: float | None = None, priority: int = 0,
+                     deadline: float | None = None) -> Request:
+        """Validate a request without adding it (``LLM.generate`` validates a whole batch first).
+
+        Args:
+            priority: used by ``scheduling_policy="priority"``; as in vLLM, a smaller value is more urgent.
+            deadline: engine-clock time (seconds, the clock of ``arrival_time``) after which the request
+                finishes with reason "timeout" and frees its blocks; None = no deadline.
+
+        The request gets its own copy of ``params`` (as vLLM: changing them afterwards has no effect), with
+        ``max_tokens=None`` resolved to what fits in ``max_model_len``. For ``n > 1`` use ``make_requests``.
+
+        Raises:
+            ValueError: naming the field: ``request_id`` (duplicate), ``prompt`` (empty, longer than
+                ``max_model_len``, needing more blocks than ``num_kv_blocks``, not valid Unicode),
+                ``sampling_params``, ``priority`` (not an integer), ``deadline`` (not a number),
+                ``arrival_time`` (not a finite number, or later than the engine clock's now).
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if self.request_id_in_use(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool)
+                                     or deadline != deadline):
+            raise ValueError(f"deadline must be a number (engine-clock seconds) or None, got {deadline!r}")
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.verify()
+        if params.n != 1:
+            raise ValueError(f"make_request takes n == 1 (got n={params.n}); use make_requests or add_request")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; use stop_token_ids with a model without one")
+        text, ids = self.prompt_to_token_ids(prompt)
+        cfg = self.config
+        if not ids:
+            raise ValueError("prompt is empty: it must have at least 1 token")
+        if len(ids) > cfg.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
+        params = params.clone()
+        if params.max_tokens is None:  # vLLM: as many as fit
+            params.max_tokens = max(1, cfg.max_model_len - len(ids))
+            params.min_tokens = min(params.min_tokens, params.max_tokens)
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos and self.eos_token_id is not None:
+            stop_ids.add(self.eos_token_id)
+        params.all_stop_token_ids = frozenset(stop_ids)
+        # The longest this request can grow; one request alone must always fit in the pool, or it would
+        # preempt itself forever.
+        max_len = min(len(ids) + params.max_tokens, cfg.max_model_len)
+        if cdiv(max_len, cfg.block_size) > self.num_kv_blocks:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
+                             f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
+                             f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
+        if arrival_time is not None and (not isinstance(arrival_time, (int, float)) or isinstance(arrival_time, bool)
+                                         or not math.isfinite(arrival_time)):
+            raise ValueError(f"arrival_time must be a finite number (engine-clock seconds) or None, "
+                             f"got {arrival_time!r}")
+        now = self.clock()
+        if arrival_time is not None and arrival_time > now:
+            raise ValueError(f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): a "
+                             "request cannot arrive in the future (TTFT would be negative)")
+        arrival = now if arrival_time is None else float(arrival_time)
+        return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
+                       eos_token_id=self.eos_token_id, prompt=text, priority=priority,
+                       deadline=None if deadline is None else float(deadline))
+
+    def make_requests(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+                      arrival_time: float | None = None, priority: int = 0,
+                      deadline: float | None = None) -> RequestGroup:
+        """Validate a request of any ``n`` without adding it: for ``n > 1``, its ``n`` child requests
+        (ids ``"{index}_{request_id}"``, seeds ``seed + index``; vLLM's parallel sampling). Raises
+        ``ValueError`` as ``make_request``."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.verify()
+        if params.n == 1:
+            return RequestGroup(request_id, params, [self.make_request(request_id, prompt, params, arrival_time,
+                                                                       priority, deadline)])
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if self.request_id_in_use(request_id):
+            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+        first = self.make_request(child_request_id(request_id, 0), prompt, child_sampling_params(params, 0),
+                                  arrival_time, priority, deadline)
+        tokenized = {"prompt_token_ids": first.prompt_token_ids, "prompt": first.prompt}  # tokenize once
+        children = [first] + [self.make_request(child_request_id(request_id, i), tokenized,
+                                                child_sampling_params(params, i), first.arrival_time, priority,
+                                                deadline) for i in range(1, params.n)]
+        return RequestGroup(request_id, params, children)
