@@ -104,6 +104,10 @@ class EngineConfig:
         served_model_name: the name clients and metrics use (``model`` of the OpenAI API, the ``model_name``
             label); None = ``model`` as given, or "tiny-shakespeare-llama" for the bundled model (``model`` None
             or ``BUNDLED_MODEL``).
+        logits_processors: vLLM's custom logits processors: ``LogitsProcessor`` subclasses
+            (``minengine.v1.sample.logits_processor``) or their ``"module:Class"`` names, built once per engine
+            and applied to every step's batch (``worker/logits_processors.py``); not with ``speculative_config``
+            (as vLLM). Not a command-line setting.
 
     Raises:
         ValueError: naming the field and the limit, for any setting out of range.
@@ -144,6 +148,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     served_model_name: str | None = None
+    logits_processors: list | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -240,6 +245,14 @@ class EngineConfig:
             raise ValueError(f"predicted_length_aging_steps must be an integer >= 0 (0 = no aging), got {aging!r}")
         if not isinstance(self.reserve_predicted_kv, bool):
             raise ValueError(f"reserve_predicted_kv must be a bool, got {self.reserve_predicted_kv!r}")
+        lps = self.logits_processors
+        if lps is not None:
+            if not isinstance(lps, (list, tuple)) or any(not isinstance(c, (type, str)) for c in lps):
+                raise ValueError(f"logits_processors must be a list of LogitsProcessor classes or 'module:Class' "
+                                 f"names, got {lps!r}")
+            if lps and self.speculative_config is not None:
+                raise ValueError("logits_processors cannot be combined with speculative_config: custom logits "
+                                 "processors are not supported with speculative decoding (as in vLLM)")
         predictor = self.output_length_predictor
         if predictor is not None and not callable(getattr(predictor, "predict", None)):
             raise ValueError(f"output_length_predictor must be an OutputLengthPredictor (with predict(request)) "
@@ -261,3 +274,37 @@ class EngineConfig:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
                              f"({self.max_model_len}) when enable_chunked_prefill is False: a prompt is then "
                              "prefilled in one step")
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """What a custom logits processor's constructor receives as ``vllm_config`` (vLLM's ``VllmConfig``, the
+    parts minengine has): ``model_config`` (``get_vocab_size()``, ``max_model_len``), ``scheduler_config``
+    (``max_num_seqs``, ``max_num_batched_tokens``) and ``speculative_config``, all read from ``engine_config``.
+
+    Attributes:
+        engine_config: the engine's ``EngineConfig``. vocab_size: the model's logits width.
+    """
+
+    engine_config: EngineConfig
+    vocab_size: int
+
+    @property
+    def model_config(self):
+        from types import SimpleNamespace
+
+        c = self.engine_config
+        return SimpleNamespace(model=c.model, max_model_len=c.max_model_len, dtype=c.dtype,
+                               get_vocab_size=lambda: self.vocab_size)
+
+    @property
+    def scheduler_config(self):
+        from types import SimpleNamespace
+
+        c = self.engine_config
+        return SimpleNamespace(max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
+                               max_model_len=c.max_model_len)
+
+    @property
+    def speculative_config(self):
+        return self.engine_config.speculative_config

@@ -78,6 +78,10 @@ class Request:
     predicted_output_len: int | None = None
     # Speculative decoding: the n-gram proposer's index of this request's tokens (core/spec_decode.py).
     spec_index: object | None = field(default=None, repr=False, compare=False)
+    # Structured outputs: the grammar state after the committed output tokens (``worker/structured_output.py``'s
+    # ``StructuredOutputRequest``; core only calls its ``accept_token`` and ``is_terminated``). It lives here, with
+    # the outputs, so a recompute preemption keeps it and a rolled-back step never advanced it. None: unconstrained.
+    structured_output: object | None = field(default=None, repr=False, compare=False)
     # Timestamps (engine clock, seconds).
     first_scheduled_time: float | None = None
     first_token_time: float | None = None

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "tests" / "vllm_compat").glob("*.py"))
 # the vLLM modules these scripts may import from (minengine has each under the same path, ``vllm`` -> ``minengine``)
 VLLM_MODULES = {"vllm", "vllm.sampling_params", "vllm.inputs", "vllm.engine.arg_utils", "vllm.utils",
-                "vllm.distributed", "vllm.v1.metrics.reader", "vllm.v1.engine.async_llm"}
+                "vllm.distributed", "vllm.v1.metrics.reader", "vllm.v1.engine.async_llm", "vllm.config",
+                "vllm.v1.sample.logits_processor", "vllm.v1.sample.logits_processor.builtin"}
 
 
 def to_vllm(source: str) -> str:

@@ -247,7 +247,7 @@ class Scheduler:
                 continue
             tokens = sampled_token_ids[s.request_id]
             got_token.append(request)
-            if not s.spec_token_ids:  # one new token (the common case, kept lean)
+            if not s.spec_token_ids and request.structured_output is None:  # one token (the common case, lean)
                 request.num_computed_tokens += s.num_new_tokens
                 request.output_token_ids.append(tokens[0])
                 status = self._check_stop(request)
@@ -256,15 +256,32 @@ class Scheduler:
                 continue
             # Verified proposals: computed are the decode's own token and the accepted proposals; the blocks
             # past them held only rejected proposals.
-            request.num_computed_tokens += len(tokens)
-            self.kv.truncate(request, cdiv(request.num_computed_tokens, self.kv.block_size))
+            request.num_computed_tokens += len(tokens) if s.spec_token_ids else s.num_new_tokens
+            if s.spec_token_ids:
+                self.kv.truncate(request, cdiv(request.num_computed_tokens, self.kv.block_size))
             for token in tokens:
-                request.output_token_ids.append(token)
-                status = self._check_stop(request)
+                status = self._append(request, token)
                 if status is not None:
                     finished.extend(self.finish_requests([request.request_id], status))
                     break
         return got_token, finished
+
+    def _append(self, request: Request, token: int) -> RequestStatus | None:
+        """Append one token (advancing the request's grammar state with it, if it has one) and check for a stop.
+
+        Structured outputs: the grammar state moves only here, with committed tokens, in order. The request
+        stops ("stop") once the grammar has accepted its stop token, as vLLM's requests stop at the EOS a
+        complete grammar leaves as the only choice, also with ``ignore_eos``. A token the grammar rejects (the
+        sampler's answer to a grammar with no allowed token left in this vocabulary) is not appended: the
+        request finishes with "abort"."""
+        so = request.structured_output
+        if so is not None and not so.accept_token(token):
+            return RequestStatus.FINISHED_ABORTED
+        request.output_token_ids.append(token)
+        status = self._check_stop(request)
+        if status is None and so is not None and so.is_terminated():
+            return RequestStatus.FINISHED_STOPPED
+        return status
 
     def num_tokens_before_stop(self, request: Request, tokens: list[int]) -> int:
         """How many of ``tokens`` ``update_from_output`` would append to ``request`` before it stops (the

@@ -28,6 +28,8 @@ class ScheduledRequest:
         spec_token_ids: speculative decoding: the proposed tokens, the last ``len(spec_token_ids)`` of
             ``token_ids`` (a decode's ``token_ids`` is then ``[latest token] + spec_token_ids``); the sampler
             verifies all of them in this step (``core/spec_decode.py``). Empty for every other request.
+        structured_output: the request's grammar state (``Request.structured_output``), read by the sampler to
+            mask its rows; None for an unconstrained request.
     """
 
     request_id: str
@@ -41,6 +43,7 @@ class ScheduledRequest:
     prompt_token_ids: Sequence[int] = field(default=(), repr=False, compare=False)
     output_token_ids: Sequence[int] = field(default=(), repr=False, compare=False)
     spec_token_ids: Sequence[int] = ()
+    structured_output: object | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_new_tokens(self) -> int:

@@ -423,5 +423,6 @@ class StepBuilder:
                 prompt_token_ids=request.prompt_token_ids,
                 output_token_ids=request.output_token_ids,
                 spec_token_ids=spec or (),
+                structured_output=request.structured_output,
             ))
         return self.out

@@ -34,10 +34,13 @@ class InputProcessor:
         num_kv_blocks: the KV pool size in blocks; one request alone must fit in it.
         clock: the engine's clock (seconds); requests arrive at its now unless given an ``arrival_time``.
         request_id_in_use: whether an id belongs to an unfinished request (the engine's queues and outputs).
+        custom_logits_processors: the runner's ``CustomLogitsProcessors`` (``worker/logits_processors.py``), whose
+            classes validate each request's params, or None.
     """
 
     def __init__(self, config: EngineConfig, tokenizer, vocab_size: int, eos_token_id: int | None,
-                 num_kv_blocks: int, clock: Clock, request_id_in_use: Callable[[str], bool]):
+                 num_kv_blocks: int, clock: Clock, request_id_in_use: Callable[[str], bool],
+                 custom_logits_processors=None):
         self.config = config
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
@@ -45,6 +48,8 @@ class InputProcessor:
         self.num_kv_blocks = num_kv_blocks
         self.clock = clock
         self.request_id_in_use = request_id_in_use
+        self.custom_logits_processors = custom_logits_processors
+        self.structured_output_manager = None  # built with the first structured-output request
 
     def prompt_to_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """A prompt as (text or None, token ids). Accepts a string, ``{"prompt_token_ids": [...]}`` (vLLM's
@@ -146,9 +151,62 @@ class InputProcessor:
             raise ValueError(f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): a "
                              "request cannot arrive in the future (TTFT would be negative)")
         arrival = now if arrival_time is None else float(arrival_time)
-        return Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
-                       eos_token_id=self.eos_token_id, prompt=text, priority=priority,
-                       deadline=None if deadline is None else float(deadline))
+        grammar_state = self._check_logits_processing(params)
+        request = Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
+                          eos_token_id=self.eos_token_id, prompt=text, priority=priority,
+                          deadline=None if deadline is None else float(deadline))
+        request.structured_output = grammar_state
+        return request
+
+    def _check_logits_processing(self, params: SamplingParams):
+        """Check the logits-processing fields of a request's own ``params`` against the model, fill its
+        ``bad_words_token_ids``, let each custom logits processor validate it, and compile its constraint.
+
+        Returns:
+            the request's grammar state (``StructuredOutputRequest``), or None without ``structured_outputs``.
+        Raises:
+            ValueError: naming the field: ``logit_bias`` / ``allowed_token_ids`` ids outside the vocabulary,
+                ``bad_words`` or ``structured_outputs`` without a tokenizer, a constraint xgrammar cannot compile
+                (``structured_outputs.json`` ...), or what a custom processor's ``validate_params`` raises.
+        """
+        vocab = self.vocab_size
+        for name, ids in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids)):
+            bad = sorted({t for t in ids or () if not 0 <= t < vocab})
+            if bad:
+                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:10]}")
+        if params.bad_words:
+            params.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
+        custom = self.custom_logits_processors
+        for cls in custom.classes if custom is not None else ():
+            cls.validate_params(params)
+        if params.structured_outputs is None:
+            return None
+        if self.structured_output_manager is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a tokenizer (the model has none): the grammar is compiled "
+                                 "against the tokenizer's vocabulary")
+            from minengine.worker.structured_output import StructuredOutputManager
+
+            self.structured_output_manager = StructuredOutputManager(self.tokenizer, vocab, self.eos_token_id)
+        return self.structured_output_manager.new_request(params.structured_outputs)
+
+    def _bad_words_token_ids(self, words: list[str]) -> tuple[tuple[int, ...], ...]:
+        """vLLM's tokenization of ``bad_words``: each word as it is (its leading spaces dropped) and, when that
+        gives a different first token of the same length, with one leading space (a word inside the text)."""
+        if self.tokenizer is None:
+            raise ValueError("bad_words needs a tokenizer (the model has none)")
+        out: list[tuple[int, ...]] = []
+        for word in dict.fromkeys(words):
+            plain = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
+            spaced = tuple(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+            out += [plain] if plain else []
+            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+                out.append(spaced)
+        vocab = self.vocab_size
+        bad = sorted({t for w in out for t in w if not 0 <= t < vocab})
+        if bad:
+            raise ValueError(f"bad_words tokenize to ids outside the vocabulary [0, {vocab}): {bad[:10]}")
+        return tuple(out)
 
     def make_requests(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
                       arrival_time: float | None = None, priority: int = 0,

@@ -134,7 +134,8 @@ class LLMEngine:
 
             runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
                                  num_swap_blocks=swap_blocks, max_num_seqs=config.max_num_seqs,
-                                 kv_cache_dtype=self._kv_cache_dtype)
+                                 kv_cache_dtype=self._kv_cache_dtype,
+                                 logits_processors=self._custom_logits_processors(config))
         self.runner = runner
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
@@ -143,7 +144,8 @@ class LLMEngine:
         self.traces: list[StepTrace] = []
         self.num_steps = 0  # steps recorded so far (the next trace's ``step``), kept when old traces are dropped
         self.input_processor = InputProcessor(config, self.tokenizer, self.hf_config.vocab_size, self.eos_token_id,
-                                              num_blocks, self.clock, self._request_id_in_use)
+                                              num_blocks, self.clock, self._request_id_in_use,
+                                              getattr(runner, "logits_processors", None))
         self.output_processor = OutputProcessor(self.tokenizer)
         self.log_stats = not config.disable_log_stats
         self.stat_logger = PrometheusStatLogger(
@@ -153,6 +155,18 @@ class LLMEngine:
              "cache_dtype": config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype},
             num_speculative_tokens=config.speculative_config.num_speculative_tokens if config.speculative_config else 0)
         self._record_state()
+
+    def _custom_logits_processors(self, config: EngineConfig):
+        """The engine's ``CustomLogitsProcessors`` (None without ``logits_processors``)."""
+        if not config.logits_processors:
+            return None
+        import torch
+
+        from minengine.config import VllmConfig
+        from minengine.worker.logits_processors import CustomLogitsProcessors, load_logits_processors
+
+        return CustomLogitsProcessors(load_logits_processors(config.logits_processors),
+                                      VllmConfig(config, self.hf_config.vocab_size), torch.device("cpu"))
 
     def _load_model(self, config: EngineConfig) -> tuple[str, int]:
         """Load the model and tokenizer of ``config``; returns (resolved device, KV bytes per block)."""

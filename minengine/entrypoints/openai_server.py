@@ -176,7 +176,7 @@ class OpenAIServing:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
 
     async def add_requests(self, base_id: str, prompts: list, params: SamplingParams,
-                           priority: int) -> list[RequestStream]:
+                           priority: int, from_response_format: bool = False) -> list[RequestStream]:
         """Queue one request per prompt (ids ``base_id-i``); on a bad one, abort those already queued.
 
         Raises:
@@ -199,7 +199,11 @@ class OpenAIServing:
                 self.engine.abort_nowait(s.request_id)
             message = str(exc)
             param = message.split(" ", 1)[0].strip(":,")
-            raise OpenAIError(message, param="prompt" if param.startswith("prompt") else param) from exc
+            if param.startswith("prompt"):
+                param = "prompt"
+            elif param.startswith("structured_outputs") and from_response_format:
+                param = "response_format"  # the constraint the client sent as response_format
+            raise OpenAIError(message, param=param) from exc
         except BaseException:
             for s in streams:
                 self.engine.abort_nowait(s.request_id)
@@ -227,7 +231,8 @@ class OpenAIServing:
         if body.echo:  # a prompt of token ids is echoed as its text (vLLM decodes it); bad ids fail later
             prompts = [await self.engine.call(lambda e, p=p: _with_prompt_text(e, p)) for p in prompts]
         request_id, created = random_id("cmpl"), now()
-        streams = await self.add_requests(request_id, prompts, params, body.priority)
+        streams = await self.add_requests(request_id, prompts, params, body.priority,
+                                          body.response_format is not None)
         head = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
         k = body.logprobs
         if body.stream:
@@ -314,7 +319,7 @@ class OpenAIServing:
         echo = last["content"] if body.echo and last["role"] == role else ""
         request_id, created = random_id("chatcmpl"), now()
         streams = await self.add_requests(request_id, [{"prompt_token_ids": ids, "prompt": text}], params,
-                                          body.priority)
+                                          body.priority, body.response_format is not None)
         head = {"id": request_id, "created": created, "model": self.model_name}
         if body.stream:
             return StreamingResponse(self._chat_stream(head, streams[0], body, k, len(ids), role, echo),

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from minengine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams
+from minengine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 
 class OpenAIError(Exception):
@@ -71,6 +71,11 @@ class _SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # structured outputs: OpenAI's response_format, or vLLM's structured_outputs (not both)
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
     use_beam_search: bool = False
     priority: int = 0
     user: str | None = None
@@ -80,10 +85,47 @@ class _SamplingFields(BaseModel):
             raise OpenAIError("best_of is not supported (vLLM v1 dropped it); use n", param="best_of")
         if self.use_beam_search:
             raise OpenAIError("use_beam_search is not supported", param="use_beam_search")
-        if self.logit_bias:
-            raise OpenAIError("logit_bias is not supported", param="logit_bias")
         if self.stream_options is not None and not self.stream:
             raise OpenAIError("stream_options is only allowed with stream=true", param="stream_options")
+
+    def structured_output_params(self) -> StructuredOutputsParams | None:
+        """The request's constraint, from ``response_format`` (OpenAI's: ``{"type": "json_schema",
+        "json_schema": {"name", "schema"}}``, ``{"type": "json_object"}``, ``{"type": "structural_tag", ...}`` or
+        ``{"type": "text"}``) or from vLLM's ``structured_outputs`` (``{"json": ...}``, ``{"regex": ...}``,
+        ``{"choice": [...]}``, ``{"grammar": ...}``, ``{"json_object": true}``).
+
+        Raises:
+            OpenAIError: 400 naming ``response_format`` or ``structured_outputs``: both given, an unknown type,
+                a json_schema without its schema, or a malformed structured_outputs object.
+        """
+        rf, so = self.response_format, self.structured_outputs
+        kind = (rf or {}).get("type", "text") if isinstance(rf, dict) else rf
+        if so is not None and kind != "text":
+            raise OpenAIError("give response_format or structured_outputs, not both: each sets the output's "
+                              "constraint", param="response_format")
+        if so is not None:
+            try:
+                return StructuredOutputsParams.from_dict(so)
+            except (TypeError, ValueError) as exc:
+                raise OpenAIError(str(exc), param="structured_outputs") from exc
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if kind == "json_schema":
+            spec = rf.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, (dict, bool)):
+                raise OpenAIError("response_format json_schema needs json_schema.schema (a JSON schema object)",
+                                  param="response_format")
+            return StructuredOutputsParams(json=schema if isinstance(schema, dict) else ({} if schema else
+                                                                                          {"not": {}}))
+        if kind == "structural_tag":
+            import json
+
+            return StructuredOutputsParams(structural_tag=json.dumps({k: v for k, v in rf.items() if k != "type"}))
+        raise OpenAIError(f"response_format type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
+                          f"got {kind!r}", param="response_format")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         defaults: dict[str, Any]) -> SamplingParams:
@@ -101,8 +143,11 @@ class _SamplingFields(BaseModel):
         if max_tokens is not None or "max_tokens" not in fields:
             fields["max_tokens"] = max_tokens
         kind = RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY
+        structured = self.structured_output_params()
         try:
             return SamplingParams(
+                structured_outputs=structured, logit_bias=self.logit_bias, allowed_token_ids=self.allowed_token_ids,
+                bad_words=self.bad_words,
                 n=self.n, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
                 seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos,
                 min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
@@ -155,15 +200,12 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     echo: bool = False
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
 
     def check_supported(self) -> None:
         if self.tools:
             raise OpenAIError("tools are not supported", param="tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise OpenAIError("only response_format {'type': 'text'} is supported", param="response_format")
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError("top_logprobs needs logprobs=true", param="top_logprobs")
 

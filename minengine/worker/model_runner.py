@@ -47,6 +47,7 @@ class ModelRunner:
         max_num_seqs: the largest decode batch a graph is captured for (larger steps run eagerly).
         kv_cache_dtype: the KV tensors' dtype; None = the model's. ``torch.float8_e4m3fn`` is the FP8 cache
             (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``), read by every attention path.
+        logits_processors: the engine's custom logits processors (``worker/logits_processors.py``) or None.
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
@@ -59,7 +60,8 @@ class ModelRunner:
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
                  num_swap_blocks: int = 0, attention_backend: str | None = None, cuda_graphs: bool | None = None,
-                 max_num_seqs: int = 512, kv_cache_dtype: torch.dtype | None = None):
+                 max_num_seqs: int = 512, kv_cache_dtype: torch.dtype | None = None,
+                 logits_processors=None):
         self.model = model
         self.block_size = block_size
         p = next(p for p in model.parameters() if p.is_floating_point())  # int8 weights: the activations' dtype
@@ -93,7 +95,8 @@ class ModelRunner:
         self.kv_caches = [(torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device),
                            torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device))
                           for _ in model.model.layers]
-        self.sampler = Sampler(seed)
+        self.logits_processors = logits_processors
+        self.sampler = Sampler(seed, logits_processors)
         self.swap_space = CpuSwapSpace(num_swap_blocks, len(self.kv_caches), block_size, model.num_kv_heads,
                                        model.head_dim, self.kv_cache_dtype)
         self.last_swap_time_s = 0.0

@@ -1,8 +1,16 @@
-"""Sampler: logprobs, min_tokens, penalties, greedy / temperature / min-p / top-k / top-p, per-request seeds.
+"""Sampler: grammar masks, logprobs, token masks, logits processors, min_tokens, penalties, greedy /
+temperature / min-p / top-k / top-p, per-request seeds.
 
-The order is vLLM v1's: raw logprobs first (the model's own distribution); then ``min_tokens`` masks EOS and
-the stop token ids; then the penalties (repetition, then frequency and presence); a greedy request takes the
-argmax of that; the others divide by the temperature, apply min-p, top-k and top-p, and draw.
+The order follows vLLM v1: a structured-output request's grammar bitmask first (``worker/structured_output.py``;
+vLLM applies it to the logits before its sampler, so raw logprobs are those of the constrained distribution);
+raw logprobs; ``allowed_token_ids``, ``bad_words`` and ``logit_bias``; ``min_tokens`` masks EOS and the stop
+token ids; the penalties (repetition, then frequency and presence); a greedy request takes the argmax of that;
+the others divide by the temperature, apply min-p, top-k and top-p, and draw. Custom logits processors
+(``worker/logits_processors.py``) run on the whole batch before all the per-request steps (vLLM runs them after
+the token masks, ``min_tokens`` and ``logit_bias``, and argmax-invariant ones after the temperature): the same
+result for processors that only mask tokens or keep chosen tokens' values. A request without any of these
+features costs what it cost before they existed: the per-request check that sends a row through processing
+reads one more attribute.
 
 A seeded request draws each token from a generator seeded by (seed, index of the token), so its output
 does not depend on the other requests in the batch, on chunking or on preemption.
@@ -93,6 +101,38 @@ def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[int], output_ids:
     return logits
 
 
+def apply_token_masks(logits: torch.Tensor, params: SamplingParams, output_ids: Sequence[int]) -> torch.Tensor:
+    """``allowed_token_ids``, ``bad_words`` and ``logit_bias`` of one request, in vLLM's order.
+
+    A bad word of tokens ``w`` is masked at its last token whenever the output ends with ``w[:-1]`` (a
+    one-token word always); the logit bias is added to the logits.
+
+    Args:
+        logits: [V] float32. output_ids: the request's generated tokens so far.
+    Returns:
+        [V] float32 (a new tensor).
+    """
+    vocab = logits.shape[-1]
+    if params.allowed_token_ids:
+        keep = torch.tensor(params.allowed_token_ids, dtype=torch.long)
+        out = torch.full_like(logits, float("-inf"))
+        out[keep] = logits[keep]
+        logits = out
+    else:
+        logits = logits.clone()
+    if params.bad_words_token_ids:
+        n = len(output_ids)
+        banned = [w[-1] for w in params.bad_words_token_ids
+                  if len(w) <= n + 1 and (len(w) == 1 or list(output_ids[n - len(w) + 1:]) == list(w[:-1]))]
+        if banned:
+            logits[torch.tensor(banned, dtype=torch.long)] = float("-inf")
+    if params.logit_bias:
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
+        ok = ids < vocab
+        logits[ids[ok]] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)[ok]
+    return logits
+
+
 def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     """Mask to -inf tokens whose probability is below ``min_p`` x the top probability. logits: [V] float32."""
     if min_p <= 0:
@@ -137,6 +177,8 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
     Returns:
         [V] float32.
     """
+    if params.has_token_masks:
+        logits = apply_token_masks(logits, params, output_ids)
     if len(output_ids) < params.min_tokens and params.all_stop_token_ids:
         logits = logits.clone()
         stop = torch.tensor(sorted(params.all_stop_token_ids), dtype=torch.long)
@@ -150,7 +192,21 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
 
 
 def _needs_processing(p: SamplingParams, output_index: int) -> bool:
-    return not p.greedy or p.has_penalties or (output_index < p.min_tokens and bool(p.all_stop_token_ids))
+    return (not p.greedy or p.has_penalties or (output_index < p.min_tokens and bool(p.all_stop_token_ids))
+            or p.has_token_masks)
+
+
+def _masked_row(work: torch.Tensor, raw: torch.Tensor, row: int, so, bitmask: torch.Tensor) -> bool:
+    """Apply the grammar state ``so``'s mask to row ``row`` of ``work`` (and of ``raw``, the logprobs' logits,
+    when it is another tensor), in place; False when the mask allows no token (a dead end of the grammar for
+    this vocabulary)."""
+    from minengine.worker.structured_output import apply_bitmask
+
+    so.fill_bitmask(bitmask, 0)
+    apply_bitmask(work[row:row + 1], bitmask, [0])
+    if raw is not work:
+        apply_bitmask(raw[row:row + 1], bitmask, [0])
+    return bool(torch.isfinite(work[row]).any())
 
 
 class Sampler:
@@ -170,34 +226,48 @@ class Sampler:
     algorithm 2): the proposal is kept with probability p(proposal) = min(1, p / q) for q = 1, and a rejection
     draws from the residual ``norm(max(0, p - q))``, which is p without the proposal, as the draw does here.
 
+    Structured outputs: a request with a grammar state (``ScheduledRequest.structured_output``) has each of its
+    rows masked by that state before it is sampled; when verifying proposals, row i is masked by the state after
+    the first i proposals (the sampler advances the state through the proposals it accepts and rolls it back
+    before returning: only ``Scheduler.update_from_output`` commits). A proposal the grammar rejects is never
+    accepted, since the token sampled at its row is always one the grammar allows; and a run of accepted
+    proposals ends at the one that completes the grammar.
+
     Args:
         seed: seeds the shared generator used by requests without their own seed.
+        logits_processors: the engine's custom logits processors (``CustomLogitsProcessors``) or None.
 
     Attributes:
         last_logprobs: {request_id: [TokenLogprobs of each token it got]} of the last call, for the requests
             with ``logprobs`` set.
     """
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, logits_processors=None):
         self.generator = torch.Generator().manual_seed(seed)
         self.last_logprobs: dict[str, list[TokenLogprobs]] = {}
+        self.logits_processors = logits_processors
+        self._bitmask: torch.Tensor | None = None  # one row, reused: [1, ceil(V / 32)] int32
 
     def __call__(self, logits: torch.Tensor, requests: list[ScheduledRequest]) -> list[list[int]]:
         """logits: [R, V] float32, ``num_sampled`` rows per request (one, or k + 1 with k proposals), in
         ``requests`` order -> per request the tokens it gets this step (1 to k + 1)."""
         logits = logits.float().cpu()
-        argmax = logits.argmax(-1).tolist()  # greedy requests without penalties keep these
+        # Custom logits processors edit a copy: raw logprobs are read from ``logits`` (as vLLM's).
+        work = logits if self.logits_processors is None else self.logits_processors.apply(logits.clone(), requests)
+        argmax = work.argmax(-1).tolist()  # greedy requests without processing keep these
         if len(argmax) == len(requests):  # no proposals in the step: one row per request
             tokens = [[t] for t in argmax]
             rows = list(range(len(requests)))
             for row, s in enumerate(requests):
-                if _needs_processing(s.sampling_params, s.output_index):
-                    tokens[row][0] = self._sample(logits[row], s, 0)
+                if s.structured_output is not None:
+                    tokens[row][0] = self._sample_structured(work, logits, row, s, 0)
+                elif _needs_processing(s.sampling_params, s.output_index):
+                    tokens[row][0] = self._sample(work[row], s, 0)
         else:
             tokens, rows, row = [], [], 0
             for s in requests:
                 rows.append(row)
-                tokens.append(self._verify(logits, argmax, row, s))
+                tokens.append(self._verify(work, logits, argmax, row, s))
                 row += 1 + len(s.spec_token_ids)
         self.last_logprobs = {}
         want = [i for i, s in enumerate(requests) if s.sampling_params.logprobs is not None]
@@ -221,16 +291,46 @@ class Sampler:
         gen = self.generator if p.seed is None else token_generator(p.seed, index)
         return int(torch.multinomial(x.softmax(-1), 1, generator=gen).item())
 
-    def _verify(self, logits: torch.Tensor, argmax: list[int], first_row: int, s: ScheduledRequest) -> list[int]:
+    def _sample_structured(self, work: torch.Tensor, raw: torch.Tensor, row: int, s: ScheduledRequest,
+                           offset: int) -> int:
+        """The token of a structured-output request at ``row``: masked by its grammar state, then sampled as any
+        other. A dead end (no token allowed) gives the request's first stop token, which the grammar rejects:
+        ``update_from_output`` then finishes the request with "abort" instead of appending it."""
+        if self._bitmask is None or self._bitmask.shape[1] != -(-work.shape[1] // 32):
+            from minengine.worker.structured_output import new_bitmask
+
+            self._bitmask = new_bitmask(1, work.shape[1])
+        if not _masked_row(work, raw, row, s.structured_output, self._bitmask):
+            stops = s.sampling_params.all_stop_token_ids
+            return min(stops) if stops else 0
+        return self._sample(work[row], s, offset)
+
+    def _verify(self, work: torch.Tensor, raw: torch.Tensor, argmax: list[int], first_row: int,
+                s: ScheduledRequest) -> list[int]:
         """Accepted proposals of ``s`` plus one token of the sampler's own (see the class docstring)."""
-        spec, out = s.spec_token_ids, []
-        for i in range(len(spec) + 1):
-            row = first_row + i
-            token = argmax[row] if not _needs_processing(s.sampling_params, s.output_index + i) \
-                else self._sample(logits[row], s, i)
-            out.append(token)
-            if i == len(spec) or token != spec[i]:
-                break
+        spec, out, so = s.spec_token_ids, [], s.structured_output
+        advanced = 0
+        try:
+            for i in range(len(spec) + 1):
+                row = first_row + i
+                if so is not None:
+                    token = self._sample_structured(work, raw, row, s, i)
+                elif not _needs_processing(s.sampling_params, s.output_index + i):
+                    token = argmax[row]
+                else:
+                    token = self._sample(work[row], s, i)
+                out.append(token)
+                if i == len(spec) or token != spec[i]:
+                    break
+                if so is not None:  # row i + 1 is masked by the state after this accepted proposal
+                    if not so.speculate(token):
+                        break
+                    advanced += 1
+                    if so.is_terminated():  # the output is complete: nothing after it is kept
+                        break
+        finally:
+            if so is not None:
+                so.rollback(advanced)
         return out
 
     def _logprobs(self, logits, requests, tokens, rows, want) -> None:

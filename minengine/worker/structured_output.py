@@ -1,0 +1,326 @@
+"""Structured outputs: a request's constraint compiled into a token automaton, and its bitmask per step.
+
+Idea (Willard & Louf, "Efficient Guided Generation for LLMs", 2023; XGrammar, Dong et al., MLSys 2025): a JSON
+schema, a regex, a list of choices or an EBNF grammar defines which strings are valid outputs. Compiled against
+the tokenizer's vocabulary it becomes an automaton whose state, after the tokens generated so far, says which
+next tokens keep the output a prefix of a valid string: a bitmask over the vocabulary, one bit per token id.
+The sampler sets the logits of the masked tokens to -inf before anything else, so every sampled token is valid,
+greedy or sampled; the request stops when the automaton accepts its stop token (EOS), i.e. the output is
+complete. The grammar engine is xgrammar (``xgrammar`` on PyPI, vLLM's default backend): it compiles all five
+kinds of constraint, fills a mask in microseconds, and rolls back, which speculative decoding needs.
+
+Where the state lives: ``Request.structured_output`` holds the request's ``StructuredOutputRequest``, next to its
+output tokens. The scheduler advances it in ``update_from_output`` with each committed token (one way, in
+commit order), so a step that fails and is rolled back never advanced it, and a request preempted by recompute
+keeps the state of the outputs it keeps. The sampler only reads it (``fill_bitmask``); to verify speculative
+proposals it advances it through the proposals it accepts and rolls it back before returning.
+
+xgrammar is imported on the first structured request: an engine that never sees one never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from minengine.sampling_params import StructuredOutputsParams
+
+_CPP_PREFIX = re.compile(r"\[[^\]]*\]\s*\S+:\d+:\s*")  # "[22:31:55] /project/cpp/x.cc:83: " before xgrammar's text
+
+
+def _clean(exc: Exception) -> str:
+    """xgrammar's error text without the C++ source location."""
+    text = _CPP_PREFIX.sub("", str(exc)).strip()
+    return text.replace("Check failed: ", "").splitlines()[0] if text else type(exc).__name__
+
+
+def _ebnf_literal(text: str) -> str:
+    """``text`` as an EBNF string literal (quotes, backslashes and control characters escaped)."""
+    out = []
+    for ch in text:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\r":
+            out.append("\\r")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ord(ch) < 0x20:
+            out.append(f"\\x{ord(ch):02x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """The EBNF grammar whose strings are exactly ``choices`` (vLLM's ``choice_as_grammar``)."""
+    return "root ::= " + " | ".join(_ebnf_literal(c) for c in choices)
+
+
+def close_additional_properties(schema):
+    """A copy of ``schema`` with ``additionalProperties: false`` on every object schema that leaves it unset
+    (``disable_additional_properties``)."""
+    if isinstance(schema, list):
+        return [close_additional_properties(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: close_additional_properties(v) for k, v in schema.items()}
+    if (out.get("type") == "object" or "properties" in out) and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def load_json_schema(value: str | dict) -> dict:
+    """The schema of ``structured_outputs.json`` as a dict, checked against its JSON Schema meta-schema
+    (``jsonschema``).
+
+    Raises:
+        ValueError: naming ``structured_outputs.json``: not JSON, not an object / boolean, or not a valid schema.
+    """
+    import jsonschema
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structured_outputs.json is not valid JSON: {exc}") from None
+    if not isinstance(value, (dict, bool)):
+        raise ValueError(f"structured_outputs.json must be a JSON schema object, got {value!r}")
+    try:
+        jsonschema.validators.validator_for(value).check_schema(value)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the root"
+        raise ValueError(f"structured_outputs.json is not a valid JSON schema (at {where}): {exc.message}") from None
+    return value if isinstance(value, dict) else ({} if value else {"not": {}})
+
+
+class StructuredOutputManager:
+    """One engine's grammar compiler: xgrammar's ``TokenizerInfo`` of the tokenizer and a ``GrammarCompiler``
+    (which caches compiled grammars by their source), both built on the first structured request.
+
+    Args:
+        tokenizer: the engine's Hugging Face tokenizer (structured outputs need one).
+        vocab_size: the model's logits width (the bitmask covers it; ids the tokenizer lacks are never allowed).
+        eos_token_id: the token that ends a complete output (the grammar's stop token); None = the tokenizer's.
+
+    Raises:
+        ValueError: (from ``new_request``) no tokenizer, or a constraint xgrammar cannot compile, naming the
+            field (``structured_outputs.json`` / ``.regex`` / ...).
+    """
+
+    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self._compiler = None
+
+    @property
+    def compiler(self):
+        if self._compiler is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a tokenizer (the model has none): the grammar is "
+                                 "compiled against the tokenizer's vocabulary")
+            import xgrammar as xgr
+
+            stop = [self.eos_token_id] if self.eos_token_id is not None else None
+            try:
+                info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=stop)
+            except Exception as exc:  # a tokenizer xgrammar cannot read (its errors are RuntimeError/ValueError)
+                raise ValueError(f"structured_outputs: the tokenizer cannot be used by xgrammar: {_clean(exc)}") \
+                    from None
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
+
+    def compile(self, so: StructuredOutputsParams):
+        """The xgrammar ``CompiledGrammar`` of a constraint (cached by the compiler).
+
+        Raises:
+            ValueError: naming the field, when xgrammar rejects the constraint or the schema is invalid.
+        """
+        compiler = self.compiler
+        kind = so.kind
+        if so.whitespace_pattern is not None:
+            raise ValueError("structured_outputs.whitespace_pattern is not supported by the xgrammar backend "
+                             "(as in vLLM); use disable_any_whitespace")
+        try:
+            if kind == "json":
+                schema = load_json_schema(so.json)
+                if so.disable_additional_properties:
+                    schema = close_additional_properties(schema)
+                return compiler.compile_json_schema(json.dumps(schema), any_whitespace=not so.disable_any_whitespace)
+            if kind == "json_object":
+                return compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return compiler.compile_regex(so.regex)
+            if kind == "choice":
+                return compiler.compile_grammar(choice_grammar(so.choice))
+            if kind == "grammar":
+                return compiler.compile_grammar(so.grammar)
+            return self._compile_structural_tag(so.structural_tag)
+        except ValueError:
+            raise
+        except Exception as exc:  # xgrammar reports parse errors as RuntimeError (C++ exceptions)
+            raise ValueError(f"structured_outputs.{kind} cannot be compiled: {_clean(exc)}") from None
+
+    def _compile_structural_tag(self, text: str):
+        """vLLM's two structural-tag formats: ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``
+        (the older one) or xgrammar's ``StructuralTag`` JSON."""
+        import xgrammar as xgr
+
+        try:
+            tag = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"structured_outputs.structural_tag is not valid JSON: {exc}") from None
+        if isinstance(tag, dict) and "structures" in tag:
+            items = [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+                     for s in tag["structures"]]
+            return self.compiler.compile_structural_tag(items, tag.get("triggers", []))
+        return self.compiler.compile_structural_tag(text)
+
+    def new_request(self, so: StructuredOutputsParams) -> StructuredOutputRequest:
+        """A fresh grammar state for one request (each of ``n`` children gets its own)."""
+        import xgrammar as xgr
+
+        return StructuredOutputRequest(xgr.GrammarMatcher(self.compile(so)), self.vocab_size)
+
+
+class StructuredOutputRequest:
+    """One request's grammar state (an xgrammar ``GrammarMatcher``) after its committed output tokens.
+
+    Args:
+        matcher: the matcher, at the start of the output.
+        vocab_size: the logits width V (bits past the tokenizer's vocabulary are never set).
+    """
+
+    __slots__ = ("matcher", "vocab_size", "num_accepted")
+
+    def __init__(self, matcher, vocab_size: int):
+        self.matcher = matcher
+        self.vocab_size = vocab_size
+        self.num_accepted = 0
+
+    # ---- the scheduler's side: committed tokens --------------------------------------------------------------
+    def accept_token(self, token: int) -> bool:
+        """Advance by one committed output token; False (state unchanged) when the grammar rejects it."""
+        ok = self.matcher.accept_token(token)
+        self.num_accepted += ok
+        return ok
+
+    def is_terminated(self) -> bool:
+        """True once the grammar accepted its stop token: the output is complete and the request stops."""
+        return self.matcher.is_terminated()
+
+    # ---- the sampler's side ----------------------------------------------------------------------------------
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        """Write the next-token mask of the current state into ``bitmask[row]`` ([R, ceil(V / 32)] int32, bit
+        ``t % 32`` of word ``t // 32`` set when token t is allowed)."""
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def speculate(self, token: int) -> bool:
+        """Advance through a proposal the sampler accepted while verifying (undone by ``rollback``)."""
+        return self.matcher.accept_token(token)
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last ``num_tokens`` speculative advances."""
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
+
+
+def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
+    """An all-allowed bitmask: [rows, ceil(V / 32)] int32 of -1 (every bit set)."""
+    return torch.full((rows, -(-vocab_size // 32)), -1, dtype=torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:
+    """Set to -inf, in place, the logits of the tokens whose bit is clear: ``logits[rows[i]]`` by
+    ``bitmask[i]`` (xgrammar's CPU kernel). logits: [R, V] float32; bitmask: [len(rows), ceil(V / 32)] int32."""
+    import xgrammar as xgr
+
+    if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
+        xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=logits.shape[1])
+        return
+    full = new_bitmask(logits.shape[0], logits.shape[1])
+    full[rows] = bitmask
+    xgr.apply_token_bitmask_inplace(logits, full, vocab_size=logits.shape[1], indices=list(rows))
+
+
+def allowed_count(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Allowed tokens per row of a bitmask ([R, W] int32 -> [R] int64), counting ids < ``vocab_size`` only."""
+    bits = torch.arange(32, dtype=torch.int32)
+    unpacked = (bitmask[:, :, None] >> bits) & 1  # [R, W, 32]
+    return unpacked.reshape(bitmask.shape[0], -1)[:, :vocab_size].sum(-1)
+
+
+# ---- teaching: what the mask costs, replayed after the fact ----------------------------------------------------
+@dataclass(frozen=True)
+class MaskStep:
+    """The mask before one output token.
+
+    Attributes:
+        index: the output position (0 = the first generated token).
+        num_allowed: tokens the mask allows; vocab_size: the logits width (their ratio is the allowed share).
+        fill_seconds: median wall seconds of ``fill_next_token_bitmask`` at this state over the repeats.
+    """
+
+    index: int
+    num_allowed: int
+    vocab_size: int
+    fill_seconds: float
+
+    @property
+    def allowed_share(self) -> float:
+        return self.num_allowed / self.vocab_size
+
+
+@dataclass(frozen=True)
+class MaskProfile:
+    """``mask_profile``'s result: one ``MaskStep`` per output token, and how it was measured."""
+
+    steps: list[MaskStep]
+    repeats: int
+    torch_threads: int
+    load_average: tuple[float, float, float]
+
+
+def mask_profile(manager: StructuredOutputManager, so: StructuredOutputsParams, output_token_ids: list[int],
+                 repeats: int = 7) -> MaskProfile:
+    """Replay a finished request's output through a fresh grammar state and measure, before each token, how
+    many tokens the mask allows and how long filling it takes (the engine itself never reads a clock for this).
+
+    Timing: one untimed fill (warm-up) then ``repeats`` timed fills of the same state, median; xgrammar fills on
+    the calling thread and torch is pinned to 1 thread for the call; the 1/5/15-minute load average is recorded.
+
+    Raises:
+        ValueError: the constraint cannot be compiled, or ``output_token_ids`` is not a valid output of it.
+    """
+    import os
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        state = manager.new_request(so)
+        bitmask = new_bitmask(1, manager.vocab_size)
+        steps = []
+        for i, token in enumerate(output_token_ids):
+            if state.is_terminated():
+                break
+            state.fill_bitmask(bitmask)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                state.fill_bitmask(bitmask)
+                times.append(time.perf_counter() - t0)
+            steps.append(MaskStep(i, int(allowed_count(bitmask, manager.vocab_size)[0]), manager.vocab_size,
+                                  statistics.median(times)))
+            if not state.accept_token(token):
+                raise ValueError(f"output_token_ids[{i}] ({token}) is not allowed by the constraint")
+        return MaskProfile(steps, repeats, 1, os.getloadavg())
+    finally:
+        torch.set_num_threads(threads)
