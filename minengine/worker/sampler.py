@@ -250,7 +250,8 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, requests: list[ScheduledRequest]) -> list[list[int]]:
         """logits: [R, V] float32, ``num_sampled`` rows per request (one, or k + 1 with k proposals), in
-        ``requests`` order -> per request the tokens it gets this step (1 to k + 1)."""
+        ``requests`` order -> per request the tokens it gets this step (1 to k + 1). The rows of
+        structured-output requests are masked in place (float32 CPU logits are not copied first)."""
         logits = logits.float().cpu()
         # Custom logits processors edit a copy: raw logprobs are read from ``logits`` (as vLLM's).
         work = logits if self.logits_processors is None else self.logits_processors.apply(logits.clone(), requests)

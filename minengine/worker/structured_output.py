@@ -158,6 +158,8 @@ class StructuredOutputManager:
             if kind == "json_object":
                 return compiler.compile_builtin_json_grammar()
             if kind == "regex":
+                if "\x00" in so.regex:  # vLLM rejects it early too: no backend handles a NUL in a pattern
+                    raise ValueError("structured_outputs.regex must not contain a NUL character")
                 return compiler.compile_regex(so.regex)
             if kind == "choice":
                 return compiler.compile_grammar(choice_grammar(so.choice))
