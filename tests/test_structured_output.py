@@ -416,3 +416,50 @@ def test_mask_profile_counts_the_allowed_share(llm):
     assert prof.steps[-1].num_allowed == 1  # the complete choice leaves only EOS
     fig = mask_figure(prof)
     assert len(fig.data) == 2
+
+
+# ---- the OpenAI server: response_format and structured_outputs ----------------------------------------------
+def test_server_response_format_and_structured_outputs(bundled_model):
+    import httpx
+
+    from tests.server_helpers import running_server
+
+    schema = {"type": "object", "properties": {"who": {"enum": ["ROMEO", "JULIET"]}}, "required": ["who"],
+              "additionalProperties": False}
+    chat = [{"role": "user", "content": "Who?"}]
+    with running_server(bundled_model) as server:
+        def post(path, body):
+            return httpx.post(server.url + path, json=body, timeout=60.0)
+
+        r = post("/v1/chat/completions", {"messages": chat, "temperature": 0, "max_tokens": 60, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "who", "schema": schema}},
+            "logit_bias": {"2": 100, "26": 100, "93": 100}})  # '"', ':', '}' over free whitespace
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(choice["message"]["content"]), schema)
+        r = post("/v1/completions", {"prompt": "ROMEO:", "max_tokens": 10, "temperature": 0.8, "n": 2,
+                                     "structured_outputs": {"choice": ["aye", "nay"]}})
+        assert r.status_code == 200, r.text
+        assert {c["text"] for c in r.json()["choices"]} <= {"aye", "nay"}
+        r = post("/v1/completions", {"prompt": "ROMEO:", "max_tokens": 10, "temperature": 0,
+                                     "response_format": {"type": "json_object"}, "logit_bias": {"93": 5}})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "length" or isinstance(json.loads(choice["text"]), (dict, list))
+        for body, field in [
+            ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "response_format"),
+            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "required": "who"}}}}, "response_format"),
+            ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+            ({"response_format": {"type": "yaml"}}, "response_format"),
+            ({"structured_outputs": {"regex": "[a-"}}, "structured_outputs.regex"),
+            ({"structured_outputs": {"json": {}, "regex": "a"}}, "structured_outputs"),
+            ({"logit_bias": {"99999": 1}}, "logit_bias"),
+            ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+        ]:
+            r = post("/v1/chat/completions", {"messages": chat, "max_tokens": 4, **body})
+            assert r.status_code == 400, (body, r.text)
+            assert r.json()["error"]["param"] == field, (body, r.json())
+        server.wait_idle()
+        assert server.engine.kv_cache_manager.num_free_blocks == server.engine.num_kv_blocks

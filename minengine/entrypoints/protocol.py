@@ -99,7 +99,7 @@ class _SamplingFields(BaseModel):
                 a json_schema without its schema, or a malformed structured_outputs object.
         """
         rf, so = self.response_format, self.structured_outputs
-        kind = (rf or {}).get("type", "text") if isinstance(rf, dict) else rf
+        kind = "text" if rf is None else rf.get("type", "text")
         if so is not None and kind != "text":
             raise OpenAIError("give response_format or structured_outputs, not both: each sets the output's "
                               "constraint", param="response_format")
