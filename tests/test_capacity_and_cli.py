@@ -125,7 +125,7 @@ def test_engine_flags_are_generated_from_engine_config():
     config = cli._config(a)
     defaults = EngineConfig()
     for f in dataclasses.fields(EngineConfig):
-        if f.name not in ("extra", "output_length_predictor"):  # objects, not command-line settings
+        if f.name not in ("extra", "output_length_predictor", "logits_processors"):  # objects, not CLI settings
             assert getattr(config, f.name) == getattr(defaults, f.name), f.name  # the defaults cannot drift
     a = p.parse_args(["--no-chunked-prefill", "--max-num-batched-tokens", "4096", "--no-enable-prefix-caching",
                       "--num-cpu-threads", "none", "--scheduling-policy", "priority", "--prefill-decode-ratio", "2.5"])
@@ -146,7 +146,7 @@ def test_help_shows_every_default_once(command):
             continue
         assert entry.count("(default") == 1, entry  # every option shows its default, exactly once
     for f in dataclasses.fields(EngineConfig):
-        if f.name not in ("extra", "output_length_predictor"):  # objects, not command-line settings
+        if f.name not in ("extra", "output_length_predictor", "logits_processors"):  # objects, not CLI settings
             assert "--" + f.name.replace("_", "-") in text, f.name
     assert "(default: 2048)" in text and "(default: 64)" in text  # EngineConfig's budget and slots
 

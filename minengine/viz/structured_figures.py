@@ -22,7 +22,7 @@ def mask_figure(profile, title: str = "The grammar mask, token by token", labels
     hover = labels if labels is not None else [""] * len(steps)
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
                         subplot_titles=("allowed tokens / vocabulary",
-                                        f"mask fill time (median of {profile.repeats}, 1 thread)"))
+                                        f"mask fill time (median of {profile.repeats} replays, 1 thread)"))
     fig.add_trace(go.Bar(x=x, y=[s.allowed_share for s in steps], name="allowed share",
                          customdata=[[s.num_allowed, s.vocab_size, h] for s, h in zip(steps, hover)],
                          hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} tokens allowed"

@@ -203,10 +203,12 @@ def _masked_row(work: torch.Tensor, raw: torch.Tensor, row: int, so, bitmask: to
     from minengine.worker.structured_output import apply_bitmask
 
     so.fill_bitmask(bitmask, 0)
+    if not bool(bitmask.any()):
+        return False
     apply_bitmask(work[row:row + 1], bitmask, [0])
     if raw is not work:
         apply_bitmask(raw[row:row + 1], bitmask, [0])
-    return bool(torch.isfinite(work[row]).any())
+    return True
 
 
 class Sampler:

@@ -119,6 +119,7 @@ class StructuredOutputManager:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self._compiler = None
+        self._checked_schemas: dict[str, str] = {}  # JSON text -> the text xgrammar compiles (checked once)
 
     @property
     def compiler(self):
@@ -151,10 +152,17 @@ class StructuredOutputManager:
                              "(as in vLLM); use disable_any_whitespace")
         try:
             if kind == "json":
-                schema = load_json_schema(so.json)
-                if so.disable_additional_properties:
-                    schema = close_additional_properties(schema)
-                return compiler.compile_json_schema(json.dumps(schema), any_whitespace=not so.disable_any_whitespace)
+                key = f"{so.disable_additional_properties}:" + (so.json if isinstance(so.json, str) else
+                                                                 json.dumps(so.json, sort_keys=True))
+                text = self._checked_schemas.get(key)
+                if text is None:  # the meta-schema check once per distinct schema (n > 1, repeated requests)
+                    schema = load_json_schema(so.json)
+                    if so.disable_additional_properties:
+                        schema = close_additional_properties(schema)
+                    text = json.dumps(schema)
+                    if len(self._checked_schemas) < 1024:
+                        self._checked_schemas[key] = text
+                return compiler.compile_json_schema(text, any_whitespace=not so.disable_any_whitespace)
             if kind == "json_object":
                 return compiler.compile_builtin_json_grammar()
             if kind == "regex":
@@ -268,7 +276,7 @@ class MaskStep:
     Attributes:
         index: the output position (0 = the first generated token).
         num_allowed: tokens the mask allows; vocab_size: the logits width (their ratio is the allowed share).
-        fill_seconds: median wall seconds of ``fill_next_token_bitmask`` at this state over the repeats.
+        fill_seconds: median wall seconds of the first ``fill_next_token_bitmask`` at this state over the replays.
     """
 
     index: int
@@ -293,11 +301,13 @@ class MaskProfile:
 
 def mask_profile(manager: StructuredOutputManager, so: StructuredOutputsParams, output_token_ids: list[int],
                  repeats: int = 7) -> MaskProfile:
-    """Replay a finished request's output through a fresh grammar state and measure, before each token, how
-    many tokens the mask allows and how long filling it takes (the engine itself never reads a clock for this).
+    """Replay a finished request's output through fresh grammar states and measure, before each token, how many
+    tokens the mask allows and how long filling it takes (the engine itself never reads a clock for this).
 
-    Timing: one untimed fill (warm-up) then ``repeats`` timed fills of the same state, median; xgrammar fills on
-    the calling thread and torch is pinned to 1 thread for the call; the 1/5/15-minute load average is recorded.
+    Timing: xgrammar computes a state's mask at its first fill and serves repeated fills of the same state from a
+    cache, so each of the ``repeats`` replays builds a fresh matcher and times the first fill at every position;
+    the median over the replays is kept (after one untimed replay as warm-up). xgrammar fills on the calling
+    thread; torch is pinned to 1 thread for the call; the 1/5/15-minute load average is recorded.
 
     Raises:
         ValueError: the constraint cannot be compiled, or ``output_token_ids`` is not a valid output of it.
@@ -307,22 +317,26 @@ def mask_profile(manager: StructuredOutputManager, so: StructuredOutputsParams, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        state = manager.new_request(so)
         bitmask = new_bitmask(1, manager.vocab_size)
-        steps = []
-        for i, token in enumerate(output_token_ids):
-            if state.is_terminated():
-                break
-            state.fill_bitmask(bitmask)
-            times = []
-            for _ in range(repeats):
+        times: list[list[float]] = []
+        counts: list[int] = []
+        for replay in range(repeats + 1):
+            state = manager.new_request(so)
+            for i, token in enumerate(output_token_ids):
+                if state.is_terminated():
+                    break
                 t0 = time.perf_counter()
                 state.fill_bitmask(bitmask)
-                times.append(time.perf_counter() - t0)
-            steps.append(MaskStep(i, int(allowed_count(bitmask, manager.vocab_size)[0]), manager.vocab_size,
-                                  statistics.median(times)))
-            if not state.accept_token(token):
-                raise ValueError(f"output_token_ids[{i}] ({token}) is not allowed by the constraint")
+                dt = time.perf_counter() - t0
+                if replay == 0:
+                    counts.append(int(allowed_count(bitmask, manager.vocab_size)[0]))
+                    times.append([])
+                else:
+                    times[i].append(dt)
+                if not state.accept_token(token):
+                    raise ValueError(f"output_token_ids[{i}] ({token}) is not allowed by the constraint")
+        steps = [MaskStep(i, n, manager.vocab_size, statistics.median(t))
+                 for i, (n, t) in enumerate(zip(counts, times))]
         return MaskProfile(steps, repeats, 1, os.getloadavg())
     finally:
         torch.set_num_threads(threads)

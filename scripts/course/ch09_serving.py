@@ -355,8 +355,9 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     lives on the request next to its output tokens and moves only when a step commits: a failed step never moved it,
     a preempted request keeps it. Below, the same server answers with a choice, then one request is replayed in this
     process to see the mask at every position: how much of the 2,048-token vocabulary it leaves, and what filling it
-    cost (wall time of this machine, median of 7 fills of the same state, torch pinned to 1 thread; the load average
-    is in the title).
+    cost (wall time of this machine: xgrammar computes a state's mask at its first fill, so the output is replayed 7
+    times through fresh states and the median first fill is kept, torch pinned to 1 thread; the load average is in
+    the title).
     """),
     conclusion("""
     import json
