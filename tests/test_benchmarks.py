@@ -87,3 +87,13 @@ def test_predictive_benchmark_tiny(tmp_path):
     assert result["errors"][0]["mae"] < result["errors"][1]["mae"]  # learned beats the constant
     saved = json.loads((tmp_path / "predictive.json").read_text())
     assert len(saved["sample"]["true"]) == len(saved["sample"]["learned"]) > 0
+
+
+def test_structured_output_benchmark_tiny(tmp_path):
+    from benchmarks import structured_output
+
+    result = structured_output.main(["--base", "HEAD", "--repeats", "1", "--requests", "4", "--new-tokens", "8",
+                                     "--out", str(tmp_path)])
+    assert all(len(v) == 1 and v[0] > 0 for v in result["tokens_per_cpu_s"].values())
+    assert result["head_over_base"] > 0 and result["mask_fill_us_median"] > 0
+    assert json.loads((tmp_path / "structured_output.json").read_text())["base"] == "HEAD"
