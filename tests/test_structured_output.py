@@ -257,7 +257,7 @@ def test_allowed_token_ids_logit_bias_and_bad_words(llm):
     assert outs[1].outputs[0].token_ids == [allowed[1]] * 5
     plain, banned = outs[3].outputs[0], outs[2].outputs[0]
     assert "the" in plain.text.lower()  # the ban below is not vacuous
-    words = llm.llm_engine._bad_words_token_ids(["thee", "the"])
+    words = llm.llm_engine.input_processor._bad_words_token_ids(["thee", "the"])
     ids = banned.token_ids
     assert not any(tuple(ids[i:i + len(w)]) == w for w in words for i in range(len(ids)))
 
