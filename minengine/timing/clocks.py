@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from minengine.timing.cost_model import StepCost, StepCostModel
+from minengine.timing.engine_profile import EngineProfile, get_engine
 from minengine.timing.hardware import Hardware, get_hardware
 from minengine.timing.model_shape import ModelShape, get_model_shape
 
@@ -275,9 +276,11 @@ class ClockSpec:
             target shape (``shape_for_engine``: fp8 KV is 1 byte per element, int8 weights 1 byte per weight);
             "modelled" only.
         step_time_scale: factor on measured durations; "cpu" / "perf" only.
+        engine: the engine whose host overhead the modelled clock charges ("vllm", "cuda-graph", "none" or an
+            ``EngineProfile``); ``None`` = the hardware's default ("vllm" on the GPU presets); "modelled" only.
 
     Raises:
-        ValueError: unknown ``kind``, hardware or model shape.
+        ValueError: unknown ``kind``, hardware, model shape or engine.
     """
 
     kind: str = "modelled"
@@ -288,17 +291,20 @@ class ClockSpec:
     step_time_scale: float = 1.0
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    engine: str | EngineProfile | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in CLOCK_KINDS:
             raise ValueError(f"clock kind must be one of {CLOCK_KINDS}, got {self.kind!r}")
         if self.kind == "modelled":  # fail early on unknown names
             get_hardware(self.hardware), shape_for_engine(self.model, self.kv_cache_dtype, self.quantization)
+            if self.engine is not None:
+                get_engine(self.engine)
 
     def cost_model(self) -> StepCostModel:
         """The ``StepCostModel`` of a "modelled" spec."""
         shape = shape_for_engine(self.model, self.kv_cache_dtype, self.quantization)
-        return StepCostModel(self.hardware, shape, tp=self.tp, block_size=self.block_size)
+        return StepCostModel(self.hardware, shape, tp=self.tp, block_size=self.block_size, engine=self.engine)
 
     def make(self) -> Clock:
         """A new clock of this kind, at time 0."""

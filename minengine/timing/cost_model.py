@@ -1,34 +1,39 @@
-"""StepCostModel: how long one engine step takes on a named hardware for a named model shape (a roofline).
+"""StepCostModel: how long one engine step takes on a named hardware for a named model shape.
 
 A step computes, for every scheduled request, ``num_new_tokens`` tokens against ``context_len`` tokens already in
-the KV cache, and runs the LM head and the sampler for ``num_sampled`` rows. From that alone (no tensors):
+the KV cache, and runs the LM head and the sampler for ``num_sampled`` rows. From that alone (no tensors), per
+GPU with ``tp``-way tensor parallelism, ``T`` new tokens, ``S`` sampled rows, ``L`` layers:
 
-    FLOPs = 2 x layer params x tokens                                   (every linear layer, all new tokens)
-          + sum over requests of 4 x layers x num_heads x head_dim x causal pairs    (QK^T and PV)
-          + 2 x vocab x hidden x sampled rows                           (LM head, sampling rows only)
-    bytes = layer weights (read once per step, shared by the whole batch; ``weight_dtype_bytes`` each)
-          + LM head weights (when any row samples)
-          + sum over requests of (context_len + num_new_tokens) x KV bytes per token   (attention reads K/V)
-          + new tokens x KV bytes per token                             (K/V written)
-          + embedding rows of the new tokens
+    GEMMs (per layer)   FLOPs 2 x T x W,  bytes W x ``layer_weight_dtype_bytes`` + T x (K + N summed) x 2
+                        (W = the layer's GEMM weights on one GPU: ``ModelShape.linear_shapes(tp)``)
+    attention (layer)   FLOPs 4 x heads / tp x head_dim x causal pairs,  bytes (context + 2 x new) x K/V bytes
+    other kernels       bytes T x ``ModelShape.elementwise_bytes_per_token(tp)`` (norms, rotary, activation, add)
+    LM head             FLOPs 2 x S x vocab x hidden / tp, bytes its weights + activations (when a row samples)
+    embedding, norm     bytes 4 x T x hidden x 2
 
-    t = max(FLOPs / (peak x MFU), bytes / (bandwidth x MBU)) + all-reduces + swaps + overhead
+Each kernel group runs at a soft roofline: ``(c^k + m^k)^(1/k) + floor`` with ``c`` = FLOPs over the peak times
+the group's efficiency (GEMMs: ``e(T) = mfu x T / (T + gemm_half_tokens)``; attention: ``attention_efficiency``
+of the 16-bit peak) and ``m`` = bytes over the bandwidth times its efficiency; the groups run one after another,
+so their times add (``combine="soft"``, the fitted GPU presets: ``minengine.timing.profile_fit`` fits ``k``, the
+efficiencies and the floors on Vidur's kernel profiles). ``combine="max"`` is the classic whole-step roofline
+``max(total compute, total memory)``, ``"sum"`` adds them (a fitted CPU). Then
+
+    t = device time + all-reduces + swaps + engine overhead (``EngineProfile``: per step + per request)
 
 Causal pairs of a chunk: new token i (0-based) attends to ``context_len + i + 1`` keys, so a chunk of ``n`` new
 tokens after ``c`` cached ones has ``n x c + n (n + 1) / 2`` query-key pairs. Decode (n = 1) is memory-bound at
 small batches because the weights are read for a handful of tokens; a long prefill is compute-bound. This is the
 roofline analysis of LLM inference in e.g. Pope et al., "Efficiently Scaling Transformer Inference" (MLSys 2023),
-and the prefill/decode split that Sarathi-Serve (Agrawal et al., OSDI 2024) schedules around.
+and the prefill/decode split that Sarathi-Serve (Agrawal et al., OSDI 2024) schedules around; pricing each
+operator from profiles is Vidur's method (Agrawal et al., MLSys 2024).
 
-Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) over ``tp`` GPUs splits FLOPs, weight bytes and KV heads
-by ``tp`` and adds two all-reduces per layer (after attention and after the MLP) of ``tokens x hidden``
-activations, each ``latency + 2 (tp - 1) / tp x bytes / (link bandwidth x efficiency)`` (ring all-reduce), not
-overlapped with compute (as in vLLM). Swapping KV blocks (``blocks_to_swap_out/in``) moves
-``blocks x block_size x KV bytes per token / tp`` bytes over the host link (PCIe) per GPU.
-
-Activations other than the KV cache are not counted: at the sizes that matter they stay in on-chip memory
-(fused kernels) or are small next to the weights. Attention kernels reach lower MFU than GEMMs; one ``mfu``
-for the whole step is the simplification the validation table measures.
+Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) over ``tp`` GPUs splits FLOPs, weights and KV heads by
+``tp`` (KV heads are replicated when fewer than ``tp``) and adds two all-reduces per layer (after the attention
+output and the MLP down projections) of ``T x hidden`` activations, each ``latency + 2 (tp - 1) / tp x bytes /
+bus bandwidth`` (ring), not overlapped with compute (as in vLLM), plus one all-gather of the sampled rows'
+logits (vocabulary-parallel LM head). ``StepCostModel.allreduce_count_and_bytes`` says what a step charges.
+Swapping KV blocks (``blocks_to_swap_out/in``) moves ``blocks x block_size x KV bytes per token / tp`` bytes
+over the host link (PCIe) per GPU.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from minengine.timing.engine_profile import EngineProfile, get_engine
 from minengine.timing.hardware import Hardware, get_hardware
 from minengine.timing.model_shape import ModelShape, get_model_shape
 
@@ -134,18 +140,22 @@ class StepCost:
     """The modelled duration of one step and why. Seconds, FLOPs and bytes are per GPU (after the TP split).
 
     Attributes:
-        time_s: the step's duration: ``combine(compute, memory) + communication + swap + overhead``.
-        compute_time_s: ``flops / (peak x mfu)``.
-        memory_time_s: ``bytes / (bandwidth x mbu)``.
-        communication_time_s: tensor-parallel all-reduces (0 with ``tp == 1``).
+        time_s: the step's duration: device time + communication + swap + overhead.
+        compute_time_s: FLOPs over the effective peaks, summed over kernel groups (the compute roof alone).
+        memory_time_s: bytes over the effective bandwidths, summed over kernel groups (the memory roof alone).
+        communication_time_s: tensor-parallel all-reduces and the logits all-gather (0 with ``tp == 1``).
         swap_time_s: KV blocks over the host link.
-        overhead_s: fixed per-step plus per-request overhead.
+        overhead_s: the engine's (and a fitted CPU's) per-step plus per-request host time.
         flops: FLOPs per GPU; ``linear_flops + attention_flops + lm_head_flops``.
-        bytes: device-memory bytes per GPU; ``weight_bytes + kv_bytes + other_bytes``.
-        communication_bytes: bytes each GPU sends in all-reduces.
+        bytes: device-memory bytes per GPU; ``weight_bytes + kv_bytes + other_bytes`` (other: activations in
+            and out of the GEMMs, the norm / rotary / activation / residual kernels, embedding rows).
+        communication_bytes: bytes each GPU sends in all-reduces and the logits all-gather.
         bound: "compute", "memory" or "communication": the largest of the three times (what a figure
             names as the reason), "idle" for an empty step.
         num_tokens, num_requests, num_sampled: the step's size.
+        linear_time_s, attention_time_s, elementwise_time_s, lm_head_time_s: the device time by kernel group
+            (elementwise includes the embedding and final norm); they add up to the device time.
+        num_allreduces, allreduce_bytes: all-reduces charged and the sum of their message sizes (bytes).
     """
 
     time_s: float
@@ -167,6 +177,17 @@ class StepCost:
     weight_bytes: float = 0.0
     kv_bytes: float = 0.0
     other_bytes: float = 0.0
+    linear_time_s: float = 0.0
+    attention_time_s: float = 0.0
+    elementwise_time_s: float = 0.0
+    lm_head_time_s: float = 0.0
+    num_allreduces: int = 0
+    allreduce_bytes: int = 0
+
+    @property
+    def device_time_s(self) -> float:
+        """Kernel time on the GPU: ``time_s`` minus communication, swap and host overhead."""
+        return self.linear_time_s + self.attention_time_s + self.elementwise_time_s + self.lm_head_time_s
 
     @property
     def arithmetic_intensity(self) -> float:
@@ -178,14 +199,16 @@ class StepCost:
 
 
 class StepCostModel:
-    """The roofline cost of engine steps on ``hardware`` for ``shape`` with ``tp``-way tensor parallelism.
+    """The cost of engine steps on ``hardware`` for ``shape`` with ``tp``-way tensor parallelism, run by ``engine``.
 
     Args:
         hardware: a ``Hardware`` or a preset name ("h100", "h200", "a100", "l4", "rtx4090", "cpu").
-        shape: a ``ModelShape``, a preset name ("llama-3-8b", "qwen2.5-7b", "llama-3-70b", "bundled") or a
-            checkpoint path.
+        shape: a ``ModelShape``, a preset name ("llama-3-8b", "qwen2.5-7b", "llama-3-70b", "llama-2-7b",
+            "llama-2-70b", "bundled") or a checkpoint path.
         tp: tensor-parallel degree (1, 2, 4, 8...): FLOPs, weights and KV heads split over ``tp`` GPUs.
         block_size: tokens per KV block, to cost swapped blocks.
+        engine: an ``EngineProfile`` or its name ("vllm", "cuda-graph", "none"); ``None`` = the hardware's
+            ``default_engine`` ("vllm" for the GPU presets, "none" for the fitted CPU).
 
     Raises:
         ValueError: unknown presets, ``tp`` or ``block_size`` not a positive integer.
@@ -193,39 +216,59 @@ class StepCostModel:
     Example: ``StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(8000, 0, 1)] + [(1, 1000, 1)] * 10))``.
     """
 
-    def __init__(self, hardware: Hardware | str, shape: ModelShape | str, tp: int = 1, block_size: int = 16):
+    def __init__(self, hardware: Hardware | str, shape: ModelShape | str, tp: int = 1, block_size: int = 16,
+                 engine: EngineProfile | str | None = None):
         for name, v in (("tp", tp), ("block_size", block_size)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.hardware = get_hardware(hardware)
         self.shape = get_model_shape(shape)
+        self.engine = get_engine(self.hardware.default_engine if engine is None else engine)
         self.tp = tp
         self.block_size = block_size
-        # Per-step constants (a fleet simulation costs millions of steps): the same expressions as in ``_cost``'s
-        # docstring formulas, evaluated once, in the same order, so the floats are bit-identical.
-        hw, m = self.hardware, self.shape
+        # Per-step constants (a fleet simulation costs millions of steps), evaluated once.
+        hw, m, eng = self.hardware, self.shape, self.engine
         kv_heads_per_gpu = -(-m.num_kv_heads // tp)  # KV heads are replicated when fewer than tp
         self._kv_share = kv_heads_per_gpu / m.num_kv_heads
-        self._num_layer_params = m.num_layer_params
-        self._lm_head_params = m.lm_head_params
-        self._layer_weight_bytes = m.layer_weight_dtype_bytes  # weight-only int8: 1; the LM head keeps dtype_bytes
-        self._linear_flops_per_token = 2.0 * m.num_layer_params
-        self._attention_flops_per_pair = 4.0 * m.num_layers * m.q_size
-        self._lm_head_flops_per_row = 2.0 * m.lm_head_params
-        self._kv_bytes_per_token = m.kv_bytes_per_token
-        self._embedding_bytes_per_token = m.hidden_size * m.dtype_bytes
-        self._compute_rate = hw.peak_flops_for(m.dtype_bytes) * hw.mfu
+        mats = m.linear_shapes(tp)
+        wb, ab = m.layer_weight_dtype_bytes, m.activation_bytes  # weight-only int8: 1; the LM head keeps dtype_bytes
+        self._layers = m.num_layers
+        self._gemm_params = float(sum(k * n for k, n in mats))  # one layer's GEMM weights on one GPU
+        self._gemm_act_bytes = float(sum(k + n for k, n in mats) * ab)  # activations in and out per token
+        self._gemm_weight_bytes = self._gemm_params * wb
+        self._lm_head_params = m.vocab_size * m.hidden_size / tp
+        self._lm_head_weight_bytes = self._lm_head_params * m.dtype_bytes
+        self._lm_head_act_bytes = (m.hidden_size + m.vocab_size / tp) * ab
+        self._attention_flops_per_pair = 4.0 * (m.num_heads // tp or 1) * m.head_dim  # per layer
+        self._kv_bytes_per_token = m.kv_bytes_per_token * self._kv_share  # all layers, this GPU's heads
+        self._elementwise_bytes_per_token = float(m.elementwise_bytes_per_token(tp))  # per layer
+        self._embedding_bytes_per_token = 4.0 * m.hidden_size * ab  # embedding rows + final norm, read and write
+        self._peak = hw.peak_flops_for(m.dtype_bytes)
+        self._peak16 = hw.peak_flops_16bit
+        fp8 = m.dtype_bytes == 1 and hw.peak_flops_8bit is not None
+        self._mfu, self._half = hw.mfu * (hw.fp8_gemm_factor if fp8 else 1.0), hw.gemm_half_tokens
         self._memory_rate = hw.memory_bandwidth * hw.mbu
+        self._elementwise_rate = hw.memory_bandwidth * (hw.elementwise_efficiency or hw.mbu)
+        self._attention_rate = self._peak16 * (hw.attention_efficiency or hw.mfu)
+        self._kv_rate = hw.memory_bandwidth * (hw.attention_mbu or hw.mbu)
+        self._k = float(hw.roofline_k)
         self._swap_block_bytes = self.block_size * m.kv_bytes_per_token
+        self._step_overhead = hw.step_overhead_s + eng.step_overhead_s
+        self._request_overhead = hw.per_request_overhead_s + eng.per_request_overhead_s
+        self._ring = 2 * (tp - 1) / tp
+        self._allreduce_rate = hw.allreduce_bandwidth
+        self._allreduce_message_per_token = m.hidden_size * ab
 
     @property
     def label(self) -> str:
-        """For figure titles: "modelled: H100 SXM, Llama-3-8B shapes" (+ ", TP 4")."""
+        """For figure titles: "modelled: H100 SXM, Llama-3-8B shapes" (+ ", TP 4"; + the engine when it is not
+        the hardware's default, e.g. ", cuda-graph engine")."""
         tp = f", TP {self.tp}" if self.tp > 1 else ""
-        return f"modelled: {self.hardware.name}, {self.shape.name} shapes{tp}"
+        eng = "" if self.engine == get_engine(self.hardware.default_engine) else f", {self.engine.name} engine"
+        return f"modelled: {self.hardware.name}, {self.shape.name} shapes{tp}{eng}"
 
     def __repr__(self) -> str:
-        return f"StepCostModel({self.hardware.name!r}, {self.shape.name!r}, tp={self.tp})"
+        return f"StepCostModel({self.hardware.name!r}, {self.shape.name!r}, tp={self.tp}, engine={self.engine.name!r})"
 
     def cost(self, work: StepWork | Sequence[RequestWork | tuple[int, ...]]) -> StepCost:
         """The modelled ``StepCost`` of one step (a ``StepWork``, or its requests as ``RequestWork``s / tuples).
@@ -254,53 +297,128 @@ class StepCostModel:
         return self._cost(tokens, sampled, len(scheduler_output.scheduled), pairs, context,
                           len(scheduler_output.blocks_to_swap_out) + len(scheduler_output.blocks_to_swap_in))
 
+    def cost_batch(self, batch: int, num_new_tokens: int, context_len: int = 0, num_sampled: int = 1) -> StepCost:
+        """The cost of a step of ``batch`` identical requests (each ``RequestWork(num_new_tokens, context_len,
+        num_sampled)``): the same numbers as ``cost([(num_new_tokens, context_len, num_sampled)] * batch)``,
+        without building ``batch`` request objects (static-batch benchmarks, capacity sweeps).
+
+        Raises:
+            ValueError: ``batch`` < 1; the request fields as ``RequestWork``.
+        """
+        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
+        r = RequestWork(num_new_tokens, context_len, num_sampled)
+        return self._cost(batch * r.num_new_tokens, batch * r.num_sampled, batch, batch * r.attention_pairs,
+                          batch * (r.context_len + r.num_new_tokens), 0)
+
+    def allreduce_count_and_bytes(self, work: StepWork | Sequence[RequestWork | tuple[int, ...]]) -> tuple[int, int]:
+        """The tensor-parallel all-reduces this model charges for one step: ``(count, total message bytes)``.
+
+        ``count`` is ``2 x num_layers`` (one after each row-parallel projection: attention output, MLP down) when
+        ``tp > 1`` and the step has tokens, else 0; every message is ``num_tokens x hidden_size x
+        activation_bytes`` (``ModelShape.activation_bytes``: the model's dtype, at least 2), so the total is
+        ``count x`` that. The logits all-gather of a vocabulary-parallel LM head is not an all-reduce and is not
+        counted here (it is in ``communication_time_s``). What an engine's real collectives per step must equal.
+        """
+        if not isinstance(work, StepWork):
+            work = StepWork.of(work)
+        tokens = work.num_tokens
+        if self.tp == 1 or not tokens:
+            return 0, 0
+        count = 2 * self._layers
+        return count, count * tokens * self._allreduce_message_per_token
+
+    def _soft(self, compute: float, memory: float) -> float:
+        k = self._k
+        if compute == 0.0 or memory == 0.0:
+            return compute + memory
+        return (compute ** k + memory ** k) ** (1.0 / k)
+
     def _cost(self, tokens: int, sampled: int, nreq: int, pairs: int, context: int, swap_blocks: int) -> StepCost:
         """The ``StepCost`` of a step of ``tokens`` new tokens over ``nreq`` requests, ``sampled`` LM-head rows,
         ``pairs`` causal query-key pairs, ``context`` = sum of (context before + new tokens) and ``swap_blocks``
         swapped KV blocks (the formulas in the module docstring)."""
-        hw, tp = self.hardware, self.tp
-        linear_flops = self._linear_flops_per_token * tokens / tp
-        attention_flops = self._attention_flops_per_pair * pairs / tp
-        lm_head_flops = self._lm_head_flops_per_row * sampled / tp
-        flops = linear_flops + attention_flops + lm_head_flops
-
-        weight_bytes = (self._num_layer_params * self._layer_weight_bytes
-                        + (self._lm_head_params * self.shape.dtype_bytes if sampled else 0)) / tp
-        kv_bytes = (context + tokens) * self._kv_bytes_per_token * self._kv_share
-        other_bytes = tokens * self._embedding_bytes_per_token  # embedding rows (replicated)
-        nbytes = weight_bytes + kv_bytes + other_bytes if tokens else 0.0
-
-        compute = flops / self._compute_rate
-        memory = nbytes / self._memory_rate
-        comm, comm_bytes = self._allreduce_time(tokens, sampled)
+        hw, L = self.hardware, self._layers
+        if tokens:
+            eff = self._mfu * tokens / (tokens + self._half) if self._half else self._mfu
+            g_c = 2.0 * tokens * self._gemm_params / (self._peak * eff)  # one layer
+            g_m = (self._gemm_weight_bytes + tokens * self._gemm_act_bytes) / self._memory_rate
+            e_m = tokens * self._elementwise_bytes_per_token / self._elementwise_rate
+            a_c = self._attention_flops_per_pair * pairs / self._attention_rate
+            kv_bytes = (context + tokens) * self._kv_bytes_per_token  # read context + new, write new
+            a_m = kv_bytes / L / self._kv_rate
+            x_m = tokens * self._embedding_bytes_per_token / self._elementwise_rate
+        else:
+            g_c = g_m = e_m = a_c = a_m = x_m = kv_bytes = 0.0
+        if sampled:
+            h_eff = self._mfu * sampled / (sampled + self._half) if self._half else self._mfu
+            h_c = 2.0 * sampled * self._lm_head_params / (self._peak * h_eff)
+            h_m = (self._lm_head_weight_bytes + sampled * self._lm_head_act_bytes) / self._memory_rate
+        else:
+            h_c = h_m = 0.0
+        compute = L * (g_c + a_c) + h_c
+        memory = L * (g_m + e_m + a_m) + h_m + x_m
+        if tokens:
+            floors = (4 * hw.kernel_floor_s, hw.elementwise_floor_s, hw.attention_floor_s)
+            head_floor = hw.kernel_floor_s if sampled else 0.0
+            if hw.combine == "soft":
+                linear_t = L * (self._soft(g_c, g_m) + floors[0])
+                attention_t = L * (self._soft(a_c, a_m) + floors[2])
+                elementwise_t = L * (e_m + floors[1]) + x_m
+                head_t = self._soft(h_c, h_m) + head_floor
+            else:  # one roofline over the whole step ("max") or no overlap ("sum"), spread over the groups
+                total = max(compute, memory) if hw.combine == "max" else compute + memory
+                scale = total / (compute + memory) if compute + memory else 0.0
+                linear_t = L * ((g_c + g_m) * scale + floors[0])
+                attention_t = L * ((a_c + a_m) * scale + floors[2])
+                elementwise_t = L * (e_m * scale + floors[1]) + x_m * scale
+                head_t = (h_c + h_m) * scale + head_floor
+        else:
+            linear_t = attention_t = elementwise_t = head_t = 0.0
+        comm, comm_bytes, n_ar, ar_bytes = self._communication(tokens, sampled)
         swap = swap_blocks * self._swap_block_bytes * self._kv_share / hw.host_link_bandwidth
         empty = nreq == 0 and swap_blocks == 0
-        overhead = hw.step_overhead_s + hw.per_request_overhead_s * nreq if not empty else 0.0
-        device = max(compute, memory) if hw.combine == "max" else compute + memory
+        overhead = self._step_overhead + self._request_overhead * nreq if not empty else 0.0
         if tokens:
-            bound = "memory" if memory > compute else "compute"  # ties: compute, as max() over the dict below
+            bound = "memory" if memory > compute else "compute"  # ties: compute
             if comm > (memory if memory > compute else compute):
                 bound = "communication"
         else:
             bound = "idle"
+        linear_flops = 2.0 * tokens * self._gemm_params * L
+        attention_flops = self._attention_flops_per_pair * pairs * L
+        lm_head_flops = 2.0 * sampled * self._lm_head_params
+        weight_bytes = L * self._gemm_weight_bytes + (self._lm_head_weight_bytes if sampled else 0.0) if tokens else 0.0
+        other_bytes = (tokens * (L * (self._gemm_act_bytes + self._elementwise_bytes_per_token)
+                                 + self._embedding_bytes_per_token) + (sampled * self._lm_head_act_bytes))
+        device = linear_t + attention_t + elementwise_t + head_t
         return StepCost(time_s=device + comm + swap + overhead, compute_time_s=compute, memory_time_s=memory,
-                        communication_time_s=comm, swap_time_s=swap, overhead_s=overhead, flops=flops,
-                        bytes=nbytes, communication_bytes=comm_bytes, bound=bound, num_tokens=tokens,
-                        num_requests=nreq, num_sampled=sampled, linear_flops=linear_flops,
-                        attention_flops=attention_flops, lm_head_flops=lm_head_flops, weight_bytes=weight_bytes,
-                        kv_bytes=kv_bytes, other_bytes=other_bytes if tokens else 0.0)
+                        communication_time_s=comm, swap_time_s=swap, overhead_s=overhead,
+                        flops=linear_flops + attention_flops + lm_head_flops,
+                        bytes=weight_bytes + kv_bytes + other_bytes if tokens else 0.0,
+                        communication_bytes=comm_bytes, bound=bound, num_tokens=tokens, num_requests=nreq,
+                        num_sampled=sampled, linear_flops=linear_flops, attention_flops=attention_flops,
+                        lm_head_flops=lm_head_flops, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
+                        other_bytes=other_bytes if tokens else 0.0, linear_time_s=linear_t,
+                        attention_time_s=attention_t, elementwise_time_s=elementwise_t, lm_head_time_s=head_t,
+                        num_allreduces=n_ar, allreduce_bytes=ar_bytes)
 
-    def _allreduce_time(self, tokens: int, sampled: int) -> tuple[float, float]:
-        """Seconds and bytes sent per GPU for the step's all-reduces: two per layer over ``tokens x hidden``
-        activations, plus one over the sampled rows' logits (vocabulary-parallel LM head)."""
+    def _communication(self, tokens: int, sampled: int) -> tuple[float, float, int, int]:
+        """(seconds, bytes sent per GPU, all-reduce count, all-reduce message bytes) of the step's collectives:
+        ``2 x layers`` all-reduces of ``tokens x hidden`` activations (the engine's own kernel below its size
+        limit, else NCCL) and one all-gather of the sampled rows' logits (NCCL)."""
         if self.tp == 1 or not tokens:
-            return 0.0, 0.0
-        hw, m, tp = self.hardware, self.shape, self.tp
-        link = hw.interconnect_bandwidth or hw.host_link_bandwidth
-        act_bytes = 2  # activations are reduced in 16-bit, also for FP8 weights
-        messages = [tokens * m.hidden_size * act_bytes] * (2 * m.num_layers)
+            return 0.0, 0.0, 0, 0
+        hw, eng, rate = self.hardware, self.engine, self._allreduce_rate
+        count = 2 * self._layers
+        message = tokens * self._allreduce_message_per_token
+        custom = eng.allreduce_latency_s is not None and message <= eng.custom_allreduce_max_bytes
+        latency = eng.allreduce_latency_s if custom else hw.allreduce_latency_s
+        sent = count * self._ring * message
+        seconds = count * latency + sent / rate
         if sampled:
-            messages.append(sampled * m.vocab_size * act_bytes)
-        ring = 2 * (tp - 1) / tp
-        sent = sum(ring * b for b in messages)
-        return len(messages) * hw.allreduce_latency_s + sent / (link * hw.comm_efficiency), sent
+            logits = sampled * self.shape.vocab_size * self.shape.activation_bytes
+            gathered = self._ring / 2 * logits  # all-gather: (tp - 1) / tp of the logits per GPU
+            sent += gathered
+            seconds += hw.allreduce_latency_s + gathered / rate
+        return seconds, sent, count, count * message

@@ -4,9 +4,10 @@ The modelled clock times a step as if it ran a *target* model (e.g. Llama-3-8B) 
 by the model actually loaded (the bundled tiny Llama by default). Only these numbers matter for the cost:
 layers, hidden size, query / KV heads and head size (attention and the KV cache), the MLP width, the vocabulary
 (embedding and LM head) and the bytes per weight. Presets are the published configs (``config.json`` on the
-Hugging Face hub) of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B and meta-llama/Meta-Llama-3-70B, and the
-bundled model's own config. No torch and no transformers needed: a config is a dict, a ``PretrainedConfig``
-or a path to a checkpoint directory / ``config.json``.
+Hugging Face hub) of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B, meta-llama/Meta-Llama-3-70B,
+meta-llama/Llama-2-7b-hf and meta-llama/Llama-2-70b-hf, and the bundled model's own config. No torch and no
+transformers needed: a config is a dict, a ``PretrainedConfig`` or a path to a checkpoint directory /
+``config.json``.
 """
 
 from __future__ import annotations
@@ -119,6 +120,35 @@ class ModelShape:
             * self.dtype_bytes
 
     @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element (hidden states, all-reduce messages): the model's dtype, but at least 2
+        (FP8 / int8 weights still compute and reduce activations in 16-bit)."""
+        return max(2, self.dtype_bytes)
+
+    def linear_shapes(self, tp: int = 1) -> tuple[tuple[int, int], ...]:
+        """The ``(K, N)`` weight matrices one GPU multiplies in one decoder layer with ``tp``-way tensor
+        parallelism (Megatron-LM split): fused QKV ``(hidden, (q + 2 kv) / tp)``, output ``(q / tp, hidden)``,
+        fused gate+up ``(hidden, 2 x intermediate / tp)`` (``intermediate / tp`` without a gate), down
+        ``(intermediate / tp, hidden)``. KV heads are replicated when fewer than ``tp``. The step cost model and
+        the kernel fit (``minengine.timing.profile_fit``) both count a layer's GEMMs from this list."""
+        h = self.hidden_size
+        kv_heads = -(-self.num_kv_heads // tp)
+        q, kv = self.q_size // tp, kv_heads * self.head_dim
+        up = (2 if self.gated_mlp else 1) * self.intermediate_size // tp
+        return ((h, q + 2 * kv), (q, h), (h, up), (self.intermediate_size // tp, h))
+
+    def elementwise_bytes_per_token(self, tp: int = 1) -> int:
+        """Device-memory bytes one token moves per layer through the non-GEMM kernels the kernel profiles time
+        (two RMSNorms: read and write ``hidden`` each; rotary embedding: read and write q and k; SiLU-and-mul:
+        read ``2 x intermediate / tp``, write half; one residual add: read two, write one ``hidden``), in
+        activation bytes."""
+        h = self.hidden_size
+        kv_heads = -(-self.num_kv_heads // tp)
+        qk = self.q_size // tp + kv_heads * self.head_dim
+        mlp = (3 if self.gated_mlp else 2) * self.intermediate_size // tp
+        return (7 * h + 2 * qk + mlp) * self.activation_bytes
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token occupies over all layers: K and V, ``num_kv_heads x head_dim`` each."""
         kv = self.kv_dtype_bytes if self.kv_dtype_bytes is not None else self.dtype_bytes
@@ -183,6 +213,11 @@ QWEN_2_5_7B = ModelShape("Qwen2.5-7B", num_layers=28, hidden_size=3584, num_head
                          intermediate_size=18944, vocab_size=152064, qkv_bias=True)
 LLAMA_3_70B = ModelShape("Llama-3-70B", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128,
                          intermediate_size=28672, vocab_size=128256)
+# Llama 2 (the models of the Vidur kernel profiles and of many published benchmarks; 7B has no GQA).
+LLAMA_2_7B = ModelShape("Llama-2-7B", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=32, head_dim=128,
+                        intermediate_size=11008, vocab_size=32000)
+LLAMA_2_70B = ModelShape("Llama-2-70B", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128,
+                         intermediate_size=28672, vocab_size=32000)
 
 
 def bundled_shape(dtype_bytes: int = 4) -> ModelShape:
@@ -193,15 +228,18 @@ def bundled_shape(dtype_bytes: int = 4) -> ModelShape:
     return ModelShape.from_hf_config(BUNDLED_MODEL, name="bundled tiny Llama", dtype_bytes=dtype_bytes)
 
 
-MODEL_SHAPES: dict[str, ModelShape] = {"llama-3-8b": LLAMA_3_8B, "qwen2.5-7b": QWEN_2_5_7B, "llama-3-70b": LLAMA_3_70B}
+MODEL_SHAPES: dict[str, ModelShape] = {"llama-3-8b": LLAMA_3_8B, "qwen2.5-7b": QWEN_2_5_7B, "llama-3-70b": LLAMA_3_70B,
+                                       "llama-2-7b": LLAMA_2_7B, "llama-2-70b": LLAMA_2_70B}
 _ALIASES = {"llama3-8b": "llama-3-8b", "meta-llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b",
             "qwen2.5-7b-instruct": "qwen2.5-7b", "qwen-2.5-7b": "qwen2.5-7b", "llama3-70b": "llama-3-70b",
-            "meta-llama-3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b", "llama-3.3-70b": "llama-3-70b"}
+            "meta-llama-3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b", "llama-3.3-70b": "llama-3-70b",
+            "llama2-7b": "llama-2-7b", "llama-2-7b-hf": "llama-2-7b", "llama2-70b": "llama-2-70b",
+            "llama-2-70b-hf": "llama-2-70b"}
 
 
 def get_model_shape(name: str | ModelShape) -> ModelShape:
-    """A preset by name ("llama-3-8b", "qwen2.5-7b", "llama-3-70b", "bundled"), a path to a checkpoint
-    directory or ``config.json``, or a ``ModelShape`` as is.
+    """A preset by name ("llama-3-8b", "qwen2.5-7b", "llama-3-70b", "llama-2-7b", "llama-2-70b", "bundled"), a
+    path to a checkpoint directory or ``config.json``, or a ``ModelShape`` as is.
 
     Raises:
         ValueError: neither a preset nor a readable config (the message lists the presets).
