@@ -10,9 +10,11 @@ of every operator of Llama-2-7B / 70B and Llama-3-8B / 70B layers on A100 and H1
 - GEMMs: ``(c^k + m^k)^(1/k) + 4 x kernel_floor_s`` per layer (a soft roofline, ``k = roofline_k``), with
   ``c = FLOPs / (peak x e(T))``, ``e(T) = mfu x T / (T + gemm_half_tokens)`` for ``T`` tokens per GPU and
   ``m = bytes / (bandwidth x mbu)``. The fit drives ``gemm_half_tokens`` to 0 on both GPUs: the soft roofline
-  and the per-kernel floor already give the measured efficiency by token count (A100: 0.07 of peak at 16
-  tokens, 0.44 at 128, 0.67 at 512, 0.74 at 4,096; H100: 0.04, 0.28, 0.62, 0.74; the fitted curve is within
-  5 % at the median row, 14 % at the 90th percentile).
+  and the per-kernel floor already give the efficiency by token count (measured, A100: 0.07 of peak at 16
+  tokens, 0.44 at 128, 0.67 at 512, 0.74 at 4,096; fitted 0.07, 0.39, 0.63, 0.72. H100 measured 0.04, 0.28,
+  0.62, 0.74; fitted 0.04, 0.25, 0.51, 0.71: the fit is pessimistic near the H100's ridge point, where the
+  profiled power-of-two token counts run faster than their neighbours). GEMM rows within 3 % / 8 % (A100, median /
+  90th percentile) and 5 % / 14 % (H100).
 - The other kernels of a layer (norms, rotary, activation, residual): ``elementwise_floor_s + bytes /
   (bandwidth x elementwise_efficiency)``.
 - All-reduce (NCCL, one node): ``allreduce_latency_s + 2 (n - 1) / n x bytes / allreduce_bus_bandwidth``.

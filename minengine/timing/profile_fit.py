@@ -108,9 +108,13 @@ def round_sig(x: float, digits: int = 3) -> float:
 
 
 def find_vidur_dir(explicit: str | os.PathLike | None = None) -> Path | None:
-    """The ``profiles/vidur`` folder: ``explicit`` if given, else under ``$MINENGINE_DATA``, else
-    ``../shared/data`` next to the working directory or the repository. None when none exists."""
-    candidates = [Path(explicit)] if explicit else []
+    """The ``profiles/vidur`` folder: ``explicit`` if given (None when it is not one), else under
+    ``$MINENGINE_DATA``, else ``../shared/data`` next to the working directory or the repository. None when none
+    exists."""
+    if explicit:
+        c = Path(explicit)
+        return c if (c / "compute").is_dir() and (c / "network").is_dir() else None
+    candidates = []
     if os.environ.get("MINENGINE_DATA"):
         candidates.append(Path(os.environ["MINENGINE_DATA"]) / "profiles" / "vidur")
     candidates += [Path.cwd().parent / "shared" / "data" / "profiles" / "vidur",

@@ -45,8 +45,9 @@ def roofline_figure(cost_model: StepCostModel, steps: Mapping[str, StepCost], ti
 def roofs_figure(steps: Mapping[str, StepCost], title: str = "Which roof bounds each step") -> go.Figure:
     """For each named step: its compute time and its memory time (ms), side by side, and its modelled duration.
 
-    A step lasts about the larger of the two (plus overheads): a decode batch leaves compute idle, a prefill
-    chunk leaves bandwidth idle, and a mixed step keeps both busy for about the price of the prefill alone."""
+    A step lasts between the larger of the two and their sum (a soft roofline per kernel group, plus kernel
+    floors and overheads): a decode batch leaves compute idle, a prefill chunk leaves bandwidth idle, and in a
+    mixed step the decodes share the chunk's weight read (their attention is still a kernel of its own)."""
     names = list(steps)
     fig = go.Figure([
         go.Bar(name="compute time (FLOPs / effective peak)", x=names,
