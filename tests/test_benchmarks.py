@@ -28,7 +28,8 @@ def test_throughput_benchmark_tiny(tmp_path):
     work = throughput.make_workload(shape.vocab_size, 3, 0, (8, 24), (3, 5))
     tokens = sum(len(p) + n - 1 for p, n in work)
     pairs = sum((len(p) + n - 1) * (len(p) + n) // 2 for p, n in work)
-    flops = (2 * shape.num_layer_params * tokens + 4 * shape.num_layers * shape.q_size * pairs
+    gemm_weights = shape.num_layers * sum(k * n for k, n in shape.linear_shapes())  # the matmuls (no norm weights)
+    flops = (2 * gemm_weights * tokens + 4 * shape.num_layers * shape.q_size * pairs
              + 2 * shape.lm_head_params * sum(n for _, n in work))
     assert abs(row["gflop"] * 1e9 - flops) < 1e-6 * flops
     assert json.loads(out.read_text())["rows"][0]["outputs_equal"] == 3

@@ -93,7 +93,8 @@ class ModelShape:
 
     @property
     def num_layer_params(self) -> int:
-        """Non-embedding parameters: every layer plus the final norm (what ``2 x params x tokens`` counts)."""
+        """Non-embedding parameters: every layer plus the final norm (the cost model counts only the GEMM weights,
+        ``linear_shapes``, for its ``2 x weights x tokens`` FLOPs)."""
         return self.num_layers * self.params_per_layer + self.hidden_size
 
     @property
