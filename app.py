@@ -28,6 +28,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from minengine.config import BUNDLED_MODEL
 from minengine.core.policies import POLICIES
+from minengine.layers import cpu_attention
 from minengine.timing import ClockSpec, get_hardware
 from minengine.timing.capacity import memory_fit
 from minengine.viz import (
@@ -274,7 +275,18 @@ def live_view(player: LivePlayer, lang: str, speed: float) -> None:
     frame()
 
 
+def kernel_note(lang: str) -> None:
+    """One caption while the CPU attention kernel is built (or waited for) in the background, or after it fell
+    back to the torch path (``cpu_attention.status()``); nothing once it is ready or where it does not apply."""
+    status = cpu_attention.status()
+    if status.state in (cpu_attention.KernelState.WAITING, cpu_attention.KernelState.BUILDING,
+                        cpu_attention.KernelState.FALLBACK):
+        st.caption(t(f"kernel_{status.state.name.lower()}", lang).format(seconds=status.seconds,
+                                                                          reason=status.reason))
+
+
 def draw_live(player: LivePlayer, lang: str) -> None:
+    kernel_note(lang)
     traces = player.traces
     run = player.stream
     if not traces:

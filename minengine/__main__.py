@@ -467,6 +467,17 @@ def _bench_remote(a: argparse.Namespace, config: EngineConfig, slo) -> None:
                       indent=2, default=str)
 
 
+def _say_kernel_status(status) -> None:
+    """The CPU attention kernel's build as it happens (``cpu_attention.on_change``), on stderr so that piped
+    completions stay clean: building, waiting for another process, fallen back (with the reason), and ready after
+    one of those; a cached build loads silently."""
+    from minengine.layers.cpu_attention import KernelState
+
+    if status.state in (KernelState.WAITING, KernelState.BUILDING, KernelState.FALLBACK) or (
+            status.state is KernelState.READY and status.in_background):
+        print(f"minengine: {status.message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m minengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -493,11 +504,16 @@ def main(argv: list[str] | None = None) -> None:
     _bench_serve_parser(sub)
     _serve_parser(sub)
     a = p.parse_args(argv)
+    from minengine.layers import cpu_attention
+
+    stop_saying = cpu_attention.on_change(_say_kernel_status)
     try:
         _check_text_arguments(a)
         a.func(a)
     except (ValueError, OSError) as exc:  # bad settings or unreadable files: a message, not a traceback
         p.exit(2, f"error: {exc}\n")
+    finally:
+        stop_saying()
 
 
 if __name__ == "__main__":

@@ -179,6 +179,13 @@ _STRINGS: dict[str, tuple[str, str]] = {
                   "本次运行之后控件已更改：点击“运行”以运行新的设置。"),
     "running_engine": ("Running the engine…", "正在运行引擎…"),
     "loading_engine": ("Loading the model and building the engine…", "正在加载模型并构建引擎…"),
+    "kernel_building": ("Building the CPU attention kernel (once, ~10 s); the torch attention path runs meanwhile.",
+                        "正在构建 CPU 注意力内核（仅首次，约 10 秒）；其间使用 torch 注意力路径。"),
+    "kernel_waiting": ("Waiting for another process to finish building the CPU attention kernel ({seconds:.0f} s so "
+                       "far); the torch attention path runs meanwhile.",
+                       "正在等待另一个进程构建完 CPU 注意力内核（已等 {seconds:.0f} 秒）；其间使用 torch 注意力路径。"),
+    "kernel_fallback": ("The CPU attention kernel is unavailable, so the torch attention path runs ({reason}).",
+                        "CPU 注意力内核不可用，使用 torch 注意力路径（{reason}）。"),
     "live_pause": ("❚❚ Pause", "❚❚ 暂停"),
     "live_resume": ("▶ Resume", "▶ 继续"),
     "finish_now": ("Finish now", "立即完成"),

@@ -39,7 +39,8 @@ class ModelRunner:
         num_swap_blocks: CPU swap-space blocks for swap preemption (0 = none).
         attention_backend: "triton" (the paged-attention kernel; the default on CUDA when Triton is
             installed) or "torch" (the default elsewhere: on the CPU, minengine's C++ kernel where it builds,
-            ``layers/cpu_attention.py``, built here at start-up, and ``paged_attention_reference`` for the rest).
+            ``layers/cpu_attention.py``, started here and built in the background, and
+            ``paged_attention_reference`` for the rest and until it is ready).
             None picks the default.
         cuda_graphs: replay decode-only steps from CUDA graphs (``worker/cuda_graphs.py``); None = on for CUDA
             with the Triton attention. True on a CPU runs the same padded static-buffer path eagerly (tests).
@@ -84,7 +85,9 @@ class ModelRunner:
             retain_freed_memory()  # per-step temporaries would otherwise page-fault (worker/host_memory.py)
             if attention_backend == "torch" and cpu_attention.applies(self.device, self.dtype, model.head_dim,
                                                                       self.kv_cache_dtype):
-                cpu_attention.get_kernel()  # the compile (seconds, once per machine) now, not in the first step
+                # a cached build loads now; a compile or another process's build goes on in the background (at
+                # most START_WAIT_S here) while the steps run the torch path, never in a request's TTFT
+                cpu_attention.start()
         self.block_table = BlockTable()
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda" and attention_backend == "triton"
