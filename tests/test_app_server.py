@@ -83,9 +83,22 @@ def subtitles(at: AppTest) -> list[str]:
     return out
 
 
+def strings(value) -> list[str]:
+    """Every string in parsed JSON (``value``: dicts, lists, scalars), keys and values, depth first."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in strings(k) + strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
 def figure_text(at: AppTest) -> str:
-    """Every chart's JSON: trace names, y categories, hover text (request ids show up here)."""
-    return " ".join(c.proto.spec for c in at.get("plotly_chart"))
+    """Every string in every chart's figure, parsed from its JSON (never the serialized text, whose escaping is
+    the library's choice: plotly 7 writes "…" as \\u2026): trace names, y categories, hover text (request ids
+    show up here)."""
+    return " ".join(s for c in at.get("plotly_chart") for s in strings(json.loads(c.proto.spec)))
 
 
 def tick_until(at: AppTest, condition, timeout_s: float = 60.0, what: str = "condition") -> None:
