@@ -392,3 +392,22 @@ def test_speculative_decoding_preset_and_the_policy_list(app):
     run(app)
     m = check_views(app, "en")
     assert int(metric(m, "Requests").split("/")[0]) == 4
+
+
+def test_live_run_says_while_the_cpu_kernel_builds(app, monkeypatch):
+    """While the CPU attention kernel is built in the background (``cpu_attention.status()``), the live view says
+    so in both languages; once it is ready the line goes."""
+    from minengine.layers import cpu_attention
+
+    building = cpu_attention.KernelStatus(cpu_attention.KernelState.BUILDING, seconds=3.0, in_background=True)
+    monkeypatch.setattr(cpu_attention, "status", lambda: building)
+    choose(app, "c")
+    app.select_slider(key="live_speed_en").set_value(1).run()
+    start(app)
+    assert any(c.value.startswith("Building the CPU attention kernel (once, ~10 s)") for c in app.caption)
+    app.radio(key="lang").set_value("zh").run()
+    assert any(c.value.startswith("正在构建 CPU 注意力内核") for c in app.caption)
+    ready = cpu_attention.KernelStatus(cpu_attention.KernelState.READY, seconds=11.0, in_background=True)
+    monkeypatch.setattr(cpu_attention, "status", lambda: ready)
+    app.run()
+    assert not any("注意力内核" in c.value for c in app.caption)
