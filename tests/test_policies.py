@@ -227,6 +227,79 @@ def test_balanced_guarantees_the_prefill_share():
     assert min_prefill_tokens("balanced") > min_prefill_tokens("decode-first")
 
 
+# ---- no running decode starves under a policy that shares the budget with decodes --------------------------
+
+def decode_turn_bound(policy: str, knob: PolicySettings, budget: int, max_num_seqs: int, num_spec: int) -> int:
+    """K: the most consecutive steps a running decode may go unscheduled under ``policy``.
+
+    The policies that give decodes a share before any prefill work: balanced (``Balanced.decode_share`` tokens),
+    dynamic-splitfuse and round-robin (all decodes first: the whole budget). A share of S tokens serves at least
+    m = max(1, S // (1 + num_spec)) decodes (each takes 1 token, plus up to ``num_spec`` proposals), least
+    recently scheduled first; of at most ``max_num_seqs`` decodes, one waits at most ceil(max_num_seqs / m) - 1
+    steps. (decode-first, priority and shortest-predicted-first serve running requests in their order, an
+    unfinished prefill chunk included, and prefill-first gives decodes only what is left: no such claim.)
+    """
+    share = POLICIES["balanced"](knob).decode_share(budget) if policy == "balanced" else budget
+    served = max(1, share // (1 + num_spec))
+    return -(-max_num_seqs // served) - 1
+
+
+SHARING_POLICIES = ("balanced", "dynamic-splitfuse", "round-robin")
+
+
+@pytest.mark.parametrize("policy", SHARING_POLICIES)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cfg=configs, knob=knobs, work=workloads, num_spec=st.sampled_from([0, 0, 1, 3]))
+@example(  # chapter 04's shape, small: more decodes than the decode share while a long prompt is chunked
+    cfg=dict(num_blocks=48, block_size=4, budget=8, max_num_seqs=8, threshold=0, prefix=False, chunked=True,
+             preemption_mode="recompute", swap_blocks=0, shrink=False),
+    knob=PolicySettings(prefill_decode_ratio=3.0), num_spec=0,
+    work=[(2, 12, 0, 0, 0, -1)] * 6 + [(60, 2, 1, 2, 0, -1)])
+@example(  # proposals: the first decodes could take the whole budget every step
+    cfg=dict(num_blocks=64, block_size=4, budget=4, max_num_seqs=4, threshold=0, prefix=False, chunked=True,
+             preemption_mode="recompute", swap_blocks=0, shrink=False),
+    knob=PolicySettings(), num_spec=3, work=[(1, 40, 0, 0, 0, -1)] * 4)
+def test_no_running_decode_starves(policy, cfg, knob, work, num_spec):
+    """Random engines and workloads (aborts, preemption, swap, speculative decoding): no request that is a
+    running decode at the start of a step goes more than ``decode_turn_bound`` steps in a row unscheduled while
+    it stays running."""
+    if knob.splitfuse_target_tokens is not None:
+        knob = PolicySettings(knob.prefill_decode_ratio, min(knob.splitfuse_target_tokens, cfg["budget"]),
+                              knob.priority_aging_steps)
+    max_model_len = 10_000 if cfg["chunked"] else cfg["budget"]
+    spec = {"method": "ngram", "num_speculative_tokens": num_spec, "prompt_lookup_min": 1,
+            "prompt_lookup_max": 2} if num_spec else None
+    eng = FakeEngine(max_model_len=max_model_len, policy=policy, settings=knob, speculative_config=spec,
+                     content_sampling="markov" if spec else False, **cfg)
+    bound = decode_turn_bound(policy, knob, cfg["budget"], cfg["max_num_seqs"], num_spec)
+    pending, aborts = [], {}
+    for i, (plen, max_tokens, family, arrive, priority, abort_step) in enumerate(work):
+        prompt = [(family * 31 + j) % 50 + 3 for j in range(plen)]
+        if -(-(plen + max_tokens) // cfg["block_size"]) > cfg["num_blocks"] or plen + max_tokens > max_model_len:
+            continue
+        pending.append((arrive, str(i), prompt, max_tokens, priority))
+        if abort_step >= 0:
+            aborts.setdefault(arrive + abort_step, []).append(str(i))
+    pending.sort()
+    unserved: dict[str, int] = {}  # running decode -> consecutive steps it was not scheduled
+    while pending or eng.sched.has_unfinished_requests():
+        while pending and pending[0][0] <= eng.steps:
+            _, rid, prompt, max_tokens, priority = pending.pop(0)
+            eng.add(rid, prompt, max_tokens, priority=priority)
+        eng.sched.finish_requests(aborts.pop(eng.steps, []), RequestStatus.FINISHED_ABORTED)
+        if not eng.sched.has_unfinished_requests():
+            eng.steps += 1
+            continue
+        decodes = [r for r in eng.sched.running if r.is_decode]
+        out = eng.step()
+        scheduled = {s.request_id for s in out.scheduled}
+        unserved = {r.request_id: unserved.get(r.request_id, 0) + 1 for r in decodes
+                    if r.request_id not in scheduled and r.status is RequestStatus.RUNNING}
+        worst = max(unserved.values(), default=0)
+        assert worst <= bound, f"{policy}: a running decode went {worst} steps unscheduled (bound {bound})"
+        assert eng.steps < 20_000
+
+
 def longest_wait(eng: FakeEngine, rid: str) -> int:
     """The longest run of steps in which ``rid`` waited for its prompt's next chunk (from arrival on)."""
     served = [i for i, out in enumerate(eng.outputs) if any(s.request_id == rid and s.is_prefill

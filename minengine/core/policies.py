@@ -65,10 +65,19 @@ class SchedulingPolicy:
         return candidates[-1]
 
 
+def _last_scheduled(request: Request) -> int:
+    return -1 if request.last_scheduled_step is None else request.last_scheduled_step
+
+
 def split_running(step: StepBuilder) -> tuple[list[Request], list[Request]]:
-    """Unscheduled running requests as (decodes, unfinished prefills), each in running order."""
+    """Unscheduled running requests as (decodes, unfinished prefills). Prefills in running order; decodes
+    least recently scheduled first (ties: running order), so a policy that serves only some of the decodes
+    in a step (a capped share, or a budget smaller than the decodes) serves them in turn: round-robin over
+    the decodes, each of which costs one token (without proposals). When every decode was served in the
+    previous step they all tie, and this is running order."""
     running = step.unscheduled_running()
-    return [r for r in running if r.is_decode], [r for r in running if not r.is_decode]
+    decodes = sorted((r for r in running if r.is_decode), key=_last_scheduled)  # stable
+    return decodes, [r for r in running if not r.is_decode]
 
 
 class DecodeFirst(SchedulingPolicy):
@@ -104,13 +113,24 @@ class Balanced(SchedulingPolicy):
     Decodes get their share first, then prefills (unfinished chunks, then new prompts) get theirs plus any
     unused decode share, then decodes get what prefill left. So each side is guaranteed its share whenever it
     has work, and no token of the budget is wasted.
+
+    The decode share rotates: decodes are served least recently scheduled first (``split_running``), so
+    when D decodes run and the share serves S of them (S tokens, one each), every decode is scheduled at
+    least once every ``ceil(D / S)`` steps (it goes at most ``ceil(D / S) - 1`` steps without a token),
+    instead of the same S being served every step while the others starve for the whole prefill. The share
+    is at least one token (``decode_share``).
     """
 
     name = "balanced"
 
-    def fill(self, step: StepBuilder) -> None:
+    def decode_share(self, budget: int) -> int:
+        """Tokens of a ``budget`` reserved for decodes: ``budget / (1 + prefill_decode_ratio)``, rounded, and
+        at least 1 (so no ratio lets a prefill starve every decode)."""
         ratio = self.settings.prefill_decode_ratio
-        decode_share = step.budget - round(step.budget * ratio / (1 + ratio))
+        return max(1, budget - round(budget * ratio / (1 + ratio))) if budget > 0 else 0
+
+    def fill(self, step: StepBuilder) -> None:
+        decode_share = self.decode_share(step.budget)
         decodes, prefills = split_running(step)
         step.run_all(decodes, cap=decode_share)
         step.run_all(prefills)
