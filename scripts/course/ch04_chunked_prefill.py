@@ -276,6 +276,16 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         return eng
 
 
+    def longest_turn_gap(eng):
+        \"\"\"The most steps in a row any decoder went without being scheduled, between its first and last chunk.\"\"\"
+        served = {}
+        for trace in eng.traces:
+            for c in trace.chunks:
+                if c.request_id.startswith("dec"):
+                    served.setdefault(c.request_id, []).append(trace.step)
+        return max(b - a - 1 for steps in served.values() for a, b in zip(steps, steps[1:]))
+
+
     policy_runs = {"decode-first": policy_run("decode-first"), "prefill-first": policy_run("prefill-first"),
                    "balanced": policy_run("balanced", prefill_decode_ratio=3.0)}
     policy_rows = {}
@@ -283,7 +293,12 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         x = decode_itls(eng)
         ttfts = [m.ttft for rid, m in eng.request_metrics.items() if rid.startswith("prompt")]
         policy_rows[policy] = dict(p99_itl_ms=1000 * x[min(len(x) - 1, int(0.99 * len(x)))], max_itl_ms=1000 * x[-1],
-                                   mean_prompt_ttft_ms=1000 * sum(ttfts) / len(ttfts), steps=len(eng.traces))
+                                   mean_prompt_ttft_ms=1000 * sum(ttfts) / len(ttfts), steps=len(eng.traces),
+                                   longest_gap_steps=longest_turn_gap(eng))
+    # balanced's decode share (a quarter of the budget) serves the decodes least recently served first: with at most
+    # NUM_DECODERS + 4 decodes (the prompts decode too), none should wait more than ceil(decodes / share) - 1 steps.
+    DECODE_SHARE = policy_runs["balanced"].scheduler.policy.decode_share(BUDGET)
+    TURN_BOUND = math.ceil((NUM_DECODERS + 4) / DECODE_SHARE) - 1
     for policy, row in policy_rows.items():
         print(f"{policy:14s} " + " | ".join(f"{k} {v:8.1f}" for k, v in row.items()))
     fig = go.Figure([go.Bar(name="decode P99 ITL (ms)", x=list(policy_rows), y=[r["p99_itl_ms"] for r in policy_rows.values()]),
@@ -300,10 +315,17 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
              f"{r['prefill-first']['mean_prompt_ttft_ms']:.0f} ms, the lowest, by stalling the decodes (P99 ITL "
              f"{r['prefill-first']['p99_itl_ms']:.0f} ms). **balanced** (a quarter of the budget for decodes) sits between on TTFT "
              f"({r['balanced']['mean_prompt_ttft_ms']:.0f} ms) and rations the decodes for as long as prompts are pending "
-             f"(P99 ITL {r['balanced']['p99_itl_ms']:.0f} ms): each decode waits its turn for a slice of the budget.",
+             f"(P99 ITL {r['balanced']['p99_itl_ms']:.0f} ms): each decode waits its turn for a slice of the budget. Its "
+             f"{DECODE_SHARE}-token share goes to the decodes least recently served, so no decoder went more than "
+             f"{r['balanced']['longest_gap_steps']} steps in a row without a token (at most {TURN_BOUND} with {DECODE_SHARE} of up "
+             f"to {NUM_DECODERS + 4} decodes served per step; decode-first: {r['decode-first']['longest_gap_steps']}, prefill-first: "
+             f"{r['prefill-first']['longest_gap_steps']}).",
              [("decode-first has the lowest decode P99 ITL", r["decode-first"]["p99_itl_ms"] == min(x["p99_itl_ms"] for x in r.values())),
               ("prefill-first has the lowest prompt TTFT", r["prefill-first"]["mean_prompt_ttft_ms"] == min(x["mean_prompt_ttft_ms"] for x in r.values())),
-              ("balanced's prompt TTFT is between the two", r["prefill-first"]["mean_prompt_ttft_ms"] < r["balanced"]["mean_prompt_ttft_ms"] < r["decode-first"]["mean_prompt_ttft_ms"])])
+              ("balanced's prompt TTFT is between the two", r["prefill-first"]["mean_prompt_ttft_ms"] < r["balanced"]["mean_prompt_ttft_ms"] < r["decode-first"]["mean_prompt_ttft_ms"]),
+              ("balanced: each decode waits its turn (longest gap within the rotation's bound, and some decode did wait)",
+               1 <= r["balanced"]["longest_gap_steps"] <= TURN_BOUND),
+              ("prefill-first stalled a decode longer than balanced", r["prefill-first"]["longest_gap_steps"] > r["balanced"]["longest_gap_steps"])])
     """),
     md("""
     ### Dynamic SplitFuse: a target forward size of its own
