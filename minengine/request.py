@@ -33,9 +33,10 @@ class RequestStatus(enum.Enum):
         return self.value if self.finished else None
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    """One request's tokens and progress.
+    """One request's tokens and progress. Requests compare (and hash) by identity: two requests are the same
+    only when they are the same object, so the scheduler keeps them in sets and finds one in O(1).
 
     The request's tokens are ``prompt_token_ids + output_token_ids``. Its progress is one number,
     ``num_computed_tokens``: how many of those tokens have their K/V in the paged cache. Chunked prefill

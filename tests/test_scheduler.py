@@ -163,3 +163,56 @@ def test_abort_in_every_state_frees_blocks(state):
     eng.check_invariants()
     eng.run()
     assert eng.kv.num_free_blocks == 8
+
+
+# ---- per-step work proportional to what changed (issue 19, section 3): counted, never timed -----------------
+
+def running_decodes(num: int, policy: str = "decode-first") -> FakeEngine:
+    eng = FakeEngine(num_blocks=num * 4 + 64, block_size=4, budget=num * 4, max_num_seqs=num + 16, policy=policy)
+    for i in range(num):
+        eng.add(f"d{i}", [i % 50 + 3, i // 50 + 3], max_tokens=50)
+    eng.step()  # all prefilled: every request now decodes
+    return eng
+
+
+@pytest.mark.parametrize("policy", ["prefill-first", "balanced"])
+def test_admissions_do_not_rescan_the_running_requests(policy, monkeypatch):
+    """Admitting k requests beside N running ones asks the KV manager for blocks O(N + k) times: the next-token
+    reservation is summed once per step and kept up to date, not summed again over N for every admission."""
+    eng = running_decodes(64, policy)
+    for i in range(16):
+        eng.add(f"w{i}", [7, i + 3], max_tokens=4)
+    calls = []
+    needed = eng.kv.num_blocks_needed
+    monkeypatch.setattr(eng.kv, "num_blocks_needed", lambda *a: calls.append(1) or needed(*a))
+    out = eng.step()
+    assert len(out.admitted_ids) == 16
+    assert len(calls) <= 2 * (64 + 16)  # was 64 x 16 + ...
+
+
+def test_requests_compare_by_identity_and_finishing_one_is_o1():
+    """Two requests with the same fields are different requests (a value ``==`` made ``list.remove`` over N
+    running requests compare field by field); the running set finds and removes one without a scan."""
+    params = SamplingParams(max_tokens=2)
+    a, b = Request("x", [3], params, 0.0), Request("x", [3], params, 0.0)
+    assert a != b and a == a and len({a, b}) == 2
+    eng = running_decodes(32)
+    running = eng.sched.running
+    assert [r.request_id for r in running][:2] == ["d0", "d1"] and running[-1].request_id == "d31"
+    assert eng.sched.finish_requests(["d5", "d31"], RequestStatus.FINISHED_ABORTED)[0].request_id == "d5"
+    assert len(running) == 30 and "d5" not in {r.request_id for r in running} and running[-1].request_id == "d30"
+    with pytest.raises(ValueError):
+        running.remove(a)
+    with pytest.raises(ValueError):
+        running.append(running[0])
+
+
+def test_past_deadline_costs_what_expired_and_keeps_arrival_order():
+    sched = FakeEngine().sched
+    for rid, deadline in (("late", 9.0), ("a", 5.0), ("none", None), ("b", 2.0), ("c", 5.0)):
+        sched.add_request(Request(rid, [3, 4], SamplingParams(max_tokens=4), 0.0, deadline=deadline))
+    sched.finish_requests(["c"], RequestStatus.FINISHED_ABORTED)
+    assert sched.past_deadline(1.0) == []
+    assert sched.past_deadline(5.0) == ["a", "b"]  # in the order they were added; "c" finished already
+    sched.finish_requests(["a", "b"], RequestStatus.FINISHED_TIMEOUT)
+    assert sched.past_deadline(100.0) == ["late"]

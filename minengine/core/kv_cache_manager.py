@@ -101,10 +101,14 @@ class KVCacheManager:
         length. Prefix-hit blocks with ref count 0 leave the free queue, so they count against the free
         blocks too. Returns the newly taken blocks, or ``None`` (and changes nothing) when the pool is short.
         """
+        if not new_computed_blocks:
+            held = self.req_to_blocks.get(request.request_id)
+            if held and request.num_computed_tokens + num_new_tokens <= len(held) * self.block_size:
+                return []  # the common decode step: the token fits in the last block
         new_computed_blocks = new_computed_blocks or []
         num_new = self.num_blocks_needed(request, num_new_tokens, len(new_computed_blocks))
         if num_new == 0 and not new_computed_blocks and request.request_id in self.req_to_blocks:
-            return []  # the common decode step: the token fits in the last block
+            return []
         num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
         if num_new + num_revived > self.pool.num_free_blocks:
             return None

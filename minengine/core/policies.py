@@ -65,6 +65,10 @@ class SchedulingPolicy:
         return candidates[-1]
 
 
+def _priority(request: Request) -> int:
+    return request.priority
+
+
 def _last_scheduled(request: Request) -> int:
     return -1 if request.last_scheduled_step is None else request.last_scheduled_step
 
@@ -75,9 +79,11 @@ def split_running(step: StepBuilder) -> tuple[list[Request], list[Request]]:
     in a step (a capped share, or a budget smaller than the decodes) serves them in turn: round-robin over
     the decodes, each of which costs one token (without proposals). When every decode was served in the
     previous step they all tie, and this is running order."""
-    running = step.unscheduled_running()
-    decodes = sorted((r for r in running if r.is_decode), key=_last_scheduled)  # stable
-    return decodes, [r for r in running if not r.is_decode]
+    decodes, prefills = [], []
+    for r in step.unscheduled_running():
+        (decodes if r.is_decode else prefills).append(r)
+    decodes.sort(key=_last_scheduled)  # stable
+    return decodes, prefills
 
 
 class DecodeFirst(SchedulingPolicy):
@@ -176,9 +182,17 @@ class Priority(SchedulingPolicy):
             return request.priority
         return request.priority - (step_index - request.arrival_step) // aging
 
+    def sort_key(self, step_index: int):
+        """``effective_priority`` at ``step_index`` as a sort key (one inlined expression: a step sorts every
+        running request)."""
+        aging = self.settings.priority_aging_steps
+        if aging <= 0:
+            return _priority
+        return lambda r: r.priority - (step_index - r.arrival_step) // aging
+
     def fill(self, step: StepBuilder) -> None:
         running = step.unscheduled_running()
-        step.run_all(sorted(running, key=lambda r: self.effective_priority(r, step.step_index)))  # stable
+        step.run_all(sorted(running, key=self.sort_key(step.step_index)))  # stable
         step.admit_all()
 
     def next_waiting(self, waiting: Sequence[Request], step_index: int) -> Request:

@@ -16,6 +16,7 @@ cache), and ``rollback()`` gives back a step that failed in between (an exceptio
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.policies import PolicySettings, SchedulingPolicy, make_policy
 from minengine.core.predictors import OraclePredictor
+from minengine.core.request_set import RequestSet
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.core.spec_decode import NgramProposer, SpeculativeConfig
 from minengine.core.step_builder import StepBuilder, StepLimits, Undo, reset_for_recompute
@@ -38,7 +40,7 @@ class _OpenStep:
 
     out: SchedulerOutput
     undo: list[Undo]
-    waiting_before: list[Request]
+    waiting_before: list[Request] | None  # None: the step did not change the waiting queue
 
 
 class Scheduler:
@@ -96,7 +98,11 @@ class Scheduler:
         self.reserve_predicted_kv = reserve_predicted_kv
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # in admission order
+        self.running = RequestSet()  # in admission order; O(1) append, remove, membership
+        # (deadline, arrival number, request) of every request added with a deadline, earliest first; an entry
+        # whose request finished otherwise stays until its deadline passes (``past_deadline`` skips it).
+        self._deadlines: list[tuple[float, int, Request]] = []
+        self._num_added = 0
         self.num_steps = 0
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
@@ -112,6 +118,20 @@ class Scheduler:
             request.predicted_output_len = self.predictor.predict(request)
         self.requests[request.request_id] = request
         self.waiting.append(request)
+        if request.deadline is not None:
+            heapq.heappush(self._deadlines, (request.deadline, self._num_added, request))
+        self._num_added += 1
+
+    def past_deadline(self, now: float) -> list[str]:
+        """Ids of the unfinished requests whose deadline is ``<= now`` (engine-clock seconds), in the order they
+        were added; the caller finishes them (``finish_requests``: they are not returned again). Costs what
+        has expired (a heap by deadline), not a scan of every request."""
+        expired = []
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, number, request = heapq.heappop(self._deadlines)
+            if self.requests.get(request.request_id) is request:
+                expired.append((number, request.request_id))
+        return [rid for _, rid in sorted(expired)]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -124,10 +144,10 @@ class Scheduler:
             request = self.requests.pop(rid, None)
             if request is None:
                 continue
-            if request in self.running:
+            if request in self.running:  # O(1)
                 self.running.remove(request)
             else:
-                self.waiting.remove(request)
+                self.waiting.remove(request)  # from its place: near the front, mostly
             self.kv.free(request)
             self.swap_space.release(request.swapped_block_ids)
             request.swapped_block_ids = []
@@ -140,13 +160,12 @@ class Scheduler:
         """Build the next step with the scheduling policy (see ``StepBuilder`` for the moves it makes).
         The step stays open until ``update_from_output`` commits it or ``rollback`` gives it back."""
         self.swap_space.begin_step()
-        waiting_before = list(self.waiting)
         step = self._new_step()
         self.policy.fill(step)
         self.num_steps += 1
         out = step.build()
         self._count_moves(step)
-        self._open_step = _OpenStep(out, step.undo, waiting_before)
+        self._open_step = _OpenStep(out, step.undo, step.waiting_before)
         return out
 
     def preempt(self, request: Request, out: SchedulerOutput) -> None:
@@ -211,8 +230,11 @@ class Scheduler:
                 request.swapped_block_ids = []
                 reset_for_recompute(request)
         victims = [r for r in self.waiting if r.request_id in preempted]
+        before = open_step.waiting_before
+        if before is None:  # the step changed nothing there: the queue as it is, without the victims
+            before = [r for r in self.waiting if r.request_id not in preempted]
         self.waiting.clear()
-        self.waiting.extend(victims + [r for r in open_step.waiting_before if r.request_id in self.requests])
+        self.waiting.extend(victims + [r for r in before if r.request_id in self.requests])
         self.num_steps -= 1
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -298,10 +320,10 @@ class Scheduler:
 
     def _check_stop(self, request: Request) -> RequestStatus | None:
         """vLLM's order: length first, then EOS, then stop token ids."""
-        params = request.sampling_params
-        if request.num_tokens >= self.max_model_len or request.num_output_tokens >= params.max_tokens:
+        params, output = request.sampling_params, request.output_token_ids
+        if len(request.prompt_token_ids) + len(output) >= self.max_model_len or len(output) >= params.max_tokens:
             return RequestStatus.FINISHED_LENGTH
-        last = request.output_token_ids[-1]
+        last = output[-1]
         if not params.ignore_eos and request.eos_token_id is not None and last == request.eos_token_id:
             return RequestStatus.FINISHED_STOPPED
         if last in params.stop_token_ids:
@@ -316,3 +338,10 @@ class Scheduler:
     @property
     def num_running(self) -> int:
         return len(self.running)
+
+    @property
+    def num_swapped(self) -> int:
+        """Waiting requests whose KV is in the swap space (none, without looking, when it has no blocks)."""
+        if not self.swap_space.num_blocks:
+            return 0
+        return sum(r.status is RequestStatus.SWAPPED for r in self.waiting)

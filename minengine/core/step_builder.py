@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
+from minengine.core.request_set import RequestSet
 from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minengine.core.spec_decode import NgramProposer
 from minengine.core.swap_space import SwapSpace
@@ -98,7 +99,8 @@ class StepBuilder:
         policy: the scheduling policy's queue order (``QueueOrder``).
         limits: this step's ``StepLimits``.
         waiting: the scheduler's waiting queue; admissions take from it, preemptions put back at its front.
-        running: the scheduler's running requests in admission order; admissions append, preemptions remove.
+        running: the scheduler's running requests in admission order (a ``RequestSet``); admissions append,
+            preemptions remove.
         swap_space: the CPU swap space (``preemption_mode="swap"``; size 0 otherwise).
         step_index: the scheduler's step count (for priority aging and round-robin turns).
         proposer: speculative decoding's proposer (``core/spec_decode.py``); None = off.
@@ -108,12 +110,14 @@ class StepBuilder:
         budget: tokens left of ``max_num_batched_tokens``.
         out: the ``SchedulerOutput`` filled as requests are scheduled, preempted and admitted.
         undo: the state before the step of every request scheduled in it (see ``Undo``).
+        waiting_before: the waiting queue as it was before this step's first admission or preemption changed
+            it (what a rollback restores), None while unchanged: copied once, and only by a step that changes it.
         num_preemptions, num_swapped_out_blocks, num_swapped_in_blocks: this builder's moves, which the
             scheduler adds to its totals.
     """
 
     def __init__(self, kv: KVCacheManager, policy: QueueOrder, limits: StepLimits, waiting: deque[Request],
-                 running: list[Request], swap_space: SwapSpace, step_index: int,
+                 running: RequestSet, swap_space: SwapSpace, step_index: int,
                  proposer: NgramProposer | None = None, out: SchedulerOutput | None = None):
         self.kv = kv
         self.policy = policy
@@ -129,7 +133,11 @@ class StepBuilder:
         self._num_new: dict[str, int] = {}  # request id -> tokens scheduled for it in this step
         self._spec: dict[str, list[int]] = {}  # request id -> its proposals in this step (speculative decoding)
         self.undo: list[Undo] = []
+        self.waiting_before: list[Request] | None = None
         self._reserved: int | None = None  # reserve_predicted_kv: blocks the running requests still need
+        # ``blocks_for_next_token(running)``, computed at the first admission that reserves them and kept up to
+        # date by the admissions after it (a run or a preemption drops it: it is computed again if needed).
+        self._next_token_blocks: int | None = None
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
@@ -145,6 +153,8 @@ class StepBuilder:
 
     def unscheduled_running(self) -> list[Request]:
         """Running requests with nothing scheduled yet this step, in running (admission) order."""
+        if not self._num_new:  # at the start of a step: all of them, copied at C speed
+            return list(self.running)
         return [r for r in self.running if r.request_id not in self._num_new]
 
     def peek_waiting(self) -> Request | None:
@@ -160,10 +170,15 @@ class StepBuilder:
             tokens scheduled; 0 when the request itself was the victim (or nothing fits the limit).
         """
         limit = self.budget if limit is None else min(limit, self.budget)
-        num_new = self.limits.chunk(request.num_tokens - request.num_computed_tokens, limit)
+        num_uncomputed = request.num_tokens - request.num_computed_tokens
+        # a decode (or a prefill's last token) needs no chunking: skip the call
+        num_new = min(1, limit) if num_uncomputed == 1 else self.limits.chunk(num_uncomputed, limit)
         if num_new <= 0:
             return 0
-        undo = Undo.of(request, len(self.kv.req_to_blocks.get(request.request_id, ())))
+        self._next_token_blocks = None  # this request's need changes
+        undo = Undo(request, len(self.kv.req_to_blocks.get(request.request_id, ())), RequestStatus.RUNNING,
+                    request.num_computed_tokens, (), request.num_cached_tokens, request.last_scheduled_step,
+                    request.num_external_computed_tokens)  # a running request holds no swap blocks
         if self.proposer is not None and num_new == 1 and request.is_decode:
             spec = self._speculate(request, limit)
             if spec:
@@ -186,7 +201,9 @@ class StepBuilder:
         ``num_computed_tokens`` is kept. Otherwise recompute: the blocks are freed and ``num_computed_tokens``
         goes back to 0; the generated tokens stay, so the re-prefill continues where it was.
         """
+        self._waiting_changes()
         self.running.remove(request)
+        self._next_token_blocks = None
         gpu_ids = self.kv.get_block_ids(request.request_id)
         if (self.limits.preemption_mode == "swap" and gpu_ids
                 and len(gpu_ids) <= self.swap_space.num_free_blocks):
@@ -230,12 +247,12 @@ class StepBuilder:
     def run_all(self, requests: Iterable[Request], cap: int | None = None) -> int:
         """``run`` each request in order while the budget (and ``cap`` tokens in all) lasts; requests
         preempted meanwhile or already scheduled are skipped. Returns the tokens scheduled."""
-        used = 0
+        used, scheduled, running = 0, self._num_new, RequestStatus.RUNNING
         for request in requests:
             left = self.budget if cap is None else min(self.budget, cap - used)
             if left <= 0:
                 break
-            if request.status is not RequestStatus.RUNNING or self.is_scheduled(request):
+            if request.status is not running or request.request_id in scheduled:  # ``is_scheduled``
                 continue
             used += self.run(request, left)
         return used
@@ -258,7 +275,9 @@ class StepBuilder:
         request = self.policy.next_waiting(self.waiting, self.step_index)
         free = self.kv.num_free_blocks
         if reserve_running:
-            free -= self.blocks_for_next_token(self.running)
+            if self._next_token_blocks is None:  # once per step, not once per admission
+                self._next_token_blocks = self.blocks_for_next_token(self.running)
+            free -= self._next_token_blocks
         if self.limits.reserve_predicted_kv and not self._fits_predicted(request, free):
             return 0
         undo = Undo.of(request, 0)
@@ -268,11 +287,14 @@ class StepBuilder:
             num_new = self._allocate_new(request, limit, free)
         if num_new == 0:
             return 0
+        self._waiting_changes()
         self.waiting.remove(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         self.out.admitted_ids.append(request.request_id)
         self._add(request, num_new, undo)
+        if self._next_token_blocks is not None:  # the newcomer's own need joins the others'
+            self._next_token_blocks += self.blocks_for_next_token((request,))
         if self._reserved is not None:
             self._reserved += self._predicted_need(request)
         return num_new
@@ -386,6 +408,10 @@ class StepBuilder:
         slack = (-already_computed) % self.kv.block_size
         return min(num_new, free_blocks * self.kv.block_size + slack)
 
+    def _waiting_changes(self) -> None:
+        if self.waiting_before is None:
+            self.waiting_before = list(self.waiting)
+
     # ---- output ---------------------------------------------------------------------------------------
     def _add(self, request: Request, num_new: int, undo: Undo) -> None:
         self._scheduled.append((request, num_new))
@@ -401,28 +427,35 @@ class StepBuilder:
     def build(self) -> SchedulerOutput:
         """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order."""
         specs = self._spec
+        block_ids = self.kv.get_block_ids
+        scheduled = self.out.scheduled
         for request, num_new in self._scheduled:
             start = request.num_computed_tokens
             end = start + num_new
+            prompt, output = request.prompt_token_ids, request.output_token_ids
+            num_tokens = len(prompt) + len(output)
             spec = specs.get(request.request_id) if specs else None
             if spec:  # a decode verifying proposals: its latest token, then the proposals
                 end -= len(spec)
                 self.out.num_spec_tokens += len(spec)
                 token_ids = request.token_ids_slice(start, end) + spec
+            elif end == num_tokens and start == num_tokens - 1 and output:  # a decode: its latest token
+                token_ids = [output[-1]]
             else:
                 token_ids = request.token_ids_slice(start, end)
-            self.out.scheduled.append(ScheduledRequest(
-                request_id=request.request_id,
-                token_ids=token_ids,
-                start_pos=start,
-                block_ids=self.kv.get_block_ids(request.request_id),
-                sample=end == request.num_tokens,
-                is_prefill=not request.is_decode,  # num_computed_tokens is still ``start`` here
-                sampling_params=request.sampling_params,
-                output_index=request.num_output_tokens,
-                prompt_token_ids=request.prompt_token_ids,
-                output_token_ids=request.output_token_ids,
-                spec_token_ids=spec or (),
-                structured_output=request.structured_output,
+            scheduled.append(ScheduledRequest(
+                request.request_id,
+                token_ids,
+                start,
+                block_ids(request.request_id),
+                end == num_tokens,  # sample
+                # ``Request.is_decode`` (num_computed_tokens is still ``start`` here): a prefill otherwise
+                not (num_tokens - start == 1 and start >= request.prefill_len),
+                request.sampling_params,
+                len(output),  # output_index
+                prompt,
+                output,
+                spec or (),
+                request.structured_output,
             ))
         return self.out

@@ -430,7 +430,7 @@ class LLMEngine:
     def _finish_timed_out(self, now: float) -> list[tuple[Request, str]]:
         """Finish every unfinished request whose deadline has passed with reason "timeout" (its blocks and
         swap blocks are freed); returns them with their final text."""
-        expired = [rid for rid, r in self.scheduler.requests.items() if r.deadline is not None and now >= r.deadline]
+        expired = self.scheduler.past_deadline(now)
         done = []
         for request in self.scheduler.finish_requests(expired, RequestStatus.FINISHED_TIMEOUT):
             self._finish_metrics(request, now)
@@ -457,8 +457,7 @@ class LLMEngine:
         s, kv = self.scheduler, self.kv_cache_manager
         if num_cached_free_blocks is None:
             num_cached_free_blocks = kv.pool.num_cached_free_blocks
-        self.stat_logger.record_state(s.num_running, s.num_waiting,
-                                      sum(r.status is RequestStatus.SWAPPED for r in s.waiting),
+        self.stat_logger.record_state(s.num_running, s.num_waiting, s.num_swapped,
                                       kv.num_free_blocks, num_cached_free_blocks, self.num_kv_blocks)
 
     def _block_snapshot(self) -> dict:
