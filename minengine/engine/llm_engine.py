@@ -213,6 +213,11 @@ class LLMEngine:
     def get_tokenizer(self):
         return self.tokenizer
 
+    @property
+    def structured_output_manager(self):
+        """The grammar compiler and matchers of structured outputs (``None`` until the first such request)."""
+        return self.input_processor.structured_output_manager
+
     # ---- requests -------------------------------------------------------------------------------------
     def prompt_to_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """A prompt as (text or None, token ids); see ``InputProcessor.prompt_to_token_ids``."""
