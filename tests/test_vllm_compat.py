@@ -62,7 +62,8 @@ def test_script_runs_and_ports_to_vllm_by_its_imports(script, monkeypatch, capsy
 
 
 def test_metric_names_are_vllms():
-    """Every vllm: series minengine exports is one vLLM's PrometheusStatLogger defines (v0.10 names)."""
+    """The vllm: series minengine exports are the 36 vLLM 0.33's PrometheusStatLogger registers whatever the
+    configuration (spec decoding, LoRA, KV-cache residency and NaN counting add more, only when enabled)."""
     vllm_names = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                   "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens",
                   "vllm:generation_tokens", "vllm:request_success", "vllm:request_prompt_tokens",
@@ -71,7 +72,15 @@ def test_metric_names_are_vllms():
                   "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds",
                   "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds",
                   "vllm:request_inference_time_seconds", "vllm:request_prefill_time_seconds",
-                  "vllm:request_decode_time_seconds", "vllm:cache_config_info"}
+                  "vllm:request_decode_time_seconds", "vllm:cache_config_info",
+                  # added in vLLM 0.11 .. 0.33
+                  "vllm:num_requests_waiting_by_reason", "vllm:engine_sleep_state",
+                  "vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits",
+                  "vllm:mm_cache_queries", "vllm:mm_cache_hits",
+                  "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached", "vllm:prompt_tokens_recomputed",
+                  "vllm:request_max_num_generation_tokens", "vllm:request_prefill_kv_computed_tokens",
+                  "vllm:request_num_preemptions", "vllm:admission_rejections"}
+    assert len(vllm_names) == 36
     logger = PrometheusStatLogger("m", 512, {"block_size": "16"})
     exported = {f.name for f in logger.registry.collect()}
     ours = {n for n in exported if n.startswith("vllm:")}

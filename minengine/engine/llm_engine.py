@@ -268,7 +268,7 @@ class LLMEngine:
                                        self.request_metrics[child.request_id])
             self.output_processor.add_request(child, index, parent)
         if self.log_stats:
-            self.stat_logger.record_new_request(group.params.n)
+            self.stat_logger.record_new_request(group.params.n, [r.request_id for r in group.requests])
             self._record_state(self.stat_logger.last_cached_free_blocks)  # queueing frees no block
 
     def abort_request(self, request_id: str | Iterable[str]) -> None:
@@ -287,8 +287,8 @@ class LLMEngine:
             del self._detok[request.request_id]
         self.output_processor.abort([r.request_id for r in aborted])
         if self.log_stats:
-            self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
-                                             for r in aborted)
+            self.stat_logger.record_finished(
+                (self.request_metrics[r.request_id], r.sampling_params.max_tokens, r.request_id) for r in aborted)
             self._record_state()
 
     def has_unfinished_requests(self) -> bool:
@@ -449,8 +449,8 @@ class LLMEngine:
         if not self.log_stats:
             return
         self.stat_logger.record_step(trace, got_token, self.request_metrics, num_new_tokens)
-        self.stat_logger.record_finished((self.request_metrics[r.request_id], r.sampling_params.max_tokens)
-                                         for r in finished)
+        self.stat_logger.record_finished(
+            (self.request_metrics[r.request_id], r.sampling_params.max_tokens, r.request_id) for r in finished)
         # Without finished requests no block was freed after scheduling: the trace's count is still exact.
         self._record_state(trace.num_cached_free_blocks if trace is not None and not finished else None)
 

@@ -5,9 +5,13 @@ labels ``model_name`` and ``engine`` (always "0" here: one engine). minengine's 
 free blocks, step time) are under ``minengine:``. Each engine has its own ``CollectorRegistry`` (no global
 state, many engines per process); ``prometheus_client.generate_latest(logger.registry)`` renders it.
 
-Differences from vLLM, on purpose: ``vllm:iteration_tokens_total`` observes the tokens a step computed
-(prefill chunks + decodes), where vLLM adds the prompt lengths of requests that got their first token;
-``vllm:request_time_per_output_token_seconds`` is observed only for requests with at least two tokens.
+The 36 series vLLM 0.33 registers whatever the configuration are all here (with a ``speculative_config`` the
+four ``vllm:spec_decode_*`` counters too). Five of them count things minengine does not have and stay at their
+constant value: ``vllm:external_prefix_cache_*`` (a KV connector's cross-instance cache), ``vllm:mm_cache_*``
+(multimodal inputs), ``vllm:admission_rejections`` (a bounded API queue), and ``vllm:engine_sleep_state`` is
+always ``awake``. ``vllm:iteration_tokens_total`` observes the tokens a step computed (prefill chunks +
+decodes), as vLLM 0.33 does. One difference, on purpose: ``vllm:request_time_per_output_token_seconds`` is
+observed only for requests with at least two tokens.
 """
 
 from __future__ import annotations
@@ -28,6 +32,11 @@ REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            240.0, 480.0, 960.0, 1920.0, 7680.0]
 ITERATION_TOKEN_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 N_BUCKETS = [1, 2, 5, 10, 20]
+PREEMPTION_BUCKETS = [1, 2, 3, 4, 5, 10, 20]  # vLLM's vllm:request_num_preemptions
+WAITING_REASONS = ("capacity", "deferred")  # vLLM's vllm:num_requests_waiting_by_reason
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # vllm:prompt_tokens_by_source
+SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # vllm:engine_sleep_state
+ADMISSION_REJECT_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")  # vllm:admission_rejections
 STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 FINISH_REASONS = ("stop", "length", "abort", "timeout")
 
@@ -73,15 +82,40 @@ class PrometheusStatLogger:
         def histogram(name, doc, buckets):
             return Histogram(name, doc, names, buckets=buckets, registry=reg).labels(*values)
 
+        def labelled(kind, name, doc, label, label_values, **kwargs):
+            family = kind(name, doc, names + [label], registry=reg, **kwargs)
+            return {v: family.labels(*values, v) for v in label_values}
+
         token_buckets = build_1_2_5_buckets(max_model_len)
         self.running = gauge("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.waiting_by_reason = labelled(Gauge, "vllm:num_requests_waiting_by_reason",
+                                          "Number of requests waiting, by reason.", "reason", WAITING_REASONS)
+        self.sleep_state = labelled(Gauge, "vllm:engine_sleep_state", "Engine sleep state; awake = 1 means the "
+                                    "engine is awake (minengine has no sleep mode).", "sleep_state", SLEEP_STATES)
+        self.sleep_state["awake"].set(1)
         self.kv_usage = gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_queries = counter("vllm:prefix_cache_queries",
                                       "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_hits = counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        # a KV connector's cross-instance cache and the multimodal cache: features minengine has not, so 0
+        self.external_prefix_queries = counter("vllm:external_prefix_cache_queries",
+                                               "External prefix cache queries (KV connector), in queried tokens.")
+        self.external_prefix_hits = counter("vllm:external_prefix_cache_hits",
+                                            "External prefix cache hits (KV connector), in cached tokens.")
+        self.mm_cache_queries = counter("vllm:mm_cache_queries", "Multi-modal cache queries, in queried items.")
+        self.mm_cache_hits = counter("vllm:mm_cache_hits", "Multi-modal cache hits, in cached items.")
+        self.admission_rejections = labelled(Counter, "vllm:admission_rejections",
+                                             "Number of admission attempts rejected (queue full).", "reason",
+                                             ADMISSION_REJECT_REASONS)
         self.preemptions = counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.prompt_tokens_by_source = labelled(Counter, "vllm:prompt_tokens_by_source",
+                                                "Number of prompt tokens by source.", "source", PROMPT_SOURCES)
+        self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached",
+                                            "Number of cached prompt tokens (local + external).")
+        self.prompt_tokens_recomputed = counter("vllm:prompt_tokens_recomputed",
+                                                "Number of cached tokens recomputed for forward pass.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           names + ["finished_reason"], registry=reg)
@@ -92,6 +126,9 @@ class PrometheusStatLogger:
                                                    "Number of generation tokens processed.", token_buckets)
         self.iteration_tokens = histogram("vllm:iteration_tokens_total",
                                           "Histogram of number of tokens per engine_step.", ITERATION_TOKEN_BUCKETS)
+        self.max_num_generation_tokens = histogram("vllm:request_max_num_generation_tokens",
+                                                   "Histogram of maximum number of requested generation tokens.",
+                                                   token_buckets)
         self.params_n = histogram("vllm:request_params_n", "Histogram of the n request parameter.", N_BUCKETS)
         self.params_max_tokens = histogram("vllm:request_params_max_tokens",
                                            "Histogram of the max_tokens request parameter.", token_buckets)
@@ -111,6 +148,15 @@ class PrometheusStatLogger:
                                  "Histogram of time spent in PREFILL phase for request.", REQUEST_LATENCY_BUCKETS)
         self.decode = histogram("vllm:request_decode_time_seconds",
                                 "Histogram of time spent in DECODE phase for request.", REQUEST_LATENCY_BUCKETS)
+        self.prefill_kv_computed = histogram("vllm:request_prefill_kv_computed_tokens",
+                                             "Histogram of new KV tokens computed during prefill (excluding cached "
+                                             "tokens).", token_buckets)
+        self.request_preemptions = histogram("vllm:request_num_preemptions",
+                                             "Histogram of the number of preemptions per finished request.",
+                                             PREEMPTION_BUCKETS)
+        # n > 1: child request id -> its group [unfinished child ids, the largest output so far] (vLLM observes
+        # vllm:request_max_num_generation_tokens once per parent, when its last child finishes)
+        self._groups: dict[str, list] = {}
         if cache_info:
             info = {"engine": "0", **cache_info}
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(info),
@@ -139,15 +185,23 @@ class PrometheusStatLogger:
         self.step_time = histogram("minengine:step_duration_seconds", "Engine step duration in seconds (engine clock).",
                                    STEP_BUCKETS)
 
-    def record_new_request(self, n: int) -> None:
-        """A request was accepted, with ``n`` sequences."""
+    def record_new_request(self, n: int, child_ids: Iterable[str] = ()) -> None:
+        """A request was accepted, with ``n`` sequences (``child_ids``: its engine requests when ``n > 1``)."""
         self.params_n.observe(n)
+        child_ids = list(child_ids)
+        if len(child_ids) > 1:
+            group = [set(child_ids), 0]
+            for rid in child_ids:
+                self._groups[rid] = group
 
     def record_state(self, num_running: int, num_waiting: int, num_swapped: int, num_free_blocks: int,
-                     num_cached_free_blocks: int, num_kv_blocks: int) -> None:
-        """The scheduler's queues and the KV pool now."""
+                     num_cached_free_blocks: int, num_kv_blocks: int, num_deferred: int = 0) -> None:
+        """The scheduler's queues and the KV pool now. ``num_deferred`` of the ``num_waiting`` requests wait for
+        something other than capacity (vLLM's "deferred": a transient constraint; minengine has none, so 0)."""
         self.running.set(num_running)
         self.waiting.set(num_waiting)
+        self.waiting_by_reason["capacity"].set(num_waiting - num_deferred)
+        self.waiting_by_reason["deferred"].set(num_deferred)
         self.swapped.set(num_swapped)
         self.kv_usage.set(1.0 - num_free_blocks / num_kv_blocks)
         self.free_blocks.set(num_free_blocks)
@@ -164,6 +218,7 @@ class PrometheusStatLogger:
             n = num_new_tokens.get(request.request_id, 1) if num_new_tokens else 1
             if request.num_output_tokens == n:  # its first token: the prompt is done
                 self.prompt_tokens.inc(request.num_prompt_tokens)
+                self._record_prompt_sources(request.num_prompt_tokens, request.num_cached_tokens)
                 self.ttft.observe(m.ttft)
             elif len(m.itls) >= n:
                 self.itl.observe(m.itls[-n])  # the gap before this step's first token
@@ -190,9 +245,34 @@ class PrometheusStatLogger:
         self.swapped_in.inc(trace.num_swapped_in_blocks)
         self.swap_time.inc(trace.swap_time_s)
 
-    def record_finished(self, finished: Iterable[tuple[RequestMetrics, int | None]]) -> None:
-        """Requests that finished (any reason): (their metrics, their ``max_tokens``)."""
-        for m, max_tokens in finished:
+    def _record_prompt_sources(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """Where a finished prefill's prompt tokens came from (vLLM's ``PromptTokenStats``): computed here, or
+        served by the prefix cache. A prompt cached up to its last token counts that token as cached and
+        recomputed (it is computed again, for the logits to sample from)."""
+        recomputed = 1 if num_cached_tokens + 1 == num_prompt_tokens else 0
+        hit = num_cached_tokens + recomputed
+        self.prompt_tokens_by_source["local_compute"].inc(num_prompt_tokens - hit)
+        self.prompt_tokens_by_source["local_cache_hit"].inc(hit)
+        self.prompt_tokens_cached.inc(num_cached_tokens)
+        self.prompt_tokens_recomputed.inc(recomputed)
+
+    def _record_max_generation_tokens(self, request_id: str | None, num_output_tokens: int) -> None:
+        group = self._groups.pop(request_id, None) if request_id is not None else None
+        if group is None:
+            self.max_num_generation_tokens.observe(num_output_tokens)
+            return
+        group[0].discard(request_id)
+        group[1] = max(group[1], num_output_tokens)
+        if not group[0]:  # the parent's last child
+            self.max_num_generation_tokens.observe(group[1])
+
+    def record_finished(self, finished: Iterable[tuple]) -> None:
+        """Requests that finished (any reason): (their metrics, their ``max_tokens``[, their request id: children
+        of an ``n > 1`` request are gathered by it])."""
+        for m, max_tokens, *rid in finished:
+            self._record_max_generation_tokens(rid[0] if rid else None, m.num_output_tokens)
+            self.request_preemptions.observe(m.num_preemptions)
+            self.prefill_kv_computed.observe(m.num_prompt_tokens - m.num_cached_tokens)
             reason = m.finish_reason or "abort"
             self.success.setdefault(reason, self.success["abort"]).inc()
             if reason == "timeout":
