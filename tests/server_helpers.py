@@ -28,14 +28,15 @@ class RunningServer:
     """A uvicorn server in a background thread. ``url`` is its base URL; ``engine`` the ``LLMEngine`` behind
     it (read it only while the server is idle: the engine loop owns it)."""
 
-    def __init__(self, engine: LLMEngine, **async_kwargs):
+    def __init__(self, engine: LLMEngine, app_options: dict | None = None, **async_kwargs):
         import uvicorn
 
         self.async_engine = AsyncLLMEngine(engine, **async_kwargs)
         self.engine = engine
         self._sock = free_socket()
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(build_app(self.async_engine), log_level="warning", lifespan="on")
+        config = uvicorn.Config(build_app(self.async_engine, **(app_options or {})), log_level="warning",
+                                lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
@@ -66,9 +67,10 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def running_server(model: str, **config):
-    """``with running_server(model, max_model_len=...) as server:`` a fresh engine served on a free port."""
-    server = RunningServer(LLMEngine.from_config(model=model, **{**SERVER_CONFIG, **config})).start()
+def running_server(model: str, app_options: dict | None = None, **config):
+    """``with running_server(model, max_model_len=...) as server:`` a fresh engine served on a free port
+    (``app_options``: ``build_app``'s keywords: api keys, chat template...)."""
+    server = RunningServer(LLMEngine.from_config(model=model, **{**SERVER_CONFIG, **config}), app_options).start()
     try:
         yield server
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from minengine.inputs import check_unicode
 
@@ -71,3 +72,24 @@ def render_chat(tokenizer, messages, chat_template: str | None = None, add_gener
         raise ValueError(f"chat template failed: {exc}") from exc
     check_unicode(text, "chat template output")  # a surrogate from chat_template or chat_template_kwargs
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def load_chat_template(template: str | None) -> str | None:
+    """``--chat-template`` as vLLM reads it: a file's path (its text), or the Jinja template itself (a string
+    with ``{``, ``}`` or a newline in it); None stays None (the tokenizer's own template).
+
+    Raises:
+        ValueError: a string that looks like a path (no template syntax) but is not a readable file.
+    """
+    if template is None:
+        return None
+    path = Path(template)
+    try:
+        if path.is_file():
+            return path.read_text()
+    except OSError:
+        pass
+    if any(c in template for c in "{}\n"):
+        return template
+    raise ValueError(f"--chat-template {template!r} looks like a file path, but it is not a readable file "
+                     "(give a file or the Jinja template itself)")

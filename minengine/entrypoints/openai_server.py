@@ -1,10 +1,12 @@
 """The OpenAI-compatible HTTP server (FastAPI): vLLM's routes around one ``AsyncLLMEngine``.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or server-sent events with
-``"stream": true``, ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /health``, ``GET /version``,
-``GET /metrics`` (Prometheus text, vLLM's series names), ``POST /tokenize``, ``POST /detokenize``,
+``"stream": true``, ending in ``data: [DONE]``), ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health``,
+``GET|POST /ping``, ``GET /version``, ``GET /metrics`` (Prometheus text, vLLM's series names), ``POST /tokenize``,
+``POST /detokenize``, ``GET /tokenizer_info`` (with ``enable_tokenizer_info_endpoint``, as vLLM),
 ``POST /reset_prefix_cache``, and minengine's ``GET /v1/engine/steps``: every ``StepTrace`` as it happens
-(server-sent events), the feed the dashboard's live mode draws.
+(server-sent events), the feed the dashboard's live mode draws. With ``api_keys`` every ``/v1`` route needs
+``Authorization: Bearer <key>`` (``entrypoints/auth.py``).
 
 Handlers never touch the engine: they enqueue work for the engine loop and await it. A client that
 disconnects (mid-stream or while waiting for a non-streamed answer) aborts its requests; the abort is
@@ -29,6 +31,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 import minengine
 from minengine.engine.llm import default_sampling_overrides
 from minengine.entrypoints.async_engine import AsyncLLMEngine, RequestStream
+from minengine.entrypoints.auth import APIKeyMiddleware
 from minengine.entrypoints.chat_utils import normalize_messages, render_chat
 from minengine.entrypoints.protocol import (
     ChatCompletionRequest,
@@ -64,18 +67,43 @@ def _top(position: PositionLogprobs, k: int) -> list[tuple[int, object]]:
     return sorted(position.items(), key=lambda kv: kv[1].rank or 0)[:k]
 
 
-def completion_logprobs(positions: list[PositionLogprobs], token_ids: list[int], k: int, offset: int) -> dict:
-    """The legacy completions ``logprobs`` object; ``offset`` is the text length already sent."""
+MIN_LOGPROB = -9999.0  # OpenAI's stand-in for -inf (JSON has no infinity), as vLLM clamps
+
+
+def completion_logprobs(positions: list[PositionLogprobs | None], token_ids: list[int], k: int, offset: int,
+                        unscored: dict[int, str] | None = None) -> dict:
+    """The legacy completions ``logprobs`` object (vLLM's ``_create_completion_logprobs``): per token its text,
+    its logprob and ``top_logprobs``, the position's first ``k + 1`` entries (the token itself, then the most
+    likely ones: OpenAI's "up to logprobs + 1"); ``offset`` is the text length already sent. A position without
+    logprobs (``None``: a prompt's first token) has a null logprob and null alternatives; its text comes from
+    ``unscored`` (token id -> text; ``token_id:N`` when absent)."""
     out = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
     for tid, pos in zip(token_ids, positions):
-        lp = pos[tid]
-        token = _token_str(lp, tid)
+        if pos is None:
+            token = (unscored or {}).get(tid, f"token_id:{tid}")
+            out["token_logprobs"].append(None)
+            out["top_logprobs"].append(None)
+        else:
+            token = _token_str(pos[tid], tid)
+            out["token_logprobs"].append(max(pos[tid].logprob, MIN_LOGPROB))
+            out["top_logprobs"].append({_token_str(v, t): max(v.logprob, MIN_LOGPROB)
+                                        for i, (t, v) in enumerate(pos.items()) if i <= k})
         out["text_offset"].append(offset)
-        out["token_logprobs"].append(lp.logprob)
         out["tokens"].append(token)
-        out["top_logprobs"].append({_token_str(v, t): v.logprob for t, v in _top(pos, k)})
         offset += len(token)
     return out
+
+
+def echoed(out: RequestOutput, c: CompletionOutput, echo_only: bool) -> tuple[str, list[int], list | None]:
+    """A completion choice with ``echo`` (vLLM's): its text, token ids and logprob positions over the prompt
+    followed by the output (``echo_only``, from ``max_tokens: 0``: the prompt alone). Positions are None
+    unless the request asked for logprobs (then the prompt's come from its ``prompt_logprobs``)."""
+    prompt_positions = out.prompt_logprobs or []
+    if echo_only:
+        return out.prompt or "", list(out.prompt_token_ids), (list(prompt_positions) if c.logprobs is not None
+                                                               else None)
+    positions = None if c.logprobs is None else [*prompt_positions, *c.logprobs]
+    return (out.prompt or "") + c.text, [*out.prompt_token_ids, *c.token_ids], positions
 
 
 def chat_logprobs(positions: list[PositionLogprobs], token_ids: list[int], k: int) -> dict:
@@ -161,10 +189,13 @@ class OpenAIServing:
 
     Args:
         engine: the async engine (its loop owns the ``LLMEngine``).
+        chat_template: the server's chat template (vLLM's ``--chat-template``), for requests that give none;
+            None: the tokenizer's own.
     """
 
-    def __init__(self, engine: AsyncLLMEngine):
+    def __init__(self, engine: AsyncLLMEngine, chat_template: str | None = None):
         self.engine = engine
+        self.chat_template = chat_template
         e = engine.engine
         self.model_name = e.config.served_model_name
         self.max_model_len = e.config.max_model_len
@@ -219,11 +250,15 @@ class OpenAIServing:
     # ---- /v1/completions -----------------------------------------------------------------------------
     async def completions(self, body: CompletionRequest, raw: Request):
         self.check_model(body.model)
-        params = body.sampling_params(body.max_tokens, body.logprobs, self.defaults)
+        # vLLM's echo: the prompt's logprobs (k = logprobs, unless prompt_logprobs says) come before the output's,
+        # and max_tokens 0 scores the prompt alone (one token is generated and not returned): lm-eval's
+        # loglikelihood requests
+        echo_only = body.echo and body.max_tokens == 0
+        if body.echo and body.logprobs is not None and body.prompt_logprobs is None:
+            body = body.model_copy(update={"prompt_logprobs": body.logprobs})
+        params = body.sampling_params(1 if echo_only else body.max_tokens, body.logprobs, self.defaults)
         if body.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
-        if body.echo and body.logprobs is not None:
-            raise OpenAIError("echo together with logprobs is not supported", param="echo")
         prompts = body.prompts()
         if not body.add_special_tokens:
             prompts = [await self.engine.call(lambda e, p=p: {"prompt_token_ids": e.tokenizer(
@@ -236,21 +271,30 @@ class OpenAIServing:
         head = {"id": request_id, "object": "text_completion", "created": created, "model": self.model_name}
         k = body.logprobs
         if body.stream:
-            return StreamingResponse(self._completion_stream(head, streams, body, k), media_type="text/event-stream")
+            return StreamingResponse(self._completion_stream(head, streams, body, k, echo_only),
+                                     media_type="text/event-stream")
         outs = await until_disconnected(raw, self._collect(streams))
         if outs is None:
             return Response(status_code=499)
+        unscored = await self._unscored_tokens(outs) if body.echo and k is not None else None
         choices, completion_tokens = [], 0
         for i, out in enumerate(outs):
             for c in out.outputs:
-                completion_tokens += len(c.token_ids)
-                text = (out.prompt or "") + c.text if body.echo else c.text
+                completion_tokens += len(c.token_ids)  # with max_tokens 0 too: the token was computed (vLLM)
+                text, token_ids, positions = echoed(out, c, echo_only) if body.echo else (c.text, c.token_ids,
+                                                                                           c.logprobs)
                 choices.append({"index": i * params.n + c.index, "text": text,
-                                "logprobs": completion_logprobs(c.logprobs, c.token_ids, k, 0) if k is not None
-                                else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-                                "prompt_logprobs": prompt_logprobs_json(out)})
+                                "logprobs": completion_logprobs(positions, token_ids, k, 0, unscored)
+                                if k is not None else None, "finish_reason": c.finish_reason,
+                                "stop_reason": c.stop_reason, "prompt_logprobs": prompt_logprobs_json(out)})
         prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
         return {**head, "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}
+
+    async def _unscored_tokens(self, outs: list[RequestOutput]) -> dict[int, str]:
+        """The text of each prompt's first token (its position has no logprobs to take it from)."""
+        first = {o.prompt_token_ids[0] for o in outs if o.prompt_token_ids}
+        return await self.engine.call(lambda e: {t: e.tokenizer.decode([t]) if e.tokenizer is not None
+                                                 else f"token_id:{t}" for t in first})
 
     async def _collect(self, streams: list[RequestStream]) -> list[RequestOutput]:
         final: dict[int, RequestOutput] = {}
@@ -263,7 +307,7 @@ class OpenAIServing:
         return [final[i] for i in range(len(streams))]
 
     async def _completion_stream(self, head: dict, streams: list[RequestStream], body: CompletionRequest,
-                                 k: int | None) -> AsyncIterator[str]:
+                                 k: int | None, echo_only: bool = False) -> AsyncIterator[str]:
         n, opts = body.n, body.stream_options
         # continuous usage stats, as vLLM: each chunk counts its own prompt and its own choice's tokens so far;
         # the final usage chunk sums them all
@@ -274,17 +318,21 @@ class OpenAIServing:
                 for c in out.outputs:
                     index = i * n + c.index
                     completion_tokens[index] = completion_tokens.get(index, 0) + len(c.token_ids)
-                    text = c.text
-                    if body.echo and index not in sent_text:
-                        text = (out.prompt or "") + text
+                    text, token_ids, positions, unscored = c.text, c.token_ids, c.logprobs, None
+                    if body.echo and index not in sent_text:  # the first chunk of a choice carries the prompt
+                        text, token_ids, positions = echoed(out, c, echo_only)
+                        if k is not None:
+                            unscored = await self._unscored_tokens([out])
+                    elif echo_only:  # max_tokens 0: the one generated token is not returned
+                        text, token_ids, positions = "", [], [] if positions is not None else None
                     offset = sent_text.get(index, 0)
                     sent_text[index] = offset + len(text)
-                    if not text and not c.token_ids and c.finish_reason is None:
+                    if not text and not token_ids and c.finish_reason is None:
                         continue
                     chunk = {**head, "choices": [{
                         "index": index, "text": text,
-                        "logprobs": completion_logprobs(c.logprobs, c.token_ids, k, offset) if k is not None else None,
-                        "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
+                        "logprobs": completion_logprobs(positions, token_ids, k, offset, unscored) if k is not None
+                        else None, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason}]}
                     if opts is not None and opts.include_usage and opts.continuous_usage_stats:
                         chunk["usage"] = usage(prompt_tokens[i], completion_tokens[index])
                     yield sse(chunk)
@@ -306,7 +354,7 @@ class OpenAIServing:
         params = body.sampling_params(body.max_new_tokens, k, self.defaults)
         try:
             text, ids = await self.engine.call(lambda e: render_chat(
-                e.tokenizer, body.messages, body.chat_template, body.add_generation_prompt,
+                e.tokenizer, body.messages, body.chat_template or self.chat_template, body.add_generation_prompt,
                 body.continue_final_message, body.chat_template_kwargs))
         except ValueError as exc:
             message = str(exc)
@@ -386,8 +434,8 @@ class OpenAIServing:
             if e.tokenizer is None:
                 raise OpenAIError("this model has no tokenizer", param="prompt")
             if body.messages is not None:
-                _, ids = render_chat(e.tokenizer, body.messages, body.chat_template, body.add_generation_prompt,
-                                     body.continue_final_message)
+                _, ids = render_chat(e.tokenizer, body.messages, body.chat_template or self.chat_template,
+                                     body.add_generation_prompt, body.continue_final_message)
             else:
                 special = True if body.add_special_tokens is None else body.add_special_tokens
                 check_unicode(body.prompt, "prompt")
@@ -412,6 +460,28 @@ class OpenAIServing:
             return {"prompt": e.tokenizer.decode(body.tokens)}
 
         return await self.engine.call(run)
+
+    async def tokenizer_info(self) -> dict:
+        """vLLM's ``GET /tokenizer_info``: the tokenizer's settings (its ``init_kwargs``, tokenizer_config.json's
+        keys, without the vocabulary files' paths; special tokens as their text), ``tokenizer_class``, and the
+        server's ``chat_template`` when one was given. lm-eval reads ``eos_token`` (and the template) from it."""
+        def run(e) -> dict:
+            if e.tokenizer is None:
+                raise OpenAIError("this model has no tokenizer", 404, type_="NotFoundError")
+            info = {k: _json_value(v) for k, v in (getattr(e.tokenizer, "init_kwargs", None) or {}).items()
+                    if k not in ("vocab_file", "merges_file")}
+            info["tokenizer_class"] = type(e.tokenizer).__name__
+            if self.chat_template:
+                info["chat_template"] = self.chat_template
+            return info
+
+        return await self.engine.call(run)
+
+    def model_card(self) -> dict:
+        """The served model as ``/v1/models`` lists it (vLLM's ``ModelCard``)."""
+        return {"id": self.model_name, "object": "model", "created": int(self.engine.started_unix_time),
+                "owned_by": "minengine", "root": str(self.engine.engine.model_path), "parent": None,
+                "max_model_len": self.max_model_len}
 
     # ---- the step feed -------------------------------------------------------------------------------
     async def engine_info(self) -> dict:
@@ -464,9 +534,28 @@ class OpenAIServing:
         return d
 
 
-def build_app(engine: AsyncLLMEngine) -> FastAPI:
-    """The FastAPI app serving ``engine`` (its loop starts with the app and stops with it)."""
-    serving = OpenAIServing(engine)
+def _json_value(value):
+    """A tokenizer setting as JSON: special tokens (``AddedToken``) as their text, containers element-wise."""
+    if hasattr(value, "content"):
+        return value.content
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+
+
+def build_app(engine: AsyncLLMEngine, *, api_keys: list[str] | None = None, chat_template: str | None = None,
+              enable_tokenizer_info_endpoint: bool = False) -> FastAPI:
+    """The FastAPI app serving ``engine`` (its loop starts with the app and stops with it).
+
+    Args:
+        engine: the async engine. api_keys: vLLM's ``--api-key``: when given, ``/v1`` routes need one of them
+            as a bearer token (401 otherwise). chat_template: vLLM's ``--chat-template`` (the template text).
+        enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (off by default, as in vLLM: it shows
+            the tokenizer's configuration and paths).
+    """
+    serving = OpenAIServing(engine, chat_template)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -507,16 +596,29 @@ def build_app(engine: AsyncLLMEngine) -> FastAPI:
             return JSONResponse(error_body(str(exc), 503, type_="ServiceUnavailable"), status_code=503)
         return Response(status_code=200)
 
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping():
+        """vLLM's (SageMaker's) liveness probe: the same answer as ``/health``."""
+        return await health()
+
     @app.get("/version")
     async def version():
         return {"version": minengine.__version__}
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{
-            "id": serving.model_name, "object": "model", "created": int(engine.started_unix_time),
-            "owned_by": "minengine", "root": str(engine.engine.model_path), "parent": None,
-            "max_model_len": serving.max_model_len}]}
+        return {"object": "list", "data": [serving.model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        """OpenAI's "retrieve model": the served model's card, 404 for any other id."""
+        serving.check_model(model_id)
+        return serving.model_card()
+
+    if enable_tokenizer_info_endpoint:
+        @app.get("/tokenizer_info")
+        async def tokenizer_info():
+            return await serving.tokenizer_info()
 
     @app.get("/metrics")
     async def metrics():
@@ -549,11 +651,14 @@ def build_app(engine: AsyncLLMEngine) -> FastAPI:
         return StreamingResponse(serving.step_feed(raw, history, block_tables), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
+    if api_keys:
+        app.add_middleware(APIKeyMiddleware, keys=list(api_keys))
     return app
 
 
-def run_server(engine: AsyncLLMEngine, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Serve ``engine`` with uvicorn until interrupted."""
+def run_server(engine: AsyncLLMEngine, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+               **app_options) -> None:
+    """Serve ``engine`` with uvicorn until interrupted (``app_options``: ``build_app``'s keywords)."""
     import uvicorn
 
-    uvicorn.run(build_app(engine), host=host, port=port, log_level=log_level)
+    uvicorn.run(build_app(engine, **app_options), host=host, port=port, log_level=log_level)

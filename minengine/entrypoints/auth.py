@@ -1,0 +1,57 @@
+"""``--api-key``: vLLM's bearer-token check in front of the OpenAI routes (``AuthenticationMiddleware``).
+
+Every request to a path under ``/v1`` (the OpenAI API and minengine's step feed) must carry
+``Authorization: Bearer <key>`` with one of the server's keys, or it gets 401 ``{"error": "Unauthorized"}``.
+Other paths (``/health``, ``/ping``, ``/metrics``, ``/tokenize``, ``/version``...) and CORS preflights
+(``OPTIONS``) stay open, as in vLLM. Keys are compared by their SHA-256 digests in constant time, so the
+comparison takes the same time whichever byte differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+
+GUARDED_PREFIX = "/v1"
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+class APIKeyMiddleware:
+    """A pure ASGI middleware: ``app`` behind a check of ``Authorization: Bearer <key>``.
+
+    Args:
+        app: the ASGI app to guard. keys: the accepted keys (non-empty strings).
+
+    Raises:
+        ValueError: no key, or an empty one.
+    """
+
+    def __init__(self, app, keys: list[str]):
+        if not keys or any(not isinstance(k, str) or not k for k in keys):
+            raise ValueError(f"api keys must be non-empty strings, got {keys!r}")
+        self.app = app
+        self._digests = [_digest(k) for k in keys]
+
+    def authorized(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        given = _digest(token)
+        ok = False
+        for d in self._digests:  # no early exit: the time does not say which key matched
+            ok |= secrets.compare_digest(given, d)
+        return ok
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
+            return await self.app(scope, receive, send)
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if path.startswith(GUARDED_PREFIX) and not self.authorized(Headers(scope=scope)):
+            return await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+        return await self.app(scope, receive, send)
