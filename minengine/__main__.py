@@ -8,49 +8,16 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import random
-import re
 import sys
-import typing
 from pathlib import Path
 
 from minengine.config import EngineConfig
-from minengine.core.policies import POLICIES
-from minengine.core.scheduler import PREEMPTION_MODES
+from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.llm_engine import LLMEngine
 from minengine.sampling_params import SamplingParams
 from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir, load_real_prompts
-
-_CHOICES = {"dtype": ("float32", "float16", "bfloat16"), "device": ("cpu", "cuda", "auto"),
-            "scheduling_policy": tuple(POLICIES), "preemption_mode": PREEMPTION_MODES}
-_BOOL_ALIASES = {"enable_chunked_prefill": "--chunked-prefill", "enable_prefix_caching": "--prefix-caching"}
-_HELP_OVERRIDES = {"model": "HF checkpoint directory or hub id (None: the bundled tiny model)"}
-
-
-def _field_docs() -> dict[str, str]:
-    """Each ``EngineConfig`` field's description, from the "Attributes:" section of its docstring."""
-    docs: dict[str, str] = {}
-    name = None
-    lines = (EngineConfig.__doc__ or "").split("Attributes:", 1)[-1].split("Raises:", 1)[0].splitlines()
-    for line in lines:
-        head = re.match(r"^ {8}(\w+): (.*)$", line)
-        if head:
-            name = head.group(1)
-            docs[name] = head.group(2).strip()
-        elif name and line.startswith(" " * 12):
-            docs[name] += " " + line.strip()
-    # the formatter appends "(default: X)" itself: drop the docstring's own mentions so none shows twice
-    return {k: v.replace("``", "").replace(" (default)", "").replace("(default, ", "(").replace("%", "%%")
-            for k, v in docs.items()}
-
-
-def _optional(kind):
-    """An argparse type for an ``X | None`` field: "none" gives None."""
-    def parse(text: str):
-        return None if text.strip().lower() == "none" else kind(text)
-    parse.__name__ = kind.__name__
-    return parse
-
 
 MAX_CLI_REQUESTS = 100_000  # requests one CLI run serves at most: a larger count is a typo, not a workload
 
@@ -101,48 +68,15 @@ def _check_bench_flags(a: argparse.Namespace) -> None:
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    """One flag per ``EngineConfig`` field, generated from the dataclass (names, types, defaults, help), so the
-    CLI cannot drift from the config: ``--max-num-batched-tokens`` for ``max_num_batched_tokens``; booleans as
-    ``--enable-chunked-prefill`` / ``--no-enable-chunked-prefill`` (also ``--no-chunked-prefill``)."""
-    g = p.add_argument_group("engine (EngineConfig; every field, with its default)")
-    docs = _field_docs()
-    hints = typing.get_type_hints(EngineConfig)
-    for f in dataclasses.fields(EngineConfig):
-        hint = hints[f.name]
-        args = typing.get_args(hint)
-        optional = type(None) in args
-        kind = next((a for a in args if a is not type(None)), hint) if args else hint
-        if kind not in (bool, int, float, str):
-            continue  # e.g. ``extra``: not a command-line setting
-        flags = ["--" + f.name.replace("_", "-")]
-        helptext = _HELP_OVERRIDES.get(f.name, docs.get(f.name, f.name))
-        if kind is bool:
-            if f.name in _BOOL_ALIASES:
-                flags.append(_BOOL_ALIASES[f.name])
-            g.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                           help=helptext)
-        else:
-            g.add_argument(*flags, dest=f.name, type=_optional(kind) if optional else kind, default=f.default,
-                           choices=_CHOICES.get(f.name), help=helptext,
-                           metavar=None if f.name in _CHOICES else kind.__name__.upper())
-    # vLLM's --speculative-config: a JSON object (the one dict field that is a command-line setting)
-    g.add_argument("--speculative-config", dest="speculative_config", type=_json_object, default=None,
-                   metavar="JSON", help='speculative decoding by prompt lookup, vLLM\'s JSON: \'{"method": "ngram", '
-                   '"num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}\'; None = off')
-
-
-def _json_object(text: str) -> dict:
-    """A JSON object from the command line (argparse reports the ValueError as a usage error)."""
-    value = json.loads(text)
-    if not isinstance(value, dict):
-        raise ValueError(f"expected a JSON object, got {text!r}")
-    return value
+    """The engine flags: ``EngineArgs.add_cli_args`` (one definition for every command; vLLM's flag names, with
+    every ``EngineConfig`` field and the vLLM-only ones such as ``--tensor-parallel-size``, ``--enforce-eager``,
+    ``--num-gpu-blocks-override``, ``--generation-config``; ``--dtype auto``)."""
+    EngineArgs.add_cli_args(p)
 
 
 def _config(a: argparse.Namespace) -> EngineConfig:
-    """The ``EngineConfig`` of the parsed flags (every field that has a flag)."""
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    return EngineConfig(**{k: v for k, v in vars(a).items() if k in names})
+    """The ``EngineConfig`` of the parsed flags (``EngineArgs.from_cli_args(a).create_engine_config()``)."""
+    return EngineArgs.from_cli_args(a).create_engine_config()
 
 
 def cmd_run(a: argparse.Namespace) -> None:
@@ -266,6 +200,7 @@ def _warm_up(engine: LLMEngine) -> None:
 
 def cmd_serve(a: argparse.Namespace) -> None:
     from minengine.entrypoints.async_engine import AsyncLLMEngine
+    from minengine.entrypoints.chat_utils import load_chat_template
     from minengine.entrypoints.openai_server import run_server
 
     if a.model_tag is not None:  # ``serve MODEL`` as ``vllm serve MODEL``
@@ -274,13 +209,16 @@ def cmd_serve(a: argparse.Namespace) -> None:
         raise ValueError(f"--port must be in 1..65535, got {a.port}")
     if a.max_history_steps < 0:
         raise ValueError(f"--max-history-steps must be >= 0, got {a.max_history_steps}")
+    api_keys = a.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else None)
+    chat_template = load_chat_template(a.chat_template)  # a bad path fails before the model loads
     config = _config(a)
-    if a.served_model_name is not None:
-        config = dataclasses.replace(config, served_model_name=a.served_model_name)
     engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
     print(f"minengine serving {config.served_model_name!r} ({engine.engine.model_path}) on http://{a.host}:{a.port} "
-          f"(OpenAI API under /v1, Prometheus at /metrics, step feed at /v1/engine/steps)", flush=True)
-    run_server(engine, a.host, a.port, a.uvicorn_log_level)
+          f"(OpenAI API under /v1{', API key required' if api_keys else ''}, Prometheus at /metrics, step feed at "
+          "/v1/engine/steps)", flush=True)
+    run_server(engine, a.host, a.port, a.uvicorn_log_level, api_keys=api_keys, chat_template=chat_template,
+               enable_tokenizer_info_endpoint=a.enable_tokenizer_info_endpoint,
+               generation_config=a.generation_config)
 
 
 def _add_option(parser: argparse.ArgumentParser, group, flag: str, **kwargs) -> None:
@@ -304,6 +242,14 @@ def _serve_parser(sub) -> None:
                    help="step traces and finished requests' metrics kept in memory")
     h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (warning: no access log)")
+    h.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
+                   help="require one of these keys as 'Authorization: Bearer KEY' on the /v1 routes (401 otherwise; "
+                        "vLLM's flag; also the VLLM_API_KEY environment variable)")
+    h.add_argument("--chat-template", default=None,
+                   help="the chat template for requests that give none: a file, or the Jinja template itself "
+                        "(None: the tokenizer's)")
+    h.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (vLLM's flag; off: it shows the tokenizer's settings and paths)")
     s.set_defaults(func=cmd_serve)
 
 
@@ -478,7 +424,8 @@ def _say_kernel_status(status) -> None:
         print(f"minengine: {status.message}", file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: run, generate, bench-serve and serve, each with ``EngineArgs``' flags."""
     p = argparse.ArgumentParser(prog="python -m minengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="serve a batch of real prompts and print a summary",
@@ -503,6 +450,11 @@ def main(argv: list[str] | None = None) -> None:
     g.set_defaults(func=cmd_generate)
     _bench_serve_parser(sub)
     _serve_parser(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = build_parser()
     a = p.parse_args(argv)
     from minengine.layers import cpu_attention
 

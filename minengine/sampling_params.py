@@ -132,7 +132,8 @@ class SamplingParams:
             sums to >= top_p; in (0, 1].
         top_k: keep the k most likely tokens; 0 or -1 keeps all (vLLM's meaning).
         min_p: drop tokens less likely than ``min_p`` times the most likely one (after temperature); [0, 1].
-        seed: per-request seed; the request's samples then depend on nothing else in the batch.
+        seed: per-request seed; the request's samples then depend on nothing else in the batch. -1 =
+            None (vLLM's).
         stop: strings that end generation; the returned text is cut before the stop string unless
             ``include_stop_str_in_output``.
         stop_token_ids: token ids that end generation (the token is kept in ``token_ids``).
@@ -218,6 +219,8 @@ class SamplingParams:
                     from None
         if isinstance(self.bad_words, str):
             self.bad_words = [self.bad_words]
+        if _is_int(self.seed) and self.seed == -1:  # vLLM's "no seed" (OpenAI clients send -1 too)
+            self.seed = None
         if _is_int(self.output_kind) and self.output_kind in tuple(RequestOutputKind):
             self.output_kind = RequestOutputKind(self.output_kind)
         self.verify()

@@ -18,9 +18,12 @@ def test_serve_command_answers_the_openai_client(bundled_model):
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()  # the server binds it next
+    # with the flags a vLLM user passes (vllm serve MODEL --dtype auto ...), which EngineArgs.add_cli_args defines
     proc = subprocess.Popen([sys.executable, "-m", "minengine", "serve", bundled_model, "--port", str(port),
                              "--max-model-len", "256", "--served-model-name", "bard", "--uvicorn-log-level",
-                             "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             "warning", "--dtype", "auto", "--tensor-parallel-size", "1", "--enforce-eager",
+                             "--num-gpu-blocks-override", "64", "--generation-config", "vllm", "--api-key", "k3y"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         url = f"http://127.0.0.1:{port}"
@@ -34,14 +37,16 @@ def test_serve_command_answers_the_openai_client(bundled_model):
                 pass
             assert time.monotonic() < deadline, "server did not come up"
             time.sleep(0.2)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="EMPTY", timeout=60, max_retries=0)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", timeout=60, max_retries=0)
         r = client.completions.create(model="bard", prompt="ROMEO:", max_tokens=8, temperature=0)
         assert r.model == "bard" and r.usage.completion_tokens == 8
-        assert 'model_name="bard"' in httpx.get(url + "/metrics", timeout=10).text
+        assert httpx.get(url + "/v1/models", timeout=10).status_code == 401  # no key
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+        assert 'model_name="bard"' in metrics and 'num_gpu_blocks="64"' in metrics
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=60)
-    assert "minengine serving 'bard'" in out
+    assert "minengine serving 'bard'" in out and "API key required" in out
 
 
 def test_serve_help_shows_every_default_once():

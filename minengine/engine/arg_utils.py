@@ -13,7 +13,11 @@ gpu_memory_utilization     ``EngineConfig.gpu_memory_utilization``: a KV budget,
                            device / host memory (never more than the default pool)
 swap_space (GiB)           ``swap_space_bytes`` (used by ``preemption_mode="swap"``)
 scheduling_policy="fcfs"   ``"decode-first"`` (vLLM's FCFS serves running requests first); "priority" as is
-dtype="auto"               float32 on the CPU; on CUDA the checkpoint's dtype (float16 for a float32 one)
+dtype="auto"               float32 on the CPU; on CUDA the checkpoint's dtype (float16 for a float32 one);
+                           "half" = float16, "float" = float32 (vLLM's aliases)
+None for block_size, ...   the engine's default (vLLM's ``None`` defaults: block_size, max_num_batched_tokens,
+                           max_num_seqs, enable_chunked_prefill, enable_prefix_caching; seed None or -1 = 0,
+                           the seed vLLM V1 initializes)
 tensor_parallel_size, ...  must be 1 (one device); cpu_offload_gb 0
 quantization               ``EngineConfig.quantization``: None or "int8" (weight-only)
 kv_cache_dtype             ``EngineConfig.kv_cache_dtype``: "auto", "fp8" or "fp8_e4m3"
@@ -27,6 +31,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
+import typing
 from pathlib import Path
 
 from minengine.config import EngineConfig
@@ -37,19 +43,69 @@ _VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
     "pipeline_parallel_size": (int, 1, (1,), "must be 1: minengine runs on one device"),
     "data_parallel_size": (int, 1, (1,), "must be 1: one engine per process"),
     "num_gpu_blocks_override": (int, None, None, "KV blocks in the pool (= num_kv_blocks)"),
-    "swap_space": (float, None, None, "CPU swap space in GiB for preemption_mode=swap (default: num_kv_blocks)"),
+    "swap_space": (float, None, None, "CPU swap space in GiB for preemption_mode=swap (None: num_kv_blocks)"),
     "enforce_eager": (bool, False, None, "accepted; no effect (no CUDA graphs)"),
     "disable_custom_all_reduce": (bool, False, None, "accepted; no effect"),
     "max_seq_len_to_capture": (int, None, None, "accepted; no effect"),
     "tokenizer_mode": (str, "auto", ("auto",), "must be 'auto'"),
-    "tokenizer_revision": (str, None, None, "hub revision of the tokenizer (default: revision)"),
+    "tokenizer_revision": (str, None, None, "hub revision of the tokenizer (None: revision)"),
     "cpu_offload_gb": (float, 0, (0,), "must be 0"),
     "generation_config": (str, "auto", ("auto", "vllm"), "'auto': sampling defaults from the checkpoint's "
                           "generation_config.json; 'vllm': SamplingParams() defaults"),
 }
 _SCHEDULING_ALIASES = {"fcfs": "decode-first"}
+_DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's names for them
+# vLLM fields whose default is None, meaning "the engine's default" (and seed -1: no seed of one's own)
+_NONE_MEANS_DEFAULT = ("block_size", "max_num_batched_tokens", "max_num_seqs", "enable_chunked_prefill",
+                       "enable_prefix_caching", "seed")
 _CONFIG_FIELDS = [f for f in dataclasses.fields(EngineConfig) if f.name != "extra"]
-_CLI_TYPES = {"int": int, "float": float, "str": str}
+_CONFIG_DEFAULTS = {f.name: f.default for f in _CONFIG_FIELDS if f.default is not dataclasses.MISSING}
+# Command-line choices; the lists live here so that every command (run, generate, serve, bench-serve) shares them
+_BOOL_ALIASES = {"enable_chunked_prefill": "--chunked-prefill", "enable_prefix_caching": "--prefix-caching"}
+_HELP_OVERRIDES = {"model": "HF checkpoint directory or hub id (None: the bundled tiny model)"}
+
+
+def _cli_choices() -> dict[str, tuple]:
+    from minengine.config import KV_CACHE_DTYPES
+    from minengine.core.policies import POLICIES
+    from minengine.core.scheduler import PREEMPTION_MODES
+
+    return {"dtype": ("auto", "float32", "float16", "bfloat16", *_DTYPE_ALIASES), "device": ("cpu", "cuda", "auto"),
+            "scheduling_policy": (*POLICIES, *_SCHEDULING_ALIASES), "preemption_mode": PREEMPTION_MODES,
+            "kv_cache_dtype": KV_CACHE_DTYPES}
+
+
+def _field_docs() -> dict[str, str]:
+    """Each ``EngineConfig`` field's description, from the "Attributes:" section of its docstring."""
+    docs: dict[str, str] = {}
+    name = None
+    lines = (EngineConfig.__doc__ or "").split("Attributes:", 1)[-1].split("Raises:", 1)[0].splitlines()
+    for line in lines:
+        head = re.match(r"^ {8}(\w+): (.*)$", line)
+        if head:
+            name = head.group(1)
+            docs[name] = head.group(2).strip()
+        elif name and line.startswith(" " * 12):
+            docs[name] += " " + line.strip()
+    # the formatter appends "(default: X)" itself: drop the docstring's own mentions so none shows twice
+    return {k: v.replace("``", "").replace(" (default)", "").replace("(default, ", "(").replace("%", "%%")
+            for k, v in docs.items()}
+
+
+def _optional(kind):
+    """An argparse type for an ``X | None`` field: "none" gives None."""
+    def parse(text: str):
+        return None if text.strip().lower() == "none" else kind(text)
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _json_object(text: str) -> dict:
+    """A JSON object from the command line (argparse reports the ValueError as a usage error)."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _resolve_auto_dtype(model: str | None, device: str) -> str:
@@ -92,6 +148,10 @@ class _EngineArgsMethods:
             if allowed is not None and getattr(self, name) not in allowed:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not supported: {why}")
         kwargs = {f.name: getattr(self, f.name) for f in _CONFIG_FIELDS}
+        for name in _NONE_MEANS_DEFAULT:
+            if kwargs[name] is None or (name == "seed" and kwargs[name] == -1):
+                kwargs[name] = _CONFIG_DEFAULTS[name]
+        kwargs["dtype"] = _DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.num_gpu_blocks_override is not None:
             kwargs["num_kv_blocks"] = self.num_gpu_blocks_override
         if self.swap_space is not None:
@@ -106,25 +166,44 @@ class _EngineArgsMethods:
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Add one flag per field (``--max-num-batched-tokens``...; booleans also as ``--no-...``), with
-        vLLM's flag names, to ``parser`` (a parser or an argument group); returns it."""
+        """Add one flag per field to ``parser`` (a parser or an argument group) and return it: vLLM's flag names
+        (``--max-num-batched-tokens`` for ``max_num_batched_tokens``), types, choices, defaults and help (an
+        ``EngineConfig`` field's from its docstring). Booleans are ``--flag`` / ``--no-flag`` (also
+        ``--chunked-prefill`` / ``--prefix-caching``); optional numbers take ``none``; ``--speculative-config``
+        is vLLM's JSON. Fields holding objects (``logits_processors``, ``output_length_predictor``) are not
+        command-line settings. This is the one definition every command uses (run, generate, serve,
+        bench-serve)."""
         is_group = isinstance(parser, argparse._ArgumentGroup)
-        group = parser if is_group else parser.add_argument_group(f"{cls.__name__} (vLLM's names)")
+        group = parser if is_group else parser.add_argument_group(f"engine ({cls.__name__}, vLLM's names)")
+        docs, choices = _field_docs(), _cli_choices()
+        hints = typing.get_type_hints(EngineConfig)
         for f in dataclasses.fields(cls):
-            flag = "--" + f.name.replace("_", "-")
-            kind = str(f.type)
-            default = f.default if f.default is not dataclasses.MISSING else None
-            if f.name in _VLLM_ONLY:
-                help_text = _VLLM_ONLY[f.name][3]
-            else:
-                help_text = f"EngineConfig.{f.name}"
-            if "bool" in kind:
-                group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-            elif "dict" in kind or "list" in kind:
+            if f.name == "speculative_config":
+                group.add_argument("--speculative-config", dest=f.name, type=_json_object, default=None,
+                                   metavar="JSON", help='speculative decoding by prompt lookup, vLLM\'s JSON: '
+                                   '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+                                   '"prompt_lookup_min": 2}\'; None = off')
                 continue
+            if f.name in _VLLM_ONLY:
+                kind, _, _, help_text = _VLLM_ONLY[f.name]
+                optional = True
             else:
-                typ = next((t for name, t in _CLI_TYPES.items() if kind.startswith(name)), str)
-                group.add_argument(flag, type=typ, default=default, help=help_text)
+                hint = hints.get(f.name, f.type)
+                args = typing.get_args(hint)
+                optional = type(None) in args or f.name in _NONE_MEANS_DEFAULT  # vLLM's None defaults
+                kind = next((a for a in args if a is not type(None)), hint) if args else hint
+                help_text = _HELP_OVERRIDES.get(f.name, docs.get(f.name, f"EngineConfig.{f.name}"))
+            if kind not in (bool, int, float, str):
+                continue  # an object or a container: not a command-line setting
+            flags = ["--" + f.name.replace("_", "-")] + ([_BOOL_ALIASES[f.name]] if f.name in _BOOL_ALIASES else [])
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if kind is bool:
+                group.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction, default=default,
+                                   help=help_text)
+                continue
+            group.add_argument(*flags, dest=f.name, type=_optional(kind) if optional else kind, default=default,
+                               choices=choices.get(f.name), help=help_text,
+                               metavar=None if f.name in choices else kind.__name__.upper())
         return parser
 
     @classmethod

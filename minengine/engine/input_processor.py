@@ -10,6 +10,7 @@ request is queued by ``LLMEngine.enqueue`` (or ``add_request``), so a whole batc
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 from minengine.config import EngineConfig
@@ -21,6 +22,25 @@ from minengine.sampling_params import SamplingParams
 from minengine.timing.clocks import Clock
 
 Prompt = str | dict | list[int]
+
+
+UNIX_TIME_FLOOR = 1e9  # seconds since 1970 (2001-09-09): engine clocks (perf_counter, modelled) count from ~0
+
+
+def wall_to_engine_clock(arrival_time: float, now: float, wall_now: float | None = None) -> float:
+    """An ``arrival_time`` on the engine clock. vLLM's arrival times are wall-clock (``time.time()``); minengine's
+    engine clock may be ``perf_counter`` (seconds since boot) or modelled (from 0). A value later than the engine
+    clock's ``now`` that is a plausible Unix time (after 2001 and not in the wall clock's future by more than a
+    second) is taken as wall-clock and mapped by its age: ``now - (time.time() - arrival_time)``, so
+    ``arrival_time=time.time()`` means "now" on any clock and a request that arrived 2 s ago is 2 s old. Any
+    other value is already on the engine clock and is returned as it is. (The age is wall seconds; on a modelled
+    clock it counts as modelled seconds.)"""
+    if arrival_time <= now:
+        return arrival_time
+    wall_now = time.time() if wall_now is None else wall_now
+    if UNIX_TIME_FLOOR < arrival_time <= wall_now + 1.0:
+        return now - max(0.0, wall_now - arrival_time)
+    return arrival_time
 
 
 class InputProcessor:
@@ -102,7 +122,8 @@ class InputProcessor:
             ValueError: naming the field: ``request_id`` (duplicate), ``prompt`` (empty, longer than
                 ``max_model_len``, needing more blocks than ``num_kv_blocks``, not valid Unicode),
                 ``sampling_params``, ``priority`` (not an integer), ``deadline`` (not a number),
-                ``arrival_time`` (not a finite number, or later than the engine clock's now).
+                ``arrival_time`` (not a finite number, or later than the engine clock's now; a wall-clock time
+                as vLLM takes, ``time.time()``, is first mapped onto the engine clock: ``wall_to_engine_clock``).
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
@@ -147,6 +168,8 @@ class InputProcessor:
             raise ValueError(f"arrival_time must be a finite number (engine-clock seconds) or None, "
                              f"got {arrival_time!r}")
         now = self.clock()
+        if arrival_time is not None:
+            arrival_time = wall_to_engine_clock(float(arrival_time), now)
         if arrival_time is not None and arrival_time > now:
             raise ValueError(f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): a "
                              "request cannot arrive in the future (TTFT would be negative)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -70,7 +70,8 @@ class LLM:
 
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | int | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool | Callable = True,
+                 priority: Sequence[int] | int | None = None) -> list[RequestOutput]:
         """Generate for every prompt; returns the finished ``RequestOutput``s in input order.
 
         Args:
@@ -78,7 +79,9 @@ class LLM:
                 list of them.
             sampling_params: one for all prompts, or one per prompt; ``None`` = ``get_default_sampling_params()``.
                 ``n > 1`` gives ``n`` completions per output (``outputs[i].index == i``).
-            use_tqdm: show a progress bar over finished requests.
+            use_tqdm: show a progress bar over finished requests; a callable is used instead of ``tqdm`` to make
+                it (vLLM's: called as ``use_tqdm(total=..., desc=..., dynamic_ncols=True)``, then ``update(1)``
+                per finished prompt and ``close()``).
             priority: one int per prompt for ``scheduling_policy="priority"`` (as vLLM: smaller = more
                 urgent), or one int for all; None = all 0.
 
@@ -120,21 +123,28 @@ class LLM:
         for g in groups:
             engine.enqueue(g)
         finished: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            make_bar = use_tqdm if callable(use_tqdm) else tqdm
+            bar = make_bar(total=len(groups), desc="Processed prompts", dynamic_ncols=True)
         try:
-            with tqdm(total=len(groups), desc="Processed prompts", disable=not use_tqdm) as bar:
-                while len(finished) < len(groups):
-                    for out in engine.step():
-                        if out.finished and out.request_id in used:
-                            finished[out.request_id] = out
+            while len(finished) < len(groups):
+                for out in engine.step():
+                    if out.finished and out.request_id in used:
+                        finished[out.request_id] = out
+                        if bar is not None:
                             bar.update(1)
         except BaseException:
             engine.abort_request(ids)  # an interrupted call leaves nothing queued and no block held
             raise
+        finally:
+            if bar is not None:
+                bar.close()
         return [finished[i] for i in ids]
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
-             chat_template: str | None = None, add_generation_prompt: bool = True,
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool | Callable = True, chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """Generate replies to conversations (vLLM's ``LLM.chat``): each conversation (a list of
         ``{"role", "content"}`` dicts) goes through the model's chat template (or ``chat_template``), then

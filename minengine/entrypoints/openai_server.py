@@ -191,16 +191,18 @@ class OpenAIServing:
         engine: the async engine (its loop owns the ``LLMEngine``).
         chat_template: the server's chat template (vLLM's ``--chat-template``), for requests that give none;
             None: the tokenizer's own.
+        generation_config: vLLM's ``--generation-config``: "auto" takes unset sampling fields from the
+            checkpoint's generation_config.json; "vllm" uses ``SamplingParams()``'s defaults.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, chat_template: str | None = None):
+    def __init__(self, engine: AsyncLLMEngine, chat_template: str | None = None, generation_config: str = "auto"):
         self.engine = engine
         self.chat_template = chat_template
         e = engine.engine
         self.model_name = e.config.served_model_name
         self.max_model_len = e.config.max_model_len
         self.scheduling_policy = e.config.scheduling_policy
-        self.defaults = default_sampling_overrides(e.model_path)
+        self.defaults = {} if generation_config == "vllm" else default_sampling_overrides(e.model_path)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
@@ -546,16 +548,16 @@ def _json_value(value):
 
 
 def build_app(engine: AsyncLLMEngine, *, api_keys: list[str] | None = None, chat_template: str | None = None,
-              enable_tokenizer_info_endpoint: bool = False) -> FastAPI:
+              enable_tokenizer_info_endpoint: bool = False, generation_config: str = "auto") -> FastAPI:
     """The FastAPI app serving ``engine`` (its loop starts with the app and stops with it).
 
     Args:
         engine: the async engine. api_keys: vLLM's ``--api-key``: when given, ``/v1`` routes need one of them
             as a bearer token (401 otherwise). chat_template: vLLM's ``--chat-template`` (the template text).
         enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (off by default, as in vLLM: it shows
-            the tokenizer's configuration and paths).
+            the tokenizer's configuration and paths). generation_config: as ``OpenAIServing``.
     """
-    serving = OpenAIServing(engine, chat_template)
+    serving = OpenAIServing(engine, chat_template, generation_config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -1,4 +1,4 @@
-"""Small helpers under vLLM's names, so vLLM scripts run with their imports changed."""
+"""vLLM's ``vllm.utils.argparse_utils``: ``FlexibleArgumentParser``."""
 
 from __future__ import annotations
 
