@@ -173,3 +173,26 @@ def test_lm_eval_remote_tokenizer_probe(server, ref):
     assert r.json()["tokens"] == tok("test", add_special_tokens=False)["input_ids"]
     r = httpx.post(server.url + "/detokenize", json={"tokens": r.json()["tokens"]}, timeout=TIMEOUT)
     assert r.json()["prompt"] == "test"
+
+
+def test_the_local_lm_eval_tasks_are_built_from_held_out_text():
+    """benchmarks/lm_eval_local.py's data: deterministic, from the validation 10 %, the files its yamls name."""
+    import re
+
+    from benchmarks.lm_eval_local import MC, SPEAKER, TASKS, make_tasks
+    from minengine.workloads import find_data_dir
+
+    data = find_data_dir(None)
+    if data is None or not (data / "text" / "tinyshakespeare.txt").is_file():
+        pytest.skip("shared/data/text/tinyshakespeare.txt not found")
+    docs = make_tasks(data, 8, 6, seed=0)
+    assert docs == make_tasks(data, 8, 6, seed=0)
+    text = (data / "text" / "tinyshakespeare.txt").read_text()
+    train = text[:int(len(text) * 0.9)]
+    for doc in docs[MC]:
+        assert len(doc["choices"]) == 4 and doc["choices"][doc["label"]] not in doc["context"]
+        assert doc["context"] + doc["choices"][doc["label"]] not in train  # held out
+    assert all(re.fullmatch(r"[A-Z][A-Za-z' ]*:", d["speaker"]) for d in docs[SPEAKER])
+    for name in (MC, SPEAKER):
+        assert f"data/{name}.jsonl" in (TASKS / f"{name}.yaml").read_text()
+        assert len((TASKS / "data" / f"{name}.jsonl").read_text().splitlines()) == len(docs[name])
