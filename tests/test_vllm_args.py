@@ -121,3 +121,31 @@ def test_vllm_033_import_paths():
     EngineArgs.add_cli_args(p)
     assert p.parse_args(["--max_num_seqs", "3"]).max_num_seqs == 3
     assert dataclasses.is_dataclass(EngineArgs)
+
+
+def test_reset_prefix_cache_with_running_requests_preempts_them_by_recompute(bundled_model):
+    def run(reset: bool):
+        engine = LLMEngine(EngineConfig(model=bundled_model, preemption_mode="swap", **SMALL))
+        for i in range(3):
+            engine.add_request(str(i), "ROMEO:\nBut, soft! what light " * 4, SamplingParams(temperature=0.0,
+                                                                                            max_tokens=20))
+        for _ in range(3):
+            engine.step()
+        running = engine.scheduler.num_running
+        if reset:
+            assert not engine.reset_prefix_cache()  # requests hold blocks: refused, as before
+            assert engine.reset_prefix_cache(reset_running_requests=True)
+            assert engine.kv_cache_manager.num_used_blocks == 0 and engine.scheduler.num_running == 0
+            assert engine.kv_cache_manager.pool.num_cached_free_blocks == 0  # the cache is empty
+            assert engine.stat_logger.registry.get_sample_value(
+                "vllm:num_preemptions_total", {"model_name": "tiny-shakespeare-llama", "engine": "0"}) == running
+        outs = {}
+        while engine.has_unfinished_requests():
+            outs.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        assert engine.kv_cache_manager.num_used_blocks == 0
+        return outs, [m.num_preemptions for m in engine.request_metrics.values()], running
+
+    plain, _, _ = run(False)
+    reset, preemptions, running = run(True)
+    assert running > 0 and sum(preemptions) == running  # recompute even in swap mode: nothing was swapped
+    assert reset == plain  # greedy output unchanged by the recompute

@@ -18,7 +18,8 @@ SCRIPTS = sorted((ROOT / "tests" / "vllm_compat").glob("*.py"))
 # the vLLM modules these scripts may import from (minengine has each under the same path, ``vllm`` -> ``minengine``)
 VLLM_MODULES = {"vllm", "vllm.sampling_params", "vllm.inputs", "vllm.engine.arg_utils", "vllm.utils",
                 "vllm.distributed", "vllm.v1.metrics.reader", "vllm.v1.engine.async_llm", "vllm.config",
-                "vllm.v1.sample.logits_processor", "vllm.v1.sample.logits_processor.builtin"}
+                "vllm.v1.sample.logits_processor", "vllm.v1.sample.logits_processor.builtin",
+                "vllm.utils.argparse_utils", "vllm.logprobs", "vllm.logger"}
 
 
 def to_vllm(source: str) -> str:

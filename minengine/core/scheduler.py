@@ -16,6 +16,7 @@ cache), and ``rollback()`` gives back a step that failed in between (an exceptio
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 from collections.abc import Iterable
@@ -174,6 +175,26 @@ class Scheduler:
         step = self._new_step(out)
         step.preempt(request)
         self._count_moves(step)
+
+    def preempt_running_by_recompute(self) -> int:
+        """Preempt every running request by recompute, between steps (what vLLM's
+        ``reset_prefix_cache(reset_running_requests=True)`` does first): their blocks are freed and
+        ``num_computed_tokens`` goes back to 0, their generated tokens stay, and they wait at the front of the
+        queue in their running order. Recompute whatever ``preemption_mode`` says: the point is to hold no
+        block. Returns how many were preempted.
+
+        Raises:
+            RuntimeError: while a scheduled step is open (between ``schedule()`` and ``update_from_output``).
+        """
+        if self._open_step is not None:
+            raise RuntimeError("cannot preempt between schedule() and update_from_output(): a step is open")
+        step = self._new_step(SchedulerOutput())
+        step.limits = dataclasses.replace(step.limits, preemption_mode="recompute")
+        victims = list(self.running)
+        for request in reversed(victims):  # each goes to the front: the first running ends up first
+            step.preempt(request)
+        self._count_moves(step)
+        return len(victims)
 
     def _new_step(self, out: SchedulerOutput | None = None) -> StepBuilder:
         """A builder for the next step: what it may use and change, passed down (it never looks back here)."""

@@ -165,9 +165,10 @@ class LLM:
         """vLLM's ``LLM.get_metrics()``: the engine's Prometheus series as ``minengine.metrics.reader`` objects."""
         return self.llm_engine.get_metrics()
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix; False (nothing changed) while a request holds blocks."""
-        return self.llm_engine.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Forget every cached prefix; False (nothing changed) while a request holds blocks, unless
+        ``reset_running_requests`` preempts them first (``LLMEngine.reset_prefix_cache``)."""
+        return self.llm_engine.reset_prefix_cache(reset_running_requests)
 
     def _next_id(self, taken: set[str]) -> str:
         """The next request id not in use in the engine (the user may add requests of their own)."""

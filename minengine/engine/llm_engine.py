@@ -506,9 +506,16 @@ class LLMEngine:
             raise RuntimeError("stat logging is disabled (EngineConfig.disable_log_stats=True)")
         return get_metrics_snapshot(self.stat_logger.registry)
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix (vLLM's ``reset_prefix_cache``). Only when no request holds a block
-        (the prefix cache of running requests is in use): returns False and changes nothing otherwise."""
+        (the prefix cache of running requests is in use): returns False and changes nothing otherwise. With
+        ``reset_running_requests`` (vLLM's) the running requests are first preempted by recompute
+        (``Scheduler.preempt_running_by_recompute``), so the reset always happens; they go on from where they
+        were, recomputing their KV."""
+        if reset_running_requests:
+            n = self.scheduler.preempt_running_by_recompute()
+            if self.log_stats:
+                self.stat_logger.preemptions.inc(n)
         if self.kv_cache_manager.num_used_blocks:
             return False
         self.kv_cache_manager.pool.reset_prefix_cache()

@@ -285,8 +285,8 @@ class AsyncLLMEngine:
     async def get_tokenizer(self):
         return self.engine.get_tokenizer()
 
-    async def reset_prefix_cache(self) -> bool:
-        return await self.call(lambda engine: engine.reset_prefix_cache())
+    async def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        return await self.call(lambda engine: engine.reset_prefix_cache(reset_running_requests))
 
     async def check_health(self) -> None:
         """Raises ``EngineDeadError`` when the loop has stopped (shut down, or broken: ``errored``)."""

@@ -14,7 +14,9 @@ is_pin_memory)``. As in vLLM, they cannot be combined with speculative decoding.
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -77,6 +79,43 @@ class LogitsProcessor(ABC):
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Before each step: the batch's changes, or None when its makeup did not change."""
         raise NotImplementedError
+
+
+# a request-level processor: (output ids, logits row [V]) -> row, or (prompt ids, output ids, row) -> row
+RequestLogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor] | \
+    Callable[[list[int], list[int], torch.Tensor], torch.Tensor]
+
+
+class AdapterLogitsProcessor(LogitsProcessor):
+    """vLLM's adapter from request-level logits processors (v0's interface: a callable per request) to the batch
+    interface. A subclass gives ``new_req_logits_processor(params)``: the request's callable, or None to leave
+    its row alone; ``apply`` then calls each request's callable on its own row (its output ids are the live
+    list, so the callable sees every token generated so far). Row by row, so slower than a batched processor.
+    """
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        self.req_info: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {}
+
+    @abstractmethod
+    def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
+        """The request-level processor for a request's ``params`` (None: this processor skips it)."""
+        raise NotImplementedError
+
+    def _new_state(self, params: SamplingParams, prompt_ids: list[int] | None, output_ids: list[int]):
+        req_lp = self.new_req_logits_processor(params)
+        if req_lp is None:
+            return None
+        takes_prompt = len(inspect.signature(req_lp).parameters) == 3
+        return functools.partial(req_lp, prompt_ids, output_ids) if takes_prompt else \
+            functools.partial(req_lp, output_ids)
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        process_dict_updates(self.req_info, batch_update, self._new_state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for index, req_lp in self.req_info.items():
+            logits[index] = req_lp(logits[index])
+        return logits
 
 
 def process_dict_updates(req_entries: dict, batch_update: BatchUpdate | None,

@@ -2,14 +2,16 @@
 ``minengine.worker.logits_processors`` (aliases only)."""
 
 from minengine.worker.logits_processors import (
+    AdapterLogitsProcessor,
     AddedRequest,
     BatchUpdate,
     LogitsProcessor,
     MoveDirectionality,
     MovedRequest,
     RemovedRequest,
+    RequestLogitsProcessor,
     process_dict_updates,
 )
 
-__all__ = ["AddedRequest", "BatchUpdate", "LogitsProcessor", "MoveDirectionality", "MovedRequest", "RemovedRequest",
-           "process_dict_updates"]
+__all__ = ["AdapterLogitsProcessor", "AddedRequest", "BatchUpdate", "LogitsProcessor", "MoveDirectionality",
+           "MovedRequest", "RemovedRequest", "RequestLogitsProcessor", "process_dict_updates"]
