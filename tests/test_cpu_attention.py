@@ -326,10 +326,11 @@ def test_a_library_cut_short_is_judged_so_at_every_length(cache_built_by_two_env
         assert not cpu_attention.library_is_whole(probe)
 
 
-@pytest.mark.parametrize("keep", [0.0, 0.5, 0.98])
+@pytest.mark.parametrize("keep", [0.5])
 def test_a_cached_library_cut_short_is_rebuilt_not_loaded(cache_built_by_two_environments, keep):
     """Loading a truncated shared library kills the process with SIGBUS (the loader maps the missing pages); the
-    build must notice, remove it and link it again, and the process ends with the kernel."""
+    build must notice, remove it and link it again, and the process ends with the kernel. One length here (each
+    relinks, ~20-50 s): that every length is judged cut short is the property test above."""
     cache, _, _ = cache_built_by_two_environments
     library = cache / cpu_attention.default_name() / f"{cpu_attention.default_name()}.so"
     data = library.read_bytes()
