@@ -54,6 +54,11 @@ class Request:
     prompt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    # Async scheduling: tokens that steps still in flight sample for it, not yet known (vLLM's
+    # num_output_placeholders). Those steps' positions already count in num_computed_tokens (the device runs the
+    # steps in order, so every later step sees their K/V); each placeholder becomes a token in output_token_ids
+    # when its step's output arrives. Always 0 without async scheduling.
+    num_output_placeholders: int = 0
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None
     # Prefix-cache: chained hashes of the full blocks of all_token_ids (filled by the KV cache manager).
@@ -124,7 +129,8 @@ class Request:
         """True when the next step computes exactly one token, the one the request sampled in its previous
         step (a decode). False while its (re)prefill is unfinished: a recompute-preempted request re-prefills
         prompt + outputs, and computing its last known token is still part of that prefill."""
-        return self.num_tokens - self.num_computed_tokens == 1 and self.num_computed_tokens >= self.prefill_len
+        return (self.num_tokens + self.num_output_placeholders - self.num_computed_tokens == 1
+                and self.num_computed_tokens >= self.prefill_len)
 
     @property
     def is_finished(self) -> bool:

@@ -12,6 +12,16 @@ swapping its KV blocks to a CPU swap space (vLLM v0) when ``preemption_mode="swa
 A step is a transaction: ``schedule()`` changes block tables, queues and progress, ``update_from_output()``
 commits the step once its forward and sampling succeeded (only then are its full blocks findable in the prefix
 cache), and ``rollback()`` gives back a step that failed in between (an exception, Ctrl-C).
+
+Async scheduling (vLLM's ``async_scheduling``): step N+1 is scheduled while step N runs, before its sampled
+tokens are known. ``schedule()`` then advances ``num_computed_tokens`` by each scheduled chunk at once (the
+device runs steps in order, so every later step sees their K/V: it stays the one number of progress) and gives
+each sampling request a placeholder (``num_output_placeholders``) for the token it will get; a decode of that
+token is scheduled with ``PLACEHOLDER_TOKEN_ID``, which the worker fills in. ``update_from_output(N)`` turns
+the placeholders into tokens and checks the stops; a request that stopped (or was aborted) meanwhile ignores
+its results of N+1. Two steps are open at once: update the oldest, roll back the newest. The prefix cache
+indexes at N's commit the blocks staged so far, N+1's included: they are written before any step after N+1
+runs, unless N+1 fails, and a failed worker leaves no later step.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ class _OpenStep:
     out: SchedulerOutput
     undo: list[Undo]
     waiting_before: list[Request] | None  # None: the step did not change the waiting queue
+    requests: list[Request]  # the scheduled requests, in ``out.scheduled`` order
 
 
 class Scheduler:
@@ -68,9 +79,12 @@ class Scheduler:
         reserve_predicted_kv: predicted-length-aware admission (``StepBuilder.admit_next``): admit a request
             only when the free blocks cover its prompt and predicted output beyond what the running requests'
             predicted outputs still need.
+        async_scheduling: ``schedule()`` may be called again before ``update_from_output`` of the step before
+            (see the module docstring); not with speculative decoding.
 
     Raises:
-        ValueError: unknown policy or preemption mode, negative swap space, a bad ``speculative_config``.
+        ValueError: unknown policy or preemption mode, negative swap space, a bad ``speculative_config``,
+            ``async_scheduling`` with speculative decoding.
     """
 
     def __init__(self, kv_cache_manager: KVCacheManager, max_num_batched_tokens: int, max_num_seqs: int,
@@ -78,9 +92,12 @@ class Scheduler:
                  *, policy: SchedulingPolicy | str = "decode-first", policy_settings: PolicySettings | None = None,
                  preemption_mode: str = "recompute", swap_space_blocks: int = 0,
                  shrink_prefill_chunks: bool = False, speculative_config=None, predictor=None,
-                 reserve_predicted_kv: bool = False):
+                 reserve_predicted_kv: bool = False, async_scheduling: bool = False):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
+        if async_scheduling and speculative_config is not None:
+            raise ValueError("async_scheduling does not support speculative decoding")
+        self.async_scheduling = async_scheduling
         self.kv = kv_cache_manager
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
@@ -89,7 +106,8 @@ class Scheduler:
         self.long_prefill_token_threshold = long_prefill_token_threshold
         self.policy = make_policy(policy, policy_settings) if isinstance(policy, str) else policy
         self.preemption_mode = preemption_mode
-        self.swap_space = SwapSpace(swap_space_blocks if preemption_mode == "swap" else 0)
+        self.swap_space = SwapSpace(swap_space_blocks if preemption_mode == "swap" else 0,
+                                    hold_steps=2 if async_scheduling else 1)
         self.shrink_prefill_chunks = shrink_prefill_chunks
         self.speculative_config = SpeculativeConfig.from_any(speculative_config)
         self.proposer = NgramProposer(self.speculative_config) if self.speculative_config else None
@@ -108,7 +126,7 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_swapped_out_blocks = 0
         self.num_swapped_in_blocks = 0
-        self._open_step: _OpenStep | None = None
+        self._open_steps: list[_OpenStep] = []  # oldest first; at most one without async scheduling
 
     # ---- queue management -----------------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -166,7 +184,14 @@ class Scheduler:
         self.num_steps += 1
         out = step.build()
         self._count_moves(step)
-        self._open_step = _OpenStep(out, step.undo, step.waiting_before)
+        requests = step.scheduled_requests
+        if not self.async_scheduling:
+            self._open_steps = [_OpenStep(out, step.undo, step.waiting_before, requests)]
+        elif out.has_work:  # a step with nothing to run has nothing to commit (its preemptions stand)
+            for request, s in zip(requests, out.scheduled):  # the step's positions count for every later step
+                request.num_computed_tokens += s.num_new_tokens
+                request.num_output_placeholders += s.sample
+            self._open_steps.append(_OpenStep(out, step.undo, step.waiting_before, requests))
         return out
 
     def preempt(self, request: Request, out: SchedulerOutput) -> None:
@@ -186,7 +211,7 @@ class Scheduler:
         Raises:
             RuntimeError: while a scheduled step is open (between ``schedule()`` and ``update_from_output``).
         """
-        if self._open_step is not None:
+        if self._open_steps:
             raise RuntimeError("cannot preempt between schedule() and update_from_output(): a step is open")
         step = self._new_step(SchedulerOutput())
         step.limits = dataclasses.replace(step.limits, preemption_mode="recompute")
@@ -222,14 +247,25 @@ class Scheduler:
         Raises:
             ValueError: ``scheduler_output`` is not the open step (already committed, rolled back or older).
         """
-        open_step = self._open_step
-        if open_step is None or open_step.out is not scheduler_output:
+        if not self._open_steps or self._open_steps[-1].out is not scheduler_output:
             raise ValueError("rollback: scheduler_output is not the step scheduled last and not yet committed")
-        self._open_step = None
+        open_step = self._open_steps.pop()
         self.kv.discard_staged()
+        sampled = {s.request_id for s in scheduler_output.scheduled if s.sample} if self.async_scheduling else ()
         for undo in reversed(open_step.undo):
             request = undo.request
             if self.requests.get(request.request_id) is not request:
+                continue
+            if request.request_id in sampled:  # async: the token this step would have sampled
+                request.num_output_placeholders -= 1
+            if request.status is not RequestStatus.RUNNING:
+                # async: preempted by the step after this one (rolled back first; its preemptions stand), which
+                # reset it already; its re-prefill no longer covers this step's token.
+                request.prefill_len = min(request.prefill_len, request.num_tokens + request.num_output_placeholders)
+                if undo.status is RequestStatus.WAITING:  # first admitted in this step: waiting as it was
+                    request.status = RequestStatus.WAITING
+                    request.num_cached_tokens = undo.num_cached_tokens
+                    request.num_external_computed_tokens = undo.num_external_computed_tokens
                 continue
             self.kv.truncate(request, undo.num_blocks)
             request.num_computed_tokens = undo.num_computed_tokens
@@ -254,8 +290,13 @@ class Scheduler:
         before = open_step.waiting_before
         if before is None:  # the step changed nothing there: the queue as it is, without the victims
             before = [r for r in self.waiting if r.request_id not in preempted]
+        before = [r for r in before if r.request_id in self.requests]
+        # Async: waiting requests this step did not see (preempted by a later step, or added since) stay too.
+        known = {id(r) for r in victims + before}
+        later = [r for r in self.waiting if id(r) not in known]
         self.waiting.clear()
-        self.waiting.extend(victims + [r for r in before if r.request_id in self.requests])
+        self.waiting.extend([r for r in later if r.status is not RequestStatus.WAITING] + victims + before
+                            + [r for r in later if r.status is RequestStatus.WAITING])
         self.num_steps -= 1
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -277,21 +318,28 @@ class Scheduler:
         Returns:
             (requests that got new tokens, requests that finished this step).
         """
-        if self._open_step is not None and self._open_step.out is scheduler_output:
-            self._open_step = None
+        open_step = next((o for o in self._open_steps if o.out is scheduler_output), None)
+        if open_step is not None:
+            self._open_steps.remove(open_step)
         self.kv.commit_staged()  # the step's K/V is written: its full blocks may now be prefix hits
         got_token, finished = [], []
-        for s in scheduler_output.scheduled:
+        advanced = self.async_scheduling  # progress was counted when the step was scheduled
+        owners = open_step.requests if open_step is not None else [None] * len(scheduler_output.scheduled)
+        for s, owner in zip(scheduler_output.scheduled, owners):
             request = self.requests.get(s.request_id)
-            if request is None:  # aborted while the step ran
+            if request is None or (owner is not None and request is not owner):  # finished while the step ran
                 continue
             if not s.sample:
-                request.num_computed_tokens += s.num_new_tokens
+                if not advanced:
+                    request.num_computed_tokens += s.num_new_tokens
                 continue
             tokens = sampled_token_ids[s.request_id]
             got_token.append(request)
+            if advanced:
+                request.num_output_placeholders -= 1
             if not s.spec_token_ids and request.structured_output is None:  # one token (the common case, lean)
-                request.num_computed_tokens += s.num_new_tokens
+                if not advanced:
+                    request.num_computed_tokens += s.num_new_tokens
                 request.output_token_ids.append(tokens[0])
                 status = self._check_stop(request)
                 if status is not None:
@@ -299,9 +347,11 @@ class Scheduler:
                 continue
             # Verified proposals: computed are the decode's own token and the accepted proposals; the blocks
             # past them held only rejected proposals.
-            request.num_computed_tokens += len(tokens) if s.spec_token_ids else s.num_new_tokens
             if s.spec_token_ids:
+                request.num_computed_tokens += len(tokens)
                 self.kv.truncate(request, cdiv(request.num_computed_tokens, self.kv.block_size))
+            elif not advanced:  # a structured-output request's one token
+                request.num_computed_tokens += s.num_new_tokens
             for token in tokens:
                 status = self._append(request, token)
                 if status is not None:

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 
 from minengine.sampling_params import SamplingParams
 
+# Async scheduling: the id in ``ScheduledRequest.token_ids`` of a token that the step still in flight samples
+# (not yet known when the next step is scheduled); the worker puts the token it sampled there.
+PLACEHOLDER_TOKEN_ID = -1
+
 
 @dataclass(slots=True)
 class ScheduledRequest:
@@ -15,14 +19,16 @@ class ScheduledRequest:
 
     Attributes:
         request_id: the request.
-        token_ids: the ``num_new_tokens`` token ids to compute this step (a prefill chunk, or 1 for decode).
+        token_ids: the ``num_new_tokens`` token ids to compute this step (a prefill chunk, or 1 for decode);
+            with async scheduling a decode's token may be ``PLACEHOLDER_TOKEN_ID`` (sampled by the step in flight).
         start_pos: ``num_computed_tokens`` before the step: the position of ``token_ids[0]``.
         block_ids: the request's whole block table after allocation (physical block ids, logical order).
         sample: True when the step reaches the end of the request's known tokens, so the last position's
             logits are sampled; intermediate prefill chunks skip the LM head and the sampler.
         is_prefill: False only for a decode (one new token that is the request's latest generated token).
         sampling_params: the request's sampling settings.
-        output_index: how many tokens the request has generated so far (the index of the token to sample).
+        output_index: how many tokens the request has generated so far (the index of the token to sample),
+            with async scheduling the tokens of the step in flight included.
         prompt_token_ids, output_token_ids: the request's tokens so far, read-only, for the sampler's
             penalties and prompt logprobs (the request's own lists: no copy per step).
         spec_token_ids: speculative decoding: the proposed tokens, the last ``len(spec_token_ids)`` of
@@ -103,3 +109,9 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    @property
+    def has_work(self) -> bool:
+        """Something for the runner: scheduled requests, or KV blocks to swap (with async scheduling a step may
+        schedule nothing and only swap out a request that preempted itself, its blocks held by a step in flight)."""
+        return bool(self.scheduled or self.blocks_to_swap_out or self.blocks_to_swap_in)

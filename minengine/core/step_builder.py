@@ -20,7 +20,7 @@ from typing import Protocol
 
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.request_set import RequestSet
-from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID, ScheduledRequest, SchedulerOutput
 from minengine.core.spec_decode import NgramProposer
 from minengine.core.swap_space import SwapSpace
 from minengine.request import Request, RequestStatus
@@ -60,12 +60,18 @@ class StepLimits:
             num_uncomputed = min(num_uncomputed, self.long_prefill_token_threshold)
         return min(num_uncomputed, token_budget)
 
+    def reaches_length_limit(self, request: Request, num_more: int) -> bool:
+        """Whether ``num_more`` more tokens finish ``request`` by length (``max_model_len`` or ``max_tokens``)."""
+        return (request.num_tokens + num_more >= self.max_model_len
+                or request.num_output_tokens + num_more >= request.sampling_params.max_tokens)
+
 
 def reset_for_recompute(request: Request) -> None:
-    """A recompute preemption: nothing computed any more; the re-prefill covers prompt + outputs."""
+    """A recompute preemption: nothing computed any more; the re-prefill covers prompt + outputs (with async
+    scheduling, also the token its step in flight samples)."""
     request.status = RequestStatus.PREEMPTED
     request.num_computed_tokens = 0
-    request.prefill_len = request.num_tokens
+    request.prefill_len = request.num_tokens + request.num_output_placeholders
 
 
 @dataclass(slots=True)
@@ -170,7 +176,13 @@ class StepBuilder:
             tokens scheduled; 0 when the request itself was the victim (or nothing fits the limit).
         """
         limit = self.budget if limit is None else min(limit, self.budget)
-        num_uncomputed = request.num_tokens - request.num_computed_tokens
+        in_flight = request.num_output_placeholders  # async scheduling: tokens its step in flight samples
+        if in_flight and (request.structured_output is not None
+                          or self.limits.reaches_length_limit(request, in_flight)):
+            # That step's token finishes it ("length"), or its grammar state, which the next token's mask needs,
+            # moves only when that token is committed: nothing to schedule until then.
+            return 0
+        num_uncomputed = request.num_tokens + in_flight - request.num_computed_tokens
         # a decode (or a prefill's last token) needs no chunking: skip the call
         num_new = min(1, limit) if num_uncomputed == 1 else self.limits.chunk(num_uncomputed, limit)
         if num_new <= 0:
@@ -313,6 +325,8 @@ class StepBuilder:
     def _allocate_new(self, request: Request, limit: int, free: int) -> int:
         """Blocks for a (re)started prompt out of ``free`` blocks: the prefix-cache hit, the tokens whose KV
         arrives from elsewhere (``num_external_computed_tokens``, all or nothing), then a first chunk."""
+        if request.num_output_placeholders:  # async: its last token is still in flight (next step: known)
+            return 0
         hit_blocks, num_hit = self.kv.get_computed_blocks(request)
         num_external = max(0, min(request.num_external_computed_tokens, request.num_tokens - 1) - num_hit)
         num_uncomputed = request.num_tokens - num_hit - num_external
@@ -341,6 +355,8 @@ class StepBuilder:
     def _swap_in(self, request: Request, limit: int, free: int) -> int:
         """Blocks for a swapped-out request out of ``free`` blocks: fresh GPU blocks for its saved ones
         (copied in by the runner before the forward) plus those its next chunk needs."""
+        if request.num_output_placeholders:  # async: its last token is still in flight (next step: known)
+            return 0
         num_saved = len(request.swapped_block_ids)
         num_uncomputed = request.num_tokens - request.num_computed_tokens
         if not self.limits.enable_chunked_prefill and num_uncomputed > limit:
@@ -422,10 +438,22 @@ class StepBuilder:
         # The blocks this chunk completes: indexed in the prefix cache only once the step has really run. Only
         # known tokens count: a block holding a proposal is never staged (it may be rejected).
         num_spec = len(self._spec.get(request.request_id, ())) if self._spec else 0
-        self.kv.stage_full_blocks(request, request.num_computed_tokens + num_new - num_spec)
+        end = request.num_computed_tokens + num_new - num_spec
+        if request.num_output_placeholders:  # async: a block holding a placeholder is staged in a later step
+            end = min(end, request.num_tokens)
+        self.kv.stage_full_blocks(request, end)
+
+    @property
+    def scheduled_requests(self) -> list[Request]:
+        """The requests scheduled so far, in scheduling order (``build``'s order)."""
+        return [request for request, _ in self._scheduled]
 
     def build(self) -> SchedulerOutput:
-        """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order."""
+        """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order.
+
+        Async scheduling: a decode of a request whose previous step is still in flight computes the token that
+        step samples, not known yet: ``PLACEHOLDER_TOKEN_ID`` in ``token_ids`` (the worker fills it in), and
+        ``output_index`` counts it."""
         specs = self._spec
         block_ids = self.kv.get_block_ids
         scheduled = self.out.scheduled
@@ -433,16 +461,19 @@ class StepBuilder:
             start = request.num_computed_tokens
             end = start + num_new
             prompt, output = request.prompt_token_ids, request.output_token_ids
-            num_tokens = len(prompt) + len(output)
+            in_flight = request.num_output_placeholders
+            num_tokens = len(prompt) + len(output) + in_flight
             spec = specs.get(request.request_id) if specs else None
             if spec:  # a decode verifying proposals: its latest token, then the proposals
                 end -= len(spec)
                 self.out.num_spec_tokens += len(spec)
                 token_ids = request.token_ids_slice(start, end) + spec
-            elif end == num_tokens and start == num_tokens - 1 and output:  # a decode: its latest token
+            elif end == num_tokens and start == num_tokens - 1 and output and not in_flight:  # a decode
                 token_ids = [output[-1]]
             else:
                 token_ids = request.token_ids_slice(start, end)
+                if in_flight and len(token_ids) < num_new:
+                    token_ids += [PLACEHOLDER_TOKEN_ID] * (num_new - len(token_ids))
             scheduled.append(ScheduledRequest(
                 request.request_id,
                 token_ids,
@@ -452,7 +483,7 @@ class StepBuilder:
                 # ``Request.is_decode`` (num_computed_tokens is still ``start`` here): a prefill otherwise
                 not (num_tokens - start == 1 and start >= request.prefill_len),
                 request.sampling_params,
-                len(output),  # output_index
+                len(output) + in_flight,  # output_index
                 prompt,
                 output,
                 spec or (),
