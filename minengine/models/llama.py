@@ -6,6 +6,11 @@ Face checkpoints', so ``load_state_dict`` takes their tensors as they are.
 
 Unlike transformers' padded [batch, seq] layout, every tensor here is [T, ...] for the T new tokens of a
 step; each token carries its own position and the attention reads earlier tokens from the paged KV cache.
+
+With a ``TensorParallelGroup`` of world size tp the model is one rank's shard (Megatron-LM, Shoeybi et al.
+2019; ``layers/linear.py``): a tp-th of the query heads and of the MLP's intermediate features, its KV heads
+(``distributed.kv_heads_of_rank``), a tp-th of the LM head's vocabulary; embeddings and norms replicated. A
+layer runs two all-reduces (after o_proj and after down_proj), ``compute_logits`` one.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minengine.distributed import TensorParallelGroup, kv_heads_of_rank
 from minengine.layers.attention import paged_attention, write_kv
+from minengine.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelLMHead
 from minengine.layers.norm import RMSNorm
 from minengine.layers.rotary import RotaryEmbedding, apply_rotary
 from minengine.worker.forward_batch import ForwardBatch
@@ -25,21 +32,26 @@ def _head_dim(cfg) -> int:
 
 
 class Attention(nn.Module):
-    """Self-attention on the paged cache. ``k_scale`` / ``v_scale``: the per-tensor scales of an FP8 KV cache
-    (``layers/kv_quant.py``; 1.0, vLLM's default; ``kv_quant.set_kv_scales`` sets calibrated ones)."""
+    """Grouped-query attention over the paged KV cache; with tp ranks, this rank's heads: ``num_heads`` =
+    query heads / tp, and ``num_kv_heads`` KV heads starting at ``first_kv_head`` (``kv_heads_of_rank``).
+    ``k_scale`` / ``v_scale``: the per-tensor scales of an FP8 KV cache (``layers/kv_quant.py``; 1.0, vLLM's
+    default; ``kv_quant.set_kv_scales`` sets calibrated ones; per tensor, so the same on every rank)."""
 
-    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup):
         super().__init__()
         self.k_scale = self.v_scale = 1.0
-        self.num_heads = cfg.num_attention_heads
-        self.num_kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        self.head_dim = _head_dim(cfg)
+        total_heads = cfg.num_attention_heads
+        total_kv_heads = getattr(cfg, "num_key_value_heads", None) or total_heads
+        self.num_heads = total_heads // tp.world_size
+        self.first_kv_head, self.num_kv_heads = kv_heads_of_rank(total_kv_heads, tp.world_size, tp.rank)
+        self.head_dim = d = _head_dim(cfg)
         self.scale = self.head_dim ** -0.5
         h = cfg.hidden_size
-        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=getattr(cfg, "attention_bias", False))
+        kv_shard = (self.first_kv_head * d, self.num_kv_heads * d)
+        self.q_proj = ColumnParallelLinear(h, total_heads * d, qkv_bias, tp)
+        self.k_proj = ColumnParallelLinear(h, total_kv_heads * d, qkv_bias, tp, shard=kv_shard)
+        self.v_proj = ColumnParallelLinear(h, total_kv_heads * d, qkv_bias, tp, shard=kv_shard)
+        self.o_proj = RowParallelLinear(total_heads * d, h, getattr(cfg, "attention_bias", False), tp)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
@@ -64,12 +76,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward (Shazeer, 2020): down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, tp: TensorParallelGroup):
         super().__init__()
         bias = getattr(cfg, "mlp_bias", False)
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=bias)
+        self.gate_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, bias, tp)
+        self.up_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, bias, tp)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = F.silu(self.gate_proj(x), inplace=True)  # in place: one [T, intermediate] buffer fewer
@@ -77,12 +89,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, qkv_bias, qk_norm)
+        self.self_attn = Attention(cfg, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, rope, batch, kv_cache):
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv_cache)
@@ -90,12 +102,12 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    """``model.*`` in the checkpoint: embeddings, decoder layers, final norm."""
+    """``model.*`` in the checkpoint: embeddings (replicated on every rank), decoder layers, final norm."""
 
-    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, qkv_bias, qk_norm) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qkv_bias, qk_norm, tp) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -106,13 +118,17 @@ class LlamaForCausalLM(nn.Module):
         hf_config: the checkpoint's transformers config (``LlamaConfig``, ``Qwen2Config``, ``Qwen3Config``...).
         qkv_bias: q/k/v projections have biases (Qwen2).
         qk_norm: per-head RMSNorm on q and k before RoPE (Qwen3).
+        tp: this process's rank in a tensor-parallel group (the model is then its shard; the loader fills it
+            with ``shard_weight`` slices of the checkpoint); None = world size 1, the whole model.
     """
 
-    def __init__(self, hf_config, qkv_bias: bool = False, qk_norm: bool = False):
+    def __init__(self, hf_config, qkv_bias: bool = False, qk_norm: bool = False,
+                 tp: TensorParallelGroup | None = None):
         super().__init__()
         self.config = hf_config
-        self.model = Backbone(hf_config, qkv_bias, qk_norm)
-        self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False)
+        self.tp = tp = tp or TensorParallelGroup()
+        self.model = Backbone(hf_config, qkv_bias, qk_norm, tp)
+        self.lm_head = VocabParallelLMHead(hf_config.hidden_size, hf_config.vocab_size, tp)
         self.rotary = RotaryEmbedding(hf_config)
 
     @property
@@ -135,5 +151,6 @@ class LlamaForCausalLM(nn.Module):
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [S, hidden] (only the sampling positions) -> logits [S, vocab] float32."""
+        """hidden [S, hidden] (only the sampling positions) -> logits [S, vocab] float32 (the whole vocabulary on
+        every rank: one all-reduce with tp > 1)."""
         return self.lm_head(hidden).float()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from minengine.distributed import TensorParallelGroup
 from minengine.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -88,12 +89,61 @@ def load_config(path: Path, trust_remote_code: bool = False):
             from None
 
 
+def check_model_config(hf_config, path: Path) -> tuple[bool, bool]:
+    """The (q/k/v bias, per-head q/k norm) of a supported config; builds the model on the meta device (no
+    memory) to check that the config's sizes make one.
+
+    Raises:
+        ValueError: unknown architecture, sliding-window attention, sizes that build no model.
+    """
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
+    if getattr(hf_config, "use_sliding_window", False) or (
+            model_type == "mistral" and getattr(hf_config, "sliding_window", None)):
+        raise ValueError("sliding-window attention is not supported by minengine")
+    qkv_bias, qk_norm = SUPPORTED_MODEL_TYPES[model_type]
+    _build_on_meta(hf_config, path, qkv_bias, qk_norm, None)
+    return qkv_bias, qk_norm
+
+
+def _build_on_meta(hf_config, path: Path, qkv_bias: bool, qk_norm: bool,
+                   tp: TensorParallelGroup | None) -> LlamaForCausalLM:
+    try:
+        with torch.device("meta"):
+            return LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm, tp=tp)
+    except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
+        raise ValueError(f"{path / 'config.json'}: cannot build a {hf_config.model_type} model from it "
+                         f"({type(exc).__name__}: {exc})") from None
+
+
+def shard_state_dict(net: LlamaForCausalLM, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint's full tensors cut to the shard of ``net``'s rank: every tensor of a layer with a
+    ``shard_weight`` (``layers/linear.py``) is replaced by a copy of its slice (a copy, so the full tensor can
+    be freed); replicated tensors (embeddings, norms) stay as they are."""
+    out = {}
+    for name, tensor in state.items():
+        module_name, _, param = name.rpartition(".")
+        try:
+            module = net.get_submodule(module_name)
+        except AttributeError:  # not a module of the model: load_state_dict reports it as unexpected
+            module = None
+        shard = getattr(module, "shard_weight", None)
+        out[name] = shard(param, tensor).clone() if shard is not None else tensor
+    return out
+
+
 def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                revision: str | None = None, trust_remote_code: bool = False,
-               quantization: str | None = None) -> tuple[LlamaForCausalLM, object, Path]:
+               quantization: str | None = None, tp: TensorParallelGroup | None = None,
+               hf_config=None) -> tuple[LlamaForCausalLM, object, Path]:
     """Build the model for a checkpoint and load its weights (``revision``, ``trust_remote_code``: as
     transformers', for the hub download and the config; ``quantization="int8"``: the decoder's linear layers
     quantized to int8 weights once loaded, ``layers/quantization.py``).
+
+    ``tp``: a ``TensorParallelGroup`` of world size > 1 loads this rank's shard (``shard_state_dict``); a tied
+    LM head is then a view of the rank's vocabulary rows of the (replicated) embedding. None = the whole model.
+    ``hf_config``: the checkpoint's config when the caller has read it already (a worker gets the driver's).
 
     Returns:
         (model in eval mode on ``device`` with ``dtype`` parameters, the transformers config, the local path).
@@ -108,25 +158,18 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
         if quantization not in QUANTIZATION_METHODS:  # before any loading work
             raise ValueError(f"quantization must be one of {(None, *QUANTIZATION_METHODS)}, got {quantization!r}")
     path = resolve_model_path(model, revision)
-    hf_config = load_config(path, trust_remote_code)
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
-    if getattr(hf_config, "use_sliding_window", False) or (
-            model_type == "mistral" and getattr(hf_config, "sliding_window", None)):
-        raise ValueError("sliding-window attention is not supported by minengine")
-    qkv_bias, qk_norm = SUPPORTED_MODEL_TYPES[model_type]
-
-    try:
-        with torch.device("meta"):
-            net = LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm)
-    except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
-        raise ValueError(f"{path / 'config.json'}: cannot build a {model_type} model from it "
-                         f"({type(exc).__name__}: {exc})") from None
+    if hf_config is None:
+        hf_config = load_config(path, trust_remote_code)
+    qkv_bias, qk_norm = check_model_config(hf_config, path)
+    model_type = hf_config.model_type
+    net = _build_on_meta(hf_config, path, qkv_bias, qk_norm, tp)
+    sharded = tp is not None and tp.world_size > 1
     state = {k: v for k, v in load_state_dict(path).items() if not k.endswith("rotary_emb.inv_freq")}
     tied = getattr(hf_config, "tie_word_embeddings", False) or "lm_head.weight" not in state
     if tied:
         state.pop("lm_head.weight", None)
+    if sharded:
+        state = shard_state_dict(net, state)
     try:
         missing, unexpected = net.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:  # tensor shapes that do not match the config
@@ -135,7 +178,11 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     if missing or unexpected:
         raise ValueError(f"checkpoint {path} does not match a {model_type} model: "
                          f"missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if tied:
+    if tied and sharded:  # this rank's vocabulary rows of the embedding, shared (a view, no copy)
+        head = net.lm_head
+        net.lm_head.weight = torch.nn.Parameter(net.model.embed_tokens.weight.narrow(0, head.vocab_start,
+                                                                                      head.out_features))
+    elif tied:
         net.lm_head.weight = net.model.embed_tokens.weight
     net.rotary = type(net.rotary)(hf_config)  # its buffer was built on the meta device
     net = net.to(device=device, dtype=dtype).eval()

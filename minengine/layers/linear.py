@@ -1,0 +1,136 @@
+"""Column- and row-parallel linear layers, and the vocabulary-parallel LM head (Megatron-LM tensor parallelism).
+
+Idea: Megatron-LM (Shoeybi et al., 2019, section 3). A linear layer ``Y = X A^T`` with weight ``A [out, in]`` is
+split over ``tp`` ranks one of two ways:
+
+- column-parallel: each rank holds a slice of A's rows (output features) and computes its slice of Y from the
+  whole X, with no communication. q/k/v (a rank's heads) and the MLP's gate/up (a slice of the intermediate
+  features) are column-parallel: the attention of a rank's heads, and SwiGLU's elementwise product, need only
+  that rank's slice.
+- row-parallel: each rank holds a slice of A's columns (input features), multiplies its slice of X (what the
+  column-parallel layer before it produced) and gets a partial sum of the whole Y; one all-reduce adds the
+  partial sums. The attention's o_proj and the MLP's down_proj are row-parallel: one all-reduce each per layer.
+
+The LM head is column-parallel over the vocabulary: each rank computes the logits of its slice of the vocabulary
+(a tp-th of the largest matmul of a sampling step, and a tp-th of its weights in memory), writes them into a
+``[rows, vocab]`` buffer that is zero elsewhere, and one all-reduce gives every rank all the logits (vLLM gathers
+instead, which sends half the bytes; the all-reduce is what ``timing.StepCostModel`` prices, so the two agree
+exactly). Every rank then runs the same sampler on the same logits. The embedding stays replicated: a lookup
+of T rows has no FLOPs to split, and sharding it would cost one more all-reduce of ``[T, hidden]`` per step.
+
+Each layer loads its shard from the checkpoint's full tensor (``shard_weight``): slices follow the output
+features for column-parallel layers (and their biases), the input features for row-parallel ones (whose bias
+is added once, after the all-reduce). A weight-only quantized layer (int8 with per-output-channel scales)
+shards the same way: its scales follow the output channels, so a column-parallel layer takes its rows' scales
+and a row-parallel one keeps all of them. The matmul of each layer is one ``F.linear`` call, the one place a
+quantized path would replace. At world size 1 every layer is exactly ``nn.Linear``: no copy, no collective.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minengine.distributed import TensorParallelGroup
+
+
+class ColumnParallelLinear(nn.Linear):
+    """``y = x A_r^T + b_r`` for this rank's rows ``A_r`` of the full ``A [out_features, in_features]``.
+
+    Args:
+        in_features, out_features: the full (unsharded) layer's sizes.
+        bias: the layer has a bias (sharded like the rows).
+        tp: the tensor-parallel group; None = world size 1.
+        shard: ``(first output feature, number of output features)`` of this rank; None = an even split (rank
+            r holds ``out_features / tp`` rows from ``r x out_features / tp``). Attention passes its own for
+            K and V heads replicated over ranks.
+
+    Shapes: x [T, in_features] -> [T, rows of this rank], in the weight's dtype.
+
+    Raises:
+        ValueError: ``out_features`` not divisible by the world size (with no explicit ``shard``).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup | None = None,
+                 shard: tuple[int, int] | None = None):
+        tp = tp or TensorParallelGroup()
+        if shard is None:
+            if out_features % tp.world_size:
+                raise ValueError(f"out_features ({out_features}) must divide by the tensor-parallel size "
+                                 f"({tp.world_size})")
+            size = out_features // tp.world_size
+            shard = (tp.rank * size, size)
+        super().__init__(in_features, shard[1], bias=bias)
+        self.tp = tp
+        self.output_start = shard[0]
+        self.full_out_features = out_features
+
+    def shard_weight(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the checkpoint tensor ``name`` ("weight" [out, in] or "bias" [out]): its rows."""
+        return full.narrow(0, self.output_start, self.out_features)
+
+
+class RowParallelLinear(nn.Linear):
+    """``y = all_reduce(x_r A_r^T) + b``: this rank holds the columns ``A_r`` of the full ``A [out, in]``
+    that match its slice ``x_r`` of the input (the output of the column-parallel layer before it).
+
+    Args:
+        in_features, out_features: the full layer's sizes; ``in_features`` must divide by the world size.
+        bias: the layer has a bias (full on every rank, added once after the all-reduce).
+        tp: the tensor-parallel group; None = world size 1.
+
+    Shapes: x [T, in_features / tp] -> [T, out_features], the same on every rank.
+
+    Raises:
+        ValueError: ``in_features`` not divisible by the world size.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup | None = None):
+        tp = tp or TensorParallelGroup()
+        if in_features % tp.world_size:
+            raise ValueError(f"in_features ({in_features}) must divide by the tensor-parallel size ({tp.world_size})")
+        super().__init__(in_features // tp.world_size, out_features, bias=bias)
+        self.tp = tp
+        self.input_start = tp.rank * self.in_features
+
+    def shard_weight(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the checkpoint tensor ``name``: the weight's columns; the bias whole."""
+        return full.narrow(1, self.input_start, self.in_features) if name == "weight" else full
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp.world_size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = self.tp.all_reduce(F.linear(x, self.weight))  # partial sums of the whole output -> the sum
+        return y + self.bias if self.bias is not None else y
+
+
+class VocabParallelLMHead(nn.Linear):
+    """The LM head split over the vocabulary: this rank computes the logits of its vocabulary slice
+    (``TensorParallelGroup.shard_range``: the vocabulary need not divide by tp), one all-reduce assembles all.
+
+    Args:
+        hidden_size, vocab_size: the full head's sizes (no bias).
+        tp: the tensor-parallel group; None = world size 1.
+
+    Shapes: hidden [R, hidden_size] -> logits [R, vocab_size], in the weight's dtype, the same on every rank.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, tp: TensorParallelGroup | None = None):
+        tp = tp or TensorParallelGroup()
+        self.vocab_start, vocab_end = tp.shard_range(vocab_size)
+        super().__init__(hidden_size, vocab_end - self.vocab_start, bias=False)
+        self.tp = tp
+        self.vocab_size = vocab_size
+
+    def shard_weight(self, name: str, full: torch.Tensor) -> torch.Tensor:
+        """This rank's rows (vocabulary entries) of the checkpoint's ``lm_head.weight`` [vocab, hidden]."""
+        return full.narrow(0, self.vocab_start, self.out_features)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        local = F.linear(hidden, self.weight)
+        if self.tp.world_size == 1:
+            return local
+        logits = local.new_zeros(hidden.shape[0], self.vocab_size)
+        logits[:, self.vocab_start:self.vocab_start + self.out_features] = local
+        return self.tp.all_reduce(logits)  # zeros elsewhere: the sum is every rank's slice in place
