@@ -96,8 +96,9 @@ def cmd_run(a: argparse.Namespace) -> None:
     rng = random.Random(a.seed)
     prompts = [SHAKESPEARE_OPENINGS[i % len(SHAKESPEARE_OPENINGS)] for i in range(a.num_prompts)]
     prompts += real
-    print(f"model: {engine.model_path}  ({sum(p.numel() for p in engine.model.parameters()):,} parameters, "
-          f"{engine.config.dtype}, {engine.runner.device})")
+    weights = (f"{sum(p.numel() for p in engine.model.parameters()):,} parameters" if engine.model is not None
+               else f"weights in {engine.config.tensor_parallel_size} worker process(es)")
+    print(f"model: {engine.model_path}  ({weights}, {engine.config.dtype}, {engine.runner.device})")
     print(f"KV pool: {engine.num_kv_blocks} blocks x {engine.config.block_size} tokens "
           f"({engine.kv_cache_bytes / 2**20:.1f} MiB); token budget {engine.config.max_num_batched_tokens}; "
           f"{engine.config.max_num_seqs} sequence slots")

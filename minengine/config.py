@@ -108,6 +108,19 @@ class EngineConfig:
             (``minengine.v1.sample.logits_processor``) or their ``"module:Class"`` names, built once per engine
             and applied to every step's batch (``worker/logits_processors.py``); not with ``speculative_config``
             (as vLLM). Not a command-line setting.
+        tensor_parallel_size: vLLM's name: split the model over this many ranks, one worker process each
+            (Megatron-style; README "Tensor parallelism"); on the CPU each rank needs its own core (see
+            ``allow_cpu_oversubscription``), on CUDA its own GPU. The heads (and the MLP width) must divide by it.
+        distributed_executor_backend: vLLM's name: ``"mp"`` (worker processes, ``minengine.executor``) or
+            ``"uni"`` (the model in this process; world size 1 without async scheduling); None = "uni" when
+            ``tensor_parallel_size`` is 1 and ``async_scheduling`` off, else "mp".
+        async_scheduling: vLLM's name: schedule step N+1 while the workers run step N (tokens of N are
+            placeholders until its output arrives), so the host's scheduling hides behind the forward; needs
+            worker processes ("mp"), not with ``speculative_config``. Outputs are the same as without it.
+        allow_cpu_oversubscription: let ``tensor_parallel_size`` exceed the CPU cores this process may use
+            (refused otherwise: a rank per core). For correctness tests (TP 4 on a 2-core machine); never fast.
+        execute_model_timeout_s: the longest wait, in seconds, for the workers' answer to one step (vLLM's
+            ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``); a worker that raises or dies is reported at once.
 
     Raises:
         ValueError: naming the field and the limit, for any setting out of range.
@@ -149,6 +162,11 @@ class EngineConfig:
     quantization: str | None = None
     served_model_name: str | None = None
     logits_processors: list | None = None
+    tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None
+    async_scheduling: bool = False
+    allow_cpu_oversubscription: bool = False
+    execute_model_timeout_s: float = 300.0
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -198,6 +216,45 @@ class EngineConfig:
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
         self._check_scheduling()
+        self._check_parallel()
+
+    @property
+    def uses_worker_processes(self) -> bool:
+        """Whether the model runs in worker processes (``distributed_executor_backend`` "mp", given or the
+        default for ``tensor_parallel_size > 1`` or ``async_scheduling``) rather than in the engine's."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend == "mp"
+        return self.tensor_parallel_size > 1 or self.async_scheduling
+
+    def _check_parallel(self) -> None:
+        """Validate the tensor-parallel and executor settings (ValueError naming the field)."""
+        from minengine.distributed import check_cpu_cores
+
+        _positive("tensor_parallel_size", self.tensor_parallel_size)
+        for name in ("async_scheduling", "allow_cpu_oversubscription"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        backend, tp = self.distributed_executor_backend, self.tensor_parallel_size
+        if backend not in (None, "mp", "uni"):
+            raise ValueError(f"distributed_executor_backend must be 'mp', 'uni' or None, got {backend!r}")
+        if backend == "uni" and tp > 1:
+            raise ValueError(f"distributed_executor_backend='uni' runs one process: tensor_parallel_size ({tp}) "
+                             f"needs 'mp'")
+        if backend == "uni" and self.async_scheduling:
+            raise ValueError("async_scheduling schedules while worker processes run the model: it needs "
+                             "distributed_executor_backend='mp' (or None)")
+        if self.async_scheduling and self.speculative_config is not None:
+            raise ValueError("async_scheduling does not support speculative_config (a step's accepted tokens "
+                             "decide the next step's positions)")
+        if self.uses_worker_processes and self.logits_processors:
+            raise ValueError("logits_processors are not supported with worker processes (tensor_parallel_size > 1, "
+                             "async_scheduling or distributed_executor_backend='mp'): they run in the engine's "
+                             "process")
+        t = self.execute_model_timeout_s
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0:
+            raise ValueError(f"execute_model_timeout_s must be a number of seconds > 0, got {t!r}")
+        if self.device == "cpu":
+            check_cpu_cores(tp, self.allow_cpu_oversubscription)
 
     def _check_loading(self) -> None:
         """Validate the vLLM-compatible loading and memory settings (ValueError naming the field)."""

@@ -63,6 +63,14 @@ class TensorParallelGroup:
         self.all_reduce_bytes += x.numel() * x.element_size()
         return x
 
+    def all_reduce_max(self, x):
+        """The elementwise maximum of ``x`` over the ranks, in place; returns ``x`` (load time: not counted)."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.process_group)
+        return x
+
     def reset_counters(self) -> None:
         self.num_all_reduces = self.all_reduce_bytes = 0
 

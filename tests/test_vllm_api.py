@@ -120,8 +120,9 @@ def test_engine_args_cli_round_trip_and_mapping(bundled_model):
         (48, "decode-first", "float32", 0.5)
     engine = LLMEngine.from_engine_args(ea)
     assert engine.num_kv_blocks == 48
-    with pytest.raises(ValueError, match="tensor_parallel_size"):
-        EngineArgs(model=bundled_model, tensor_parallel_size=2).create_engine_config()
+    with pytest.raises(ValueError, match="pipeline_parallel_size"):
+        EngineArgs(model=bundled_model, pipeline_parallel_size=2).create_engine_config()
+    assert EngineArgs(model=bundled_model, tensor_parallel_size=2).create_engine_config().tensor_parallel_size == 2
     with pytest.raises(ValueError, match="quantization"):
         EngineArgs(model=bundled_model, quantization="awq").create_engine_config()
     with pytest.raises(TypeError, match="EngineArgs"):

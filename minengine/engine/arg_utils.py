@@ -18,7 +18,9 @@ dtype="auto"               float32 on the CPU; on CUDA the checkpoint's dtype (f
 None for block_size, ...   the engine's default (vLLM's ``None`` defaults: block_size, max_num_batched_tokens,
                            max_num_seqs, enable_chunked_prefill, enable_prefix_caching; seed None or -1 = 0,
                            the seed vLLM V1 initializes)
-tensor_parallel_size, ...  must be 1 (one device); cpu_offload_gb 0
+tensor_parallel_size       ``EngineConfig.tensor_parallel_size`` (worker processes; also
+                           ``distributed_executor_backend``, ``async_scheduling``)
+pipeline_parallel_size...  must be 1; cpu_offload_gb 0
 quantization               ``EngineConfig.quantization``: None or "int8" (weight-only)
 kv_cache_dtype             ``EngineConfig.kv_cache_dtype``: "auto", "fp8" or "fp8_e4m3"
 disable_log_stats          ``EngineConfig.disable_log_stats``: no Prometheus updates per step
@@ -39,7 +41,6 @@ from minengine.config import EngineConfig
 
 # vLLM fields with no minengine counterpart: name -> (type, default, the only value(s) allowed or None = any, help)
 _VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
-    "tensor_parallel_size": (int, 1, (1,), "must be 1: minengine runs on one device"),
     "pipeline_parallel_size": (int, 1, (1,), "must be 1: minengine runs on one device"),
     "data_parallel_size": (int, 1, (1,), "must be 1: one engine per process"),
     "num_gpu_blocks_override": (int, None, None, "KV blocks in the pool (= num_kv_blocks)"),
@@ -141,7 +142,7 @@ class _EngineArgsMethods:
         """The validated ``EngineConfig`` these arguments describe.
 
         Raises:
-            ValueError: naming the field, for a vLLM setting minengine cannot honour (``tensor_parallel_size``
+            ValueError: naming the field, for a vLLM setting minengine cannot honour (``pipeline_parallel_size``
                 != 1, a quantization...) or any invalid ``EngineConfig`` value.
         """
         for name, (_, _, allowed, why) in _VLLM_ONLY.items():

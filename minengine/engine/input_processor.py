@@ -190,7 +190,8 @@ class InputProcessor:
         Raises:
             ValueError: naming the field: ``logit_bias`` / ``allowed_token_ids`` ids outside the vocabulary,
                 ``bad_words`` or ``structured_outputs`` without a tokenizer, a constraint xgrammar cannot compile
-                (``structured_outputs.json`` ...), or what a custom processor's ``validate_params`` raises.
+                (``structured_outputs.json`` ...), ``structured_outputs`` with worker processes, or what a custom
+                processor's ``validate_params`` raises.
         """
         vocab = self.vocab_size
         for name, ids in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids)):
@@ -204,6 +205,9 @@ class InputProcessor:
             cls.validate_params(params)
         if params.structured_outputs is None:
             return None
+        if self.config.uses_worker_processes:  # the grammar state lives here; the workers' samplers mask
+            raise ValueError("structured_outputs is not supported with worker processes (tensor_parallel_size > 1, "
+                             "async_scheduling or distributed_executor_backend='mp')")
         if self.structured_output_manager is None:
             if self.tokenizer is None:
                 raise ValueError("structured_outputs needs a tokenizer (the model has none): the grammar is compiled "

@@ -7,7 +7,9 @@ One step, one direction: ``Scheduler.schedule()`` -> ``SchedulerOutput`` -> ``Mo
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
@@ -30,6 +32,19 @@ from minengine.timing.clocks import Clock, as_clock
 # torch is imported where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``)
 # schedules without it.
 DEFAULT_MAX_KV_BLOCKS = 2048
+
+
+@dataclass
+class _PendingStep:
+    """A scheduled step until its output is processed: what its trace records from scheduling time, and (async
+    scheduling) its requests, to know which finished while it was in flight."""
+
+    sched: SchedulerOutput
+    scheduled_at: float
+    trace_blocks: dict
+    num_free_blocks: int
+    num_cached_free_blocks: int
+    requests: dict[str, Request] | None
 
 
 def _available_bytes(device: str) -> int | None:
@@ -79,6 +94,7 @@ class LLMEngine:
                  runner=None):
         self.config = config
         self.clock = as_clock(clock)
+        self._in_flight: deque[_PendingStep] = deque()  # async scheduling: steps submitted, not yet processed
         if runner is None:
             device, bytes_per_block = self._load_model(config)
         else:  # model-free: nothing to load, no KV tensors to allocate
@@ -105,15 +121,18 @@ class LLMEngine:
                     raise ValueError(f"gpu_memory_utilization ({config.gpu_memory_utilization}) of the free "
                                      f"{device} memory is smaller than one KV block ({bytes_per_block} bytes)")
         self.num_kv_blocks = num_blocks
-        self.kv_cache_bytes = num_blocks * bytes_per_block
+        # Every rank holds its heads' slice of every block: bytes_per_block is one rank's; the total is all ranks'.
+        self.kv_cache_bytes = num_blocks * bytes_per_block * config.tensor_parallel_size
         swap_blocks = 0
         if config.preemption_mode == "swap":
             swap_blocks = num_blocks if config.swap_space_blocks is None else config.swap_space_blocks
             if config.swap_space_blocks is None and config.swap_space_bytes is not None:
                 swap_blocks = config.swap_space_bytes // bytes_per_block
-        if device is not None:
-            _check_memory(self.kv_cache_bytes, device, "num_kv_blocks / kv_cache_memory_bytes")
-            _check_memory(swap_blocks * bytes_per_block, "cpu", "swap_space_blocks")
+        if device is not None:  # CPU ranks share the host's memory; each GPU rank has its own
+            ranks_per_device = config.tensor_parallel_size if device == "cpu" else 1
+            _check_memory(num_blocks * bytes_per_block * ranks_per_device, device,
+                          "num_kv_blocks / kv_cache_memory_bytes")
+            _check_memory(swap_blocks * bytes_per_block * config.tensor_parallel_size, "cpu", "swap_space_blocks")
 
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.num_swap_blocks = swap_blocks
@@ -128,15 +147,16 @@ class LLMEngine:
                                    swap_space_blocks=swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks,
                                    speculative_config=config.speculative_config,
                                    predictor=config.output_length_predictor,
-                                   reserve_predicted_kv=config.reserve_predicted_kv)
-        if runner is None:
-            from minengine.worker.model_runner import ModelRunner
+                                   reserve_predicted_kv=config.reserve_predicted_kv,
+                                   async_scheduling=config.async_scheduling and runner is None)
+        if runner is None:  # the model in this process ("uni") or in worker processes ("mp": minengine.executor)
+            from minengine.executor import make_executor
 
-            runner = ModelRunner(self.model, num_blocks, config.block_size, seed=config.seed,
-                                 num_swap_blocks=swap_blocks, max_num_seqs=config.max_num_seqs,
-                                 kv_cache_dtype=self._kv_cache_dtype,
-                                 logits_processors=self._custom_logits_processors(config))
+            runner = make_executor(config, self.model, self.hf_config, self.model_path, device, num_blocks,
+                                   swap_blocks, self._worker_threads(config), self._kv_cache_dtype,
+                                   logits_processors=self._custom_logits_processors(config))
         self.runner = runner
+        self._async = self.scheduler.async_scheduling
         self._detok: dict[str, IncrementalDetokenizer] = {}
         self.request_metrics: dict[str, RequestMetrics] = {}
         self._past_metrics: list[RequestMetrics] = []  # finished requests whose id was used again
@@ -169,9 +189,13 @@ class LLMEngine:
                                       VllmConfig(config, self.hf_config.vocab_size), torch.device("cpu"))
 
     def _load_model(self, config: EngineConfig) -> tuple[str, int]:
-        """Load the model and tokenizer of ``config``; returns (resolved device, KV bytes per block)."""
+        """Load the model and tokenizer of ``config``; returns (resolved device, KV bytes per block of one rank).
+
+        With worker processes (``minengine.executor``, "mp") only the config is read here (and checked against
+        ``tensor_parallel_size``): each worker loads its own shard, and ``self.model`` is None."""
         import torch
 
+        from minengine.executor import executor_backend
         from minengine.layers.kv_quant import kv_cache_torch_dtype
         from minengine.models.loader import load_model, load_tokenizer
         from minengine.worker.model_runner import kv_bytes_per_block
@@ -184,13 +208,52 @@ class LLMEngine:
             raise ValueError("device='cuda' but torch sees no CUDA device")
         if device == "cpu" and config.num_cpu_threads is not None:
             torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
+        self._kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)  # fp8: 1 byte per element
+        if executor_backend(config) == "mp":
+            return device, self._read_model_config(config, device, self._kv_cache_dtype)
         self.model, self.hf_config, self.model_path = load_model(config.model, dtype, device, config.revision,
                                                                  config.trust_remote_code, config.quantization)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None,
                                         revision=config.revision if config.tokenizer else None,
                                         trust_remote_code=config.trust_remote_code)
-        self._kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)  # fp8: 1 byte per element
         return device, kv_bytes_per_block(self.model, config.block_size, self._kv_cache_dtype)
+
+    def _read_model_config(self, config: EngineConfig, device: str, kv_cache_dtype) -> int:
+        """The driver's side of worker processes: the checkpoint's config and tokenizer, no weights; returns the
+        KV bytes per block of one rank (its KV heads: ``distributed.kv_heads_of_rank``)."""
+        from minengine.distributed import check_tensor_parallel_size, kv_heads_of_rank
+        from minengine.models.llama import _head_dim
+        from minengine.models.loader import check_model_config, load_config, load_tokenizer, resolve_model_path
+
+        self.model_path = resolve_model_path(config.model, config.revision)
+        self.hf_config = load_config(self.model_path, config.trust_remote_code)
+        check_model_config(self.hf_config, self.model_path)
+        tp = config.tensor_parallel_size
+        check_tensor_parallel_size(tp, self.hf_config, device, config.allow_cpu_oversubscription)
+        self.model = None
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, required=config.tokenizer is not None,
+                                        revision=config.revision if config.tokenizer else None,
+                                        trust_remote_code=config.trust_remote_code)
+        cfg = self.hf_config
+        _, kv_heads = kv_heads_of_rank(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, tp, 0)
+        return 2 * cfg.num_hidden_layers * config.block_size * kv_heads * _head_dim(cfg) * kv_cache_dtype.itemsize
+
+    @staticmethod
+    def _worker_threads(config: EngineConfig) -> int:
+        """torch threads of each worker process: ``num_cpu_threads``, or the cores shared out when None."""
+        from minengine.distributed import available_cpu_cores
+
+        if config.num_cpu_threads is not None:
+            return config.num_cpu_threads
+        return max(1, available_cpu_cores() // config.tensor_parallel_size)
+
+    def shutdown(self) -> None:
+        """Stop the worker processes, if any (``minengine.executor``; also done when the engine is garbage
+        collected and at interpreter exit). The engine runs no step afterwards. Idempotent."""
+        self._in_flight.clear()
+        stop = getattr(self.runner, "shutdown", None)
+        if stop is not None:
+            stop()
 
     @classmethod
     def from_config(cls, **kwargs) -> LLMEngine:
@@ -292,7 +355,8 @@ class LLMEngine:
             self._record_state()
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        """Unfinished requests, or (async scheduling) a step still in flight, whose output ``step()`` takes."""
+        return self.scheduler.has_unfinished_requests() or bool(self._in_flight)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.scheduler.requests)
@@ -313,23 +377,15 @@ class LLMEngine:
             RuntimeError: if unfinished requests exist but none could be scheduled (a bug guard: admission
                 checks make this impossible, and it is better to fail than to spin).
         """
+        if self._async:
+            return self._step_async()
         self.clock.begin_step()
         start = self.clock()
         self._undelivered += self._finish_timed_out(start)
         sched = self.scheduler.schedule()
         if sched.is_empty:
-            self.clock.end_step(sched)
-            if self.has_unfinished_requests():
-                raise RuntimeError("no request could be scheduled although some are unfinished")
-            timed_out = self._take_undelivered()
-            self._record_stats(None, [], [r for r, _ in timed_out])
-            return self.output_processor.make_outputs(timed_out, self.request_metrics)
-        trace_blocks = self._block_snapshot() if self.config.trace_block_tables else {}
-        num_free = self.kv_cache_manager.num_free_blocks
-        num_cached_free = self.kv_cache_manager.pool.num_cached_free_blocks
-        for rid in sched.preempted_ids:  # preemptions stand even if the step fails
-            self.request_metrics[rid].num_preemptions += 1
-
+            return self._idle_step(sched)
+        pending = self._pending_step(sched, start)
         try:  # everything that may fail, before anything is committed
             sampled = self.runner.execute(sched)
             kept, detoks = self._detokenize(sched, sampled)
@@ -337,15 +393,106 @@ class LLMEngine:
             self.scheduler.rollback(sched)
             self.clock.end_step(SchedulerOutput())  # the step did not happen: it costs no modelled time
             raise
-        logprobs = self.runner.last_logprobs
+        return self._finish_step(pending, start, sampled, kept, detoks)
+
+    def _step_async(self) -> list[RequestOutput]:
+        """``step()`` with async scheduling (vLLM's ``async_scheduling``, its batch queue of two steps): schedule
+        and submit step N+1 to the workers (its decodes' tokens of step N are placeholders, filled in by the
+        workers), then wait for step N and process its output, so the scheduling of N+1 and the processing of N
+        run while the workers compute. The first call of a run only submits (returns no tokens); the engine
+        has unfinished work while a step is in flight.
+
+        A failure while processing a step (the workers, the detokenizer, Ctrl-C) lets the workers finish the
+        step still in flight (its tokens dropped), then rolls both back, newest first (``Scheduler.rollback``):
+        the engine is as if neither had been scheduled, as in ``step()``. A worker failure leaves the executor
+        stopped: every later step raises ``WorkerFailedError``."""
+        self.clock.begin_step()
+        start = self.clock()
+        self._undelivered += self._finish_timed_out(start)
+        sched = self.scheduler.schedule()  # at most one step is in flight here
+        submitted = sched.has_work  # a step may only swap out a request (its blocks were held by the step in flight)
+        if submitted:
+            pending = self._pending_step(sched, start)
+            try:
+                self.runner.submit(sched)
+            except BaseException:
+                self.scheduler.rollback(sched)
+                self.clock.end_step(SchedulerOutput())
+                raise
+            self._in_flight.append(pending)
+        if not self._in_flight:
+            return self._idle_step(sched)
+        if submitted and len(self._in_flight) == 1:  # nothing older to wait for: let it run
+            self.clock.end_step(SchedulerOutput())
+            return self._deliver_timed_out()
+        pending = self._in_flight.popleft()
+        try:
+            sampled = self.runner.collect()  # the oldest step: it was submitted first
+            kept, detoks = self._detokenize(pending.sched, sampled, pending.requests)
+        except BaseException:
+            self._abandon_in_flight(pending)
+            self.clock.end_step(SchedulerOutput())
+            raise
+        return self._finish_step(pending, start, sampled, kept, detoks)
+
+    def _abandon_in_flight(self, failed: _PendingStep) -> None:
+        """Async scheduling: processing ``failed`` raised. Drain the steps submitted after it (so the workers
+        are idle and run nothing stale), then roll back every open step, newest first."""
+        later = list(self._in_flight)
+        self._in_flight.clear()
+        if getattr(self.runner, "is_alive", False):
+            for _ in later:
+                try:
+                    self.runner.collect()
+                except Exception:  # the executor stopped meanwhile: nothing more to drain
+                    break
+        for pending in reversed([failed] + later):
+            self.scheduler.rollback(pending.sched)
+
+    def _pending_step(self, sched: SchedulerOutput, start: float) -> _PendingStep:
+        """What the trace of a scheduled step needs from the moment it was scheduled."""
+        for rid in sched.preempted_ids:  # preemptions stand even if the step fails
+            self.request_metrics[rid].num_preemptions += 1
+        requests = None
+        if self._async:  # a request may finish (and its id be reused) while its step is in flight
+            requests = {s.request_id: self.scheduler.requests[s.request_id] for s in sched.scheduled}
+            for rid in sched.admitted_ids:
+                m = self.request_metrics[rid]
+                if m.first_scheduled_time is None:
+                    m.first_scheduled_time = start
+        return _PendingStep(sched, start, self._block_snapshot() if self.config.trace_block_tables else {},
+                            self.kv_cache_manager.num_free_blocks, self.kv_cache_manager.pool.num_cached_free_blocks,
+                            requests)
+
+    def _idle_step(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """Nothing scheduled and nothing in flight: only the outputs of requests past their deadline."""
+        self.clock.end_step(sched)
+        if self.has_unfinished_requests():
+            raise RuntimeError("no request could be scheduled although some are unfinished")
+        return self._deliver_timed_out()
+
+    def _deliver_timed_out(self) -> list[RequestOutput]:
+        timed_out = self._take_undelivered()
+        self._record_stats(None, [], [r for r, _ in timed_out])
+        return self.output_processor.make_outputs(timed_out, self.request_metrics)
+
+    def _finish_step(self, pending: _PendingStep, start: float, sampled: dict[str, list[int]], kept: dict,
+                     detoks: dict) -> list[RequestOutput]:
+        """Commit a step that ran (``update_from_output``), then metrics, outputs and its ``StepTrace``."""
+        sched = pending.sched
+        logprobs, prompt_logprobs = self.runner.last_logprobs, self.runner.last_prompt_logprobs
         if logprobs and sched.num_spec_tokens:  # only the tokens kept (a stop may end a run of accepted ones)
             logprobs = {rid: lps[:len(kept[rid])] for rid, lps in logprobs.items() if rid in kept}
-        self.output_processor.record_logprobs(logprobs, self.runner.last_prompt_logprobs)
+        if pending.requests is not None:  # async: not those of requests finished while the step ran
+            logprobs = {rid: lps for rid, lps in logprobs.items() if rid in kept}
+            prompt_logprobs = {rid: lps for rid, lps in prompt_logprobs.items()
+                               if self.scheduler.requests.get(rid) is pending.requests[rid]}
+        self.output_processor.record_logprobs(logprobs, prompt_logprobs)
         got_token, finished = self.scheduler.update_from_output(sched, kept)
         self.clock.end_step(sched)  # a modelled clock advances by this step's cost here
         now = self.clock()
 
-        for rid in sched.admitted_ids:
+        for rid in sched.admitted_ids if pending.requests is None else ():  # async: set when scheduled
             m = self.request_metrics[rid]
             if m.first_scheduled_time is None:
                 m.first_scheduled_time = start
@@ -391,30 +538,36 @@ class LLMEngine:
                                    s.num_spec_tokens, len(sampled[s.request_id]) - 1)
                     for s in sched.scheduled],
             num_running=self.scheduler.num_running, num_waiting=self.scheduler.num_waiting,
-            num_free_blocks=num_free, num_cached_free_blocks=num_cached_free, num_total_blocks=self.num_kv_blocks,
+            num_free_blocks=pending.num_free_blocks, num_cached_free_blocks=pending.num_cached_free_blocks,
+            num_total_blocks=self.num_kv_blocks,
             preempted_ids=sched.preempted_ids, admitted_ids=sched.admitted_ids,
             finished_ids=timed_out_ids + [r.request_id for r in finished],
             prefix_queried_tokens=sched.prefix_queried_tokens, prefix_hit_tokens=sched.prefix_hit_tokens,
             readmission_hit_tokens=sched.readmission_hit_tokens,
             num_swapped_out_blocks=len(sched.blocks_to_swap_out), num_swapped_in_blocks=len(sched.blocks_to_swap_in),
             swap_time_s=self.runner.last_swap_time_s, timed_out_ids=timed_out_ids,
-            **trace_blocks,
+            **pending.trace_blocks,
         ))
         self.num_steps += 1
         self._record_stats(self.traces[-1], got_token, [r for r, _ in timed_out] + finished,
                            {rid: len(tokens) for rid, tokens in kept.items()} if sched.num_spec_tokens else None)
         return outputs
 
-    def _detokenize(self, sched: SchedulerOutput, sampled: dict[str, list[int]]) -> tuple[dict, dict]:
+    def _detokenize(self, sched: SchedulerOutput, sampled: dict[str, list[int]],
+                    requests: dict[str, Request] | None = None) -> tuple[dict, dict]:
         """The tokens each sampling request keeps and its detokenizer after them (new objects: nothing is
         committed here). A request keeps its tokens up to the first stop (length, EOS, stop token ids: the
         scheduler's rules) and up to the token that completes a stop string: with speculative decoding a
-        step may bring several tokens, and none after a stop may reach the output."""
+        step may bring several tokens, and none after a stop may reach the output. ``requests`` (async
+        scheduling: the step's requests when it was scheduled): those finished since get nothing."""
         kept, detoks = {}, {}
+        live = self.scheduler.requests
         for s in sched.scheduled:
             if not s.sample:
                 continue
             rid = s.request_id
+            if requests is not None and live.get(rid) is not requests[rid]:
+                continue
             tokens, detok = sampled[rid], self._detok[rid]
             if len(tokens) == 1:
                 kept[rid], detoks[rid] = tokens, detok.advanced(tokens[0])

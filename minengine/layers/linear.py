@@ -22,8 +22,11 @@ Each layer loads its shard from the checkpoint's full tensor (``shard_weight``):
 features for column-parallel layers (and their biases), the input features for row-parallel ones (whose bias
 is added once, after the all-reduce). A weight-only quantized layer (int8 with per-output-channel scales)
 shards the same way: its scales follow the output channels, so a column-parallel layer takes its rows' scales
-and a row-parallel one keeps all of them. The matmul of each layer is one ``F.linear`` call, the one place a
-quantized path would replace. At world size 1 every layer is exactly ``nn.Linear``: no copy, no collective.
+and a row-parallel one keeps all of them. ``quantize_int8()`` (what ``layers/quantization.quantize_model`` calls)
+gives each layer's int8 replacement: a column-parallel shard's per-row scales are already the whole layer's (an
+``Int8Linear``); a row-parallel shard takes the whole rows' absolute maxima from one all-reduce (max) at load
+time, so its int8 values and scales are exactly those of the unsharded int8 layer (``RowParallelInt8Linear``).
+At world size 1 every layer is exactly ``nn.Linear``: no copy, no collective.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minengine.distributed import TensorParallelGroup
+from minengine.layers.quantization import Int8Linear, int8_matmul, quantize_int8
 
 
 class ColumnParallelLinear(nn.Linear):
@@ -70,6 +74,11 @@ class ColumnParallelLinear(nn.Linear):
         """This rank's slice of the checkpoint tensor ``name`` ("weight" [out, in] or "bias" [out]): its rows."""
         return full.narrow(0, self.output_start, self.out_features)
 
+    def quantize_int8(self) -> nn.Module:
+        """The weight-only int8 layer (``layers/quantization.py``): its rows' per-channel scales are the whole
+        layer's, and a column-parallel layer needs no collective."""
+        return Int8Linear.from_linear(self)
+
 
 class RowParallelLinear(nn.Linear):
     """``y = all_reduce(x_r A_r^T) + b``: this rank holds the columns ``A_r`` of the full ``A [out, in]``
@@ -102,6 +111,37 @@ class RowParallelLinear(nn.Linear):
         if self.tp.world_size == 1:
             return F.linear(x, self.weight, self.bias)
         y = self.tp.all_reduce(F.linear(x, self.weight))  # partial sums of the whole output -> the sum
+        return y + self.bias if self.bias is not None else y
+
+    def quantize_int8(self) -> nn.Module:
+        """The weight-only int8 layer: ``Int8Linear`` at world size 1, else ``RowParallelInt8Linear``."""
+        return Int8Linear.from_linear(self) if self.tp.world_size == 1 else RowParallelInt8Linear(self)
+
+
+class RowParallelInt8Linear(nn.Module):
+    """A row-parallel layer with weight-only int8 weights: ``all_reduce(int8_matmul(x_r, qweight_r, scale)) + b``.
+
+    ``qweight_r`` [out, in / tp] int8 are this rank's columns of the whole layer's int8 weight and ``scale``
+    [out] its per-output-channel scales (from every rank's absolute maxima, one all-reduce of [out] at load
+    time), so the partial sums add up to the unsharded int8 layer's.
+
+    Args:
+        layer: the loaded ``RowParallelLinear`` shard (tp > 1) to quantize.
+    """
+
+    def __init__(self, layer: RowParallelLinear):
+        super().__init__()
+        self.tp = layer.tp
+        weight = layer.weight.detach()
+        amax = self.tp.all_reduce_max(weight.float().abs().amax(dim=1))
+        qweight, scale = quantize_int8(weight, amax=amax)
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.register_buffer("qweight", qweight.to(weight.device))
+        self.register_buffer("scale", scale.to(weight.device))
+        self.register_buffer("bias", layer.bias.detach() if layer.bias is not None else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(int8_matmul(x, self.qweight, self.scale))
         return y + self.bias if self.bias is not None else y
 
 

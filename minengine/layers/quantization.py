@@ -45,8 +45,10 @@ INT8PACK_WIDTH_MULTIPLE = 16
 QUANTIZED_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-output-channel symmetric int8 quantization of ``weight`` [out, in] (any float dtype).
+def quantize_int8(weight: torch.Tensor, amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8 quantization of ``weight`` [out, in] (any float dtype). ``amax`` [out]:
+    each output channel's absolute maximum to scale by (default: ``weight``'s own; a row-parallel shard passes
+    the whole layer's, ``layers/linear.py``, so its scales and int8 values are the unsharded layer's).
 
     Returns:
         (qweight int8 [out, in] in [-127, 127], scale float32 [out]) with ``qweight * scale[:, None] ~= weight``;
@@ -59,7 +61,8 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = weight.detach().float()
     if not torch.isfinite(w).all():
         raise ValueError("weight has inf or NaN entries: it cannot be quantized")
-    amax = w.abs().amax(dim=1)
+    if amax is None:
+        amax = w.abs().amax(dim=1)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
     return qweight, scale
@@ -161,7 +164,8 @@ class Int8Linear(nn.Module):
 def quantize_model(model: nn.Module, method: str = "int8") -> int:
     """Replace, in place, every decoder linear layer (``QUANTIZED_LAYERS`` of each ``model.model.layers[i]``'s
     ``self_attn`` and ``mlp``) by its ``Int8Linear``; embeddings, norms and the LM head are left as they are.
-    Called by ``models.loader.load_model(..., quantization="int8")`` after the weights are loaded.
+    Called by ``models.loader.load_model(..., quantization="int8")`` after the weights are loaded. A tensor-parallel
+    layer (``layers/linear.py``) makes its own replacement (``quantize_int8()``), which keeps its collective.
 
     Returns:
         the number of layers quantized.
@@ -175,6 +179,7 @@ def quantize_model(model: nn.Module, method: str = "int8") -> int:
         for block in (layer.self_attn, layer.mlp):
             for name, child in list(block.named_children()):
                 if name in QUANTIZED_LAYERS and isinstance(child, nn.Linear):
-                    setattr(block, name, Int8Linear.from_linear(child))
+                    own = getattr(child, "quantize_int8", None)
+                    setattr(block, name, own() if own is not None else Int8Linear.from_linear(child))
                     count += 1
     return count

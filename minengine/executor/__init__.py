@@ -1,0 +1,52 @@
+"""How a ``SchedulerOutput`` reaches the model: in this process, or on N worker processes.
+
+The executor interface is the ``ModelRunner``'s, so the engine (and its one scheduler) never knows which runs:
+
+    execute(scheduler_output) -> {request_id: sampled tokens}
+    last_logprobs, last_prompt_logprobs, last_swap_time_s     (of the last step)
+    device, dtype
+
+- ``"uni"`` (world size 1, no async scheduling; the default then): the ``ModelRunner`` itself, in the engine's
+  process: today's path, nothing in between.
+- ``"mp"`` (``MultiprocExecutor``; the default for ``tensor_parallel_size > 1`` or ``async_scheduling``): N worker
+  processes, one per tensor-parallel rank, over ``torch.distributed`` (gloo on CPU, NCCL on CUDA). It adds
+  ``submit`` / ``collect`` (a step sent without waiting, so the driver schedules the next one meanwhile: async
+  scheduling), ``shutdown``, and ``last_replies`` (per rank: all-reduces run, seconds in the worker).
+
+vLLM's names: ``distributed_executor_backend="mp"`` / ``"uni"`` (``UniProcExecutor``).
+"""
+
+from __future__ import annotations
+
+from minengine.executor.multiproc_executor import MultiprocExecutor, WorkerFailedError
+
+__all__ = ["MultiprocExecutor", "WorkerFailedError", "executor_backend", "make_executor"]
+
+
+def executor_backend(config) -> str:
+    """"uni" or "mp": ``config.distributed_executor_backend``, or when None the default for the config."""
+    return "mp" if config.uses_worker_processes else "uni"
+
+
+def make_executor(config, model, hf_config, model_path, device: str, num_blocks: int, num_swap_blocks: int,
+                  num_threads: int, kv_cache_dtype=None, logits_processors=None):
+    """The executor for an engine: a ``ModelRunner`` on ``model`` ("uni"), or a ``MultiprocExecutor`` whose
+    workers load ``model_path`` themselves ("mp"; ``model`` is then None: the driver holds no weights), with
+    ``config.quantization`` and ``config.kv_cache_dtype`` (``kv_cache_dtype``: its torch dtype, for "uni");
+    ``logits_processors``: the engine's ``CustomLogitsProcessors`` ("uni" only: ``EngineConfig`` refuses them
+    with "mp").
+
+    Raises:
+        WorkerFailedError: a worker failed to start.
+    """
+    if executor_backend(config) == "uni":
+        from minengine.worker.model_runner import ModelRunner
+
+        return ModelRunner(model, num_blocks, config.block_size, seed=config.seed, num_swap_blocks=num_swap_blocks,
+                           max_num_seqs=config.max_num_seqs, kv_cache_dtype=kv_cache_dtype,
+                           logits_processors=logits_processors)
+    return MultiprocExecutor(model_path, hf_config, config.dtype, device, config.tensor_parallel_size, num_blocks,
+                             config.block_size, num_swap_blocks=num_swap_blocks, seed=config.seed,
+                             max_num_seqs=config.max_num_seqs, num_threads=num_threads,
+                             timeout_s=config.execute_model_timeout_s, kv_cache_dtype=config.kv_cache_dtype,
+                             quantization=config.quantization)
