@@ -256,3 +256,25 @@ def test_tensor_parallel_size_on_every_entry_point(bundled_model, monkeypatch):
     monkeypatch.setattr(cli, "cmd_serve", lambda a: configs.append(cli._config(a)))
     cli.main(["serve", "--tensor-parallel-size", "2", "--async-scheduling"])
     assert (configs[0].tensor_parallel_size, configs[0].async_scheduling) == (2, True)
+
+
+def test_int8_weights_and_fp8_kv_over_two_ranks_match_one(random_tp_model, random_stream):
+    """``quantization="int8"`` and ``kv_cache_dtype="fp8"`` with TP 2 give TP 1's tokens: a column-parallel shard
+    keeps its rows' scales, a row-parallel shard takes the whole rows' (one all-reduce of maxima at load), so
+    each rank holds exactly its part of the unsharded int8 weights. Near-ties by TP 1's own top-2 logprobs."""
+    prompts = workload_prompts(random_stream)
+    quant = dict(quantization="int8", kv_cache_dtype="fp8", **WORKLOAD)
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=2)
+    ref = LLM(random_tp_model, **quant).generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    llm = LLM(random_tp_model, tensor_parallel_size=2, **quant)
+    try:
+        got = generate(llm, prompts)
+    finally:
+        llm.llm_engine.shutdown()
+    for out, tokens in zip(ref, got):
+        want = out.outputs[0].token_ids
+        if tokens == want:
+            continue
+        i = next(j for j, (a, b) in enumerate(zip(tokens, want)) if a != b)
+        top2 = sorted((lp.logprob for lp in out.outputs[0].logprobs[i].values()), reverse=True)[:2]
+        assert top2[0] - top2[1] < MARGIN, f"token {i} differs from TP 1 with a top-2 gap of {top2[0] - top2[1]:.2e}"

@@ -129,6 +129,8 @@ class WorkerReply:
         num_all_reduces, all_reduce_bytes: the collectives this rank ran in the step (``TensorParallelGroup``).
         execute_time_s: wall seconds from receiving the step to having its tokens (decode, inputs, forward,
             sampling), measured in the worker.
+        started_at, finished_at: the same span in ``time.monotonic()`` seconds (one system-wide clock on Linux,
+            so the driver can compare it with its own times: ``benchmarks/async_scheduling.py``).
     """
 
     step_id: int
@@ -141,3 +143,5 @@ class WorkerReply:
     num_all_reduces: int = 0
     all_reduce_bytes: int = 0
     execute_time_s: float = 0.0
+    started_at: float = 0.0
+    finished_at: float = 0.0

@@ -136,7 +136,7 @@ def _serve(rank: int, runner, group, conn) -> bool:
             return True
         step_id = -1
         try:
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             step_id, sched = decoder.decode(data)
             group.reset_counters()
             sampled = runner.execute(sched)
@@ -144,7 +144,9 @@ def _serve(rank: int, runner, group, conn) -> bool:
             reply = WorkerReply(step_id, rank, sampled if rank == 0 else None, tokens_digest(sampled),
                                 runner.last_logprobs if rank == 0 else {},
                                 runner.last_prompt_logprobs if rank == 0 else {}, runner.last_swap_time_s,
-                                group.num_all_reduces, group.all_reduce_bytes, time.perf_counter() - t0)
+                                group.num_all_reduces, group.all_reduce_bytes)
+            reply.started_at, reply.finished_at = t0, time.monotonic()
+            reply.execute_time_s = reply.finished_at - t0
         except BaseException:
             conn.send(("error", rank, f"step {step_id}: {traceback.format_exc()}"))
             return False
