@@ -41,6 +41,8 @@ class TensorParallelGroup:
             tensors they reduced (elements x element size; what a ring all-reduce sends per rank is
             ``2 (tp - 1) / tp`` of that); the worker resets them every step and reports them
             (``executor/worker.py``), and a test compares them with what ``StepCostModel`` charges.
+        num_all_gathers, all_gather_bytes: the same for all-gathers (the LM head's logits); the bytes are those
+            of the gathered result (every rank's tensor).
     """
 
     rank: int = 0
@@ -48,6 +50,8 @@ class TensorParallelGroup:
     process_group: object | None = field(default=None, repr=False)
     num_all_reduces: int = 0
     all_reduce_bytes: int = 0
+    num_all_gathers: int = 0
+    all_gather_bytes: int = 0
 
     def all_reduce(self, x):
         """Sum ``x`` (any shape, any float dtype) over the ranks, in place; returns ``x``. No-op at world size 1.
@@ -63,6 +67,21 @@ class TensorParallelGroup:
         self.all_reduce_bytes += x.numel() * x.element_size()
         return x
 
+    def all_gather(self, x) -> list:
+        """Every rank's ``x`` (the same shape and dtype on every rank), in rank order: ``world_size`` tensors.
+        ``[x]`` at world size 1."""
+        if self.world_size == 1:
+            return [x]
+        import torch
+        import torch.distributed as dist
+
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.world_size)]
+        dist.all_gather(parts, x, group=self.process_group)
+        self.num_all_gathers += 1
+        self.all_gather_bytes += self.world_size * x.numel() * x.element_size()
+        return parts
+
     def all_reduce_max(self, x):
         """The elementwise maximum of ``x`` over the ranks, in place; returns ``x`` (load time: not counted)."""
         if self.world_size > 1:
@@ -72,7 +91,7 @@ class TensorParallelGroup:
         return x
 
     def reset_counters(self) -> None:
-        self.num_all_reduces = self.all_reduce_bytes = 0
+        self.num_all_reduces = self.all_reduce_bytes = self.num_all_gathers = self.all_gather_bytes = 0
 
     def shard_range(self, size: int) -> tuple[int, int]:
         """This rank's ``[start, end)`` of ``size`` items split as evenly as possible (the first ``size % tp``

@@ -126,7 +126,8 @@ class WorkerReply:
         digest: ``tokens_digest`` of this rank's sampled tokens (the driver checks all ranks agree).
         logprobs, prompt_logprobs: rank 0 only: ``ModelRunner.last_logprobs`` / ``last_prompt_logprobs``.
         swap_time_s: seconds of KV block copies to / from the swap space (rank 0's).
-        num_all_reduces, all_reduce_bytes: the collectives this rank ran in the step (``TensorParallelGroup``).
+        num_all_reduces, all_reduce_bytes, num_all_gathers, all_gather_bytes: the collectives this rank ran in
+            the step (``TensorParallelGroup``).
         execute_time_s: wall seconds from receiving the step to having its tokens (decode, inputs, forward,
             sampling), measured in the worker.
         started_at, finished_at: the same span in ``time.monotonic()`` seconds (one system-wide clock on Linux,
@@ -142,6 +143,8 @@ class WorkerReply:
     swap_time_s: float = 0.0
     num_all_reduces: int = 0
     all_reduce_bytes: int = 0
+    num_all_gathers: int = 0
+    all_gather_bytes: int = 0
     execute_time_s: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0

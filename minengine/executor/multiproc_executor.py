@@ -33,7 +33,7 @@ from pathlib import Path
 
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.executor.messages import StepEncoder, WorkerReply
-from minengine.executor.worker import SHUTDOWN, WorkerConfig, worker_main
+from minengine.executor.worker import SHUTDOWN, WorkerConfig, plain_config, worker_main
 
 START_TIMEOUT_S = 600.0  # loading a shard, and the CPU attention kernel's first build on a machine
 STOP_GRACE_S = 5.0
@@ -89,7 +89,7 @@ class MultiprocExecutor:
         # The rendezvous: a store in this process on a port the OS picks (no race for a free port).
         self._store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=timeout_s))
-        config = WorkerConfig(model_path=str(model_path), hf_config=hf_config, dtype=dtype, device=device,
+        config = WorkerConfig(model_path=str(model_path), hf_config=plain_config(hf_config), dtype=dtype, device=device,
                               backend="nccl" if device == "cuda" else "gloo", store_host="127.0.0.1",
                               store_port=self._store.port, world_size=world_size, num_blocks=num_blocks,
                               block_size=block_size, num_swap_blocks=num_swap_blocks, seed=seed,

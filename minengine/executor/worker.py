@@ -21,8 +21,21 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 SHUTDOWN = b"shutdown"
+
+
+def plain_config(hf_config):
+    """``hf_config`` (a transformers config) as a ``SimpleNamespace`` of its ``to_dict()``, which a worker
+    unpickles without importing transformers (its import was ~40 % of a worker's start on this project's loaded
+    2-core machine); the config itself when something may need transformers' class: a scaled RoPE
+    (``layers/rotary.py`` hands the config to transformers' initialisers) or an ``attribute_map`` (aliases)."""
+    params = getattr(hf_config, "rope_parameters", None) or {}
+    if (params.get("rope_type", params.get("type", "default")) != "default" or getattr(hf_config, "attribute_map", None)
+            or not hasattr(hf_config, "to_dict")):
+        return hf_config
+    return SimpleNamespace(**hf_config.to_dict())
 
 
 @dataclass(frozen=True)
@@ -30,7 +43,7 @@ class WorkerConfig:
     """What a worker needs to start (picklable).
 
     Attributes:
-        model_path: the resolved checkpoint directory. hf_config: its transformers config (the driver's).
+        model_path: the resolved checkpoint directory. hf_config: its config (the driver's, ``plain_config``).
         dtype: "float32" / "float16" / "bfloat16". device: "cpu" or "cuda" (rank r takes cuda:r).
         backend: "gloo" or "nccl". store_host, store_port: the driver's ``TCPStore``.
         world_size: ranks. num_blocks, block_size, num_swap_blocks, seed, max_num_seqs: the ``ModelRunner``'s.
@@ -144,7 +157,8 @@ def _serve(rank: int, runner, group, conn) -> bool:
             reply = WorkerReply(step_id, rank, sampled if rank == 0 else None, tokens_digest(sampled),
                                 runner.last_logprobs if rank == 0 else {},
                                 runner.last_prompt_logprobs if rank == 0 else {}, runner.last_swap_time_s,
-                                group.num_all_reduces, group.all_reduce_bytes)
+                                group.num_all_reduces, group.all_reduce_bytes, group.num_all_gathers,
+                                group.all_gather_bytes)
             reply.started_at, reply.finished_at = t0, time.monotonic()
             reply.execute_time_s = reply.finished_at - t0
         except BaseException:

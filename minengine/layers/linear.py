@@ -12,11 +12,11 @@ split over ``tp`` ranks one of two ways:
   partial sums. The attention's o_proj and the MLP's down_proj are row-parallel: one all-reduce each per layer.
 
 The LM head is column-parallel over the vocabulary: each rank computes the logits of its slice of the vocabulary
-(a tp-th of the largest matmul of a sampling step, and a tp-th of its weights in memory), writes them into a
-``[rows, vocab]`` buffer that is zero elsewhere, and one all-reduce gives every rank all the logits (vLLM gathers
-instead, which sends half the bytes; the all-reduce is what ``timing.StepCostModel`` prices, so the two agree
-exactly). Every rank then runs the same sampler on the same logits. The embedding stays replicated: a lookup
-of T rows has no FLOPs to split, and sharding it would cost one more all-reduce of ``[T, hidden]`` per step.
+(a tp-th of the largest matmul of a sampling step, and a tp-th of its weights in memory), and one all-gather
+gives every rank all the logits (as vLLM's, half the bytes of an all-reduce of a zero-padded ``[rows, vocab]``;
+``timing.StepCostModel`` prices the same all-gather). Every rank then runs the same sampler on the same logits.
+The embedding stays replicated: a lookup of T rows has no FLOPs to split, and sharding it would cost one more
+all-reduce of ``[T, hidden]`` per step.
 
 Each layer loads its shard from the checkpoint's full tensor (``shard_weight``): slices follow the output
 features for column-parallel layers (and their biases), the input features for row-parallel ones (whose bias
@@ -147,7 +147,8 @@ class RowParallelInt8Linear(nn.Module):
 
 class VocabParallelLMHead(nn.Linear):
     """The LM head split over the vocabulary: this rank computes the logits of its vocabulary slice
-    (``TensorParallelGroup.shard_range``: the vocabulary need not divide by tp), one all-reduce assembles all.
+    (``TensorParallelGroup.shard_range``: the vocabulary need not divide by tp), one all-gather assembles all
+    (as vLLM's; each slice padded to the largest, since a collective moves equal shapes).
 
     Args:
         hidden_size, vocab_size: the full head's sizes (no bias).
@@ -171,6 +172,11 @@ class VocabParallelLMHead(nn.Linear):
         local = F.linear(hidden, self.weight)
         if self.tp.world_size == 1:
             return local
-        logits = local.new_zeros(hidden.shape[0], self.vocab_size)
-        logits[:, self.vocab_start:self.vocab_start + self.out_features] = local
-        return self.tp.all_reduce(logits)  # zeros elsewhere: the sum is every rank's slice in place
+        tp = self.tp.world_size
+        base, extra = divmod(self.vocab_size, tp)
+        sizes = [base + (r < extra) for r in range(tp)]  # shard_range's slices
+        width = sizes[0]
+        if self.out_features < width:
+            local = F.pad(local, (0, width - self.out_features))
+        parts = self.tp.all_gather(local)
+        return torch.cat([part[:, :n] for part, n in zip(parts, sizes)], dim=1)

@@ -21,7 +21,9 @@ def rope_inv_freq(hf_config) -> tuple[torch.Tensor, float]:
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     if rope_type == "default":
         base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        # On the CPU also under ``torch.device("meta")``: a meta arange goes through ``torch._refs``, whose
+        # first call imports ``torch._dynamo`` (seconds of a process's start)
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float, device="cpu") / head_dim))
         return inv_freq, 1.0
     if rope_type == "dynamic":
         raise ValueError("rope_type 'dynamic' (position-dependent NTK scaling) is not supported by minengine")

@@ -10,7 +10,7 @@ step; each token carries its own position and the attention reads earlier tokens
 With a ``TensorParallelGroup`` of world size tp the model is one rank's shard (Megatron-LM, Shoeybi et al.
 2019; ``layers/linear.py``): a tp-th of the query heads and of the MLP's intermediate features, its KV heads
 (``distributed.kv_heads_of_rank``), a tp-th of the LM head's vocabulary; embeddings and norms replicated. A
-layer runs two all-reduces (after o_proj and after down_proj), ``compute_logits`` one.
+layer runs two all-reduces (after o_proj and after down_proj), ``compute_logits`` one all-gather.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ import pickle
 from pathlib import Path
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from minengine.distributed import TensorParallelGroup
 from minengine.models.llama import LlamaForCausalLM
@@ -107,10 +108,21 @@ def check_model_config(hf_config, path: Path) -> tuple[bool, bool]:
     return qkv_bias, qk_norm
 
 
+class _SkipInit(TorchFunctionMode):
+    """``torch.nn.init``'s fills do nothing: the weights come from the checkpoint. On the meta device a fill
+    would only cost time: ``normal_`` goes through ``torch._refs``, whose first call imports ``torch._dynamo``
+    (~6 s of a process's start on this project's loaded machine)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
 def _build_on_meta(hf_config, path: Path, qkv_bias: bool, qk_norm: bool,
                    tp: TensorParallelGroup | None) -> LlamaForCausalLM:
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), _SkipInit():
             return LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm, tp=tp)
     except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
         raise ValueError(f"{path / 'config.json'}: cannot build a {hf_config.model_type} model from it "
