@@ -9,13 +9,15 @@ ignored) and, once every request decodes, times ``--steps`` engine steps (median
     message, inputs, forward with its all-reduces, sampling); in-process ("uni") the ``ModelRunner.execute`` time.
 Without async scheduling a step lasts about host + forward (the driver waits, then the workers wait); with it,
 about max(host, forward): ``hidden`` is (host + forward - wall) / host, the share of the host time the overlap
-hid (1 = all of it). On a loaded machine these wall times move with other processes; ``overlap`` does not depend on
+hid (1 = all of it). On a loaded machine these wall times move with other processes; ``overlap`` depends less on
 them: the share of the driver's host intervals (a step() call up to the step sent, and from the answer taken)
 during which a worker was computing a step (its ``WorkerReply.started_at .. finished_at``, on the same
-``time.monotonic`` clock). 1 torch thread per process. On a machine with fewer cores than processes (TP 2 = 2 workers +
-the driver on 2 cores) the driver's work competes with a worker for a core and less can hide. The machine load
-(``uptime``, before and after) is printed with the table; the sweep is repeated ``--rounds`` times, interleaved,
-and each number is the median over the rounds.
+``time.monotonic`` clock). Without async scheduling it should be ~0; on a loaded machine it is not (a driver
+descheduled right after sending a step counts as host time while the worker runs), so each async row is read
+against its sync row, the baseline of that error. 1 torch thread per process. On a machine with fewer cores
+than processes (TP 2 = 2 workers + the driver on 2 cores) the driver's work competes with a worker for a core
+and less can hide. The machine load (``uptime``, before and after) is printed with the table; the sweep is
+repeated ``--rounds`` times, interleaved, and each number is the median over the rounds.
 
     python benchmarks/async_scheduling.py                       # uni, TP 1 and TP 2, async off and on
     python benchmarks/async_scheduling.py --num-requests 64 --steps 40
