@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from minengine.core.policies import POLICIES
 from minengine.core.predictors import OutputLengthPredictor
 from minengine.core.scheduler import PREEMPTION_MODES
 from minengine.core.spec_decode import SpeculativeConfig
+from minengine.exceptions import VLLMValidationError, show
 
 BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespeare-llama")
 
@@ -18,11 +20,40 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # None = the checkpoint's weights as they are; "int8": weight-only int8 of the linear layers (layers/quantization.py).
 QUANTIZATIONS = (None, "int8")
 MAX_BLOCK_SIZE = 1024  # tokens; vLLM offers 1..128
+# Every count setting (tokens, blocks, sequences, steps) fits in an int32: the forward batch holds token counts in
+# int32 tensors (query_start_loc, seq_lens), and no machine holds 2**31 of any of them.
+MAX_COUNT = 2**31 - 1
+MAX_BYTES = 2**63 - 1  # byte sizes fit in an int64
+MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed takes
+# Keys ``EngineConfig.extra`` accepts: none yet (a misspelt setting there would otherwise be ignored silently).
+EXTRA_KEYS: frozenset[str] = frozenset()
 
 
-def _positive(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def _invalid(parameter: str, message: str):
+    raise VLLMValidationError(message, parameter=parameter)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(name: str, value: int, high: int = MAX_COUNT) -> None:
+    if not _is_int(value) or not 1 <= value <= high:
+        _invalid(name, f"{name} must be an integer in [1, {high}], got {show(value)}")
+
+
+def _count(name: str, value: int) -> None:
+    """``value`` must be an integer in [0, MAX_COUNT]."""
+    if not _is_int(value) or not 0 <= value <= MAX_COUNT:
+        _invalid(name, f"{name} must be an integer in [0, {MAX_COUNT}], got {show(value)}")
+
+
+def available_cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one, else all of them)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -122,8 +153,12 @@ class EngineConfig:
         execute_model_timeout_s: the longest wait, in seconds, for the workers' answer to one step (vLLM's
             ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``); a worker that raises or dies is reported at once.
 
+    Every count (tokens, blocks, sequences, steps) is at most ``MAX_COUNT`` (2**31 - 1), every byte size at most
+    2**63 - 1, ``seed`` below 2**64, ``num_cpu_threads`` at most the cores this process may use; ``extra`` takes
+    no keys yet.
+
     Raises:
-        ValueError: naming the field and the limit, for any setting out of range.
+        VLLMValidationError: (a ``ValueError``) naming the field and the limit, for any setting out of range.
     """
 
     model: str | None = None
@@ -176,45 +211,52 @@ class EngineConfig:
         if self.model is None:
             self.model = BUNDLED_MODEL
         if not isinstance(self.model, str) or not self.model:
-            raise ValueError(f"model must be a checkpoint directory or hub id (a non-empty string), got {self.model!r}")
+            _invalid("model", f"model must be a checkpoint directory or hub id (a non-empty string), "
+                     f"got {show(self.model)}")
         if self.tokenizer is not None and (not isinstance(self.tokenizer, str) or not self.tokenizer):
-            raise ValueError(f"tokenizer must be a directory or hub id (a non-empty string) or None, "
-                             f"got {self.tokenizer!r}")
+            _invalid("tokenizer", f"tokenizer must be a directory or hub id (a non-empty string) or None, "
+                     f"got {show(self.tokenizer)}")
         for name in ("enable_chunked_prefill", "enable_prefix_caching", "trace_block_tables", "disable_log_stats"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+                _invalid(name, f"{name} must be a bool, got {show(getattr(self, name))}")
+        if not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+            _invalid("seed", f"seed must be an integer in [0, 2**64 - 1], got {show(self.seed)}")
         if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {_DTYPES}, got {self.dtype!r}")
+            _invalid("dtype", f"dtype must be one of {_DTYPES}, got {show(self.dtype)}")
         if self.device not in ("cpu", "cuda", "auto"):
-            raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {self.device!r}")
-        _positive("block_size", self.block_size)
-        if self.block_size > MAX_BLOCK_SIZE:
-            raise ValueError(f"block_size must be <= {MAX_BLOCK_SIZE} tokens, got {self.block_size}")
+            _invalid("device", f"device must be 'cpu', 'cuda' or 'auto', got {show(self.device)}")
+        _positive("block_size", self.block_size, MAX_BLOCK_SIZE)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_num_seqs", self.max_num_seqs)
         if self.num_kv_blocks is not None:
             _positive("num_kv_blocks", self.num_kv_blocks)
         if self.kv_cache_memory_bytes is not None:
-            _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+            _positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes, MAX_BYTES)
         if self.max_model_len is not None:
             _positive("max_model_len", self.max_model_len)
         if self.num_cpu_threads is not None:
-            _positive("num_cpu_threads", self.num_cpu_threads)
+            # more threads than cores only makes torch's threads wait for each other
+            cores = available_cpu_cores()
+            if not _is_int(self.num_cpu_threads) or not 1 <= self.num_cpu_threads <= cores:
+                _invalid("num_cpu_threads", f"num_cpu_threads must be None or an integer in [1, {cores}] (the CPU "
+                         f"cores this process may use), got {show(self.num_cpu_threads)}")
         threshold = self.long_prefill_token_threshold
-        if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 0:
-            raise ValueError("long_prefill_token_threshold must be an integer >= 0 (0 = no limit), "
-                             f"got {self.long_prefill_token_threshold!r}")
+        _count("long_prefill_token_threshold", threshold)
         if threshold and not self.enable_chunked_prefill:
-            raise ValueError(f"long_prefill_token_threshold ({threshold}) caps prefill chunks and needs "
-                             "enable_chunked_prefill=True: without chunked prefill a prompt runs in one step")
+            _invalid("long_prefill_token_threshold",
+                     f"long_prefill_token_threshold ({threshold}) caps prefill chunks and needs "
+                     "enable_chunked_prefill=True: without chunked prefill a prompt runs in one step")
         if self.num_kv_blocks is not None and self.kv_cache_memory_bytes is not None:
-            raise ValueError(f"give num_kv_blocks ({self.num_kv_blocks}) or kv_cache_memory_bytes "
-                             f"({self.kv_cache_memory_bytes}), not both: each sets the size of the KV pool")
+            _invalid("num_kv_blocks", f"give num_kv_blocks ({self.num_kv_blocks}) or kv_cache_memory_bytes "
+                     f"({self.kv_cache_memory_bytes}), not both: each sets the size of the KV pool")
+        if not isinstance(self.extra, dict) or set(self.extra) - EXTRA_KEYS:
+            unknown = sorted(map(str, set(self.extra) - EXTRA_KEYS)) if isinstance(self.extra, dict) else self.extra
+            _invalid("extra", f"extra has unknown keys {show(unknown)}: it takes {sorted(EXTRA_KEYS) or 'none yet'} "
+                     "(every engine setting is a field of its own)")
         self._check_loading()
         if self.preemption_mode not in PREEMPTION_MODES:
-            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+            _invalid("preemption_mode", f"preemption_mode must be one of {PREEMPTION_MODES}, "
+                     f"got {show(self.preemption_mode)}")
         self._check_scheduling()
         self._check_parallel()
 
@@ -257,80 +299,79 @@ class EngineConfig:
             check_cpu_cores(tp, self.allow_cpu_oversubscription)
 
     def _check_loading(self) -> None:
-        """Validate the vLLM-compatible loading and memory settings (ValueError naming the field)."""
+        """Validate the vLLM-compatible loading and memory settings (VLLMValidationError naming the field)."""
         u = self.gpu_memory_utilization
         if u is not None and (not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1):
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1] or None, got {u!r}")
+            _invalid("gpu_memory_utilization", f"gpu_memory_utilization must be in (0, 1] or None, got {show(u)}")
         if self.swap_space_bytes is not None:
-            _positive("swap_space_bytes", self.swap_space_bytes)
+            _positive("swap_space_bytes", self.swap_space_bytes, MAX_BYTES)
         if not isinstance(self.kv_cache_dtype, str) or self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+            _invalid("kv_cache_dtype", f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, "
+                     f"got {show(self.kv_cache_dtype)}")
         if not (self.quantization is None or isinstance(self.quantization, str)) \
                 or self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+            _invalid("quantization", f"quantization must be one of {QUANTIZATIONS}, got {show(self.quantization)}")
         if not isinstance(self.trust_remote_code, bool):
-            raise ValueError(f"trust_remote_code must be a bool, got {self.trust_remote_code!r}")
+            _invalid("trust_remote_code", f"trust_remote_code must be a bool, got {show(self.trust_remote_code)}")
         for name in ("revision", "served_model_name"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
-                raise ValueError(f"{name} must be a non-empty string or None, got {v!r}")
+                _invalid(name, f"{name} must be a non-empty string or None, got {show(v)}")
 
     def _check_scheduling(self) -> None:
-        """Validate the scheduling-policy and swap settings (ValueError naming the field)."""
+        """Validate the scheduling-policy and swap settings (VLLMValidationError naming the field)."""
         if self.scheduling_policy not in POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {tuple(POLICIES)}, got {self.scheduling_policy!r}")
-        if self.swap_space_blocks is not None and (not isinstance(self.swap_space_blocks, int)
-                                                   or isinstance(self.swap_space_blocks, bool)
-                                                   or self.swap_space_blocks < 0):
-            raise ValueError(f"swap_space_blocks must be an integer >= 0 or None, got {self.swap_space_blocks!r}")
+            _invalid("scheduling_policy", f"scheduling_policy must be one of {tuple(POLICIES)}, "
+                     f"got {show(self.scheduling_policy)}")
+        if self.swap_space_blocks is not None:
+            _count("swap_space_blocks", self.swap_space_blocks)
         ratio = self.prefill_decode_ratio
         if not isinstance(ratio, (int, float)) or isinstance(ratio, bool) or not 1e-3 <= ratio <= 1e3:
-            raise ValueError(f"prefill_decode_ratio must be a number in [0.001, 1000], got {ratio!r}")
+            _invalid("prefill_decode_ratio", f"prefill_decode_ratio must be a number in [0.001, 1000], "
+                     f"got {show(ratio)}")
         if self.splitfuse_target_tokens is not None:
             _positive("splitfuse_target_tokens", self.splitfuse_target_tokens)
             if self.splitfuse_target_tokens > self.max_num_batched_tokens:
-                raise ValueError(f"splitfuse_target_tokens ({self.splitfuse_target_tokens}) must be <= "
-                                 f"max_num_batched_tokens ({self.max_num_batched_tokens})")
-        aging = self.priority_aging_steps
-        if not isinstance(aging, int) or isinstance(aging, bool) or aging < 0:
-            raise ValueError(f"priority_aging_steps must be an integer >= 0 (0 = no aging), got {aging!r}")
+                _invalid("splitfuse_target_tokens", f"splitfuse_target_tokens ({self.splitfuse_target_tokens}) "
+                         f"must be <= max_num_batched_tokens ({self.max_num_batched_tokens})")
+        _count("priority_aging_steps", self.priority_aging_steps)  # 0 = no aging
         if not isinstance(self.shrink_prefill_chunks, bool):
-            raise ValueError(f"shrink_prefill_chunks must be a bool, got {self.shrink_prefill_chunks!r}")
+            _invalid("shrink_prefill_chunks",
+                     f"shrink_prefill_chunks must be a bool, got {show(self.shrink_prefill_chunks)}")
         self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)
-        aging = self.predicted_length_aging_steps
-        if not isinstance(aging, int) or isinstance(aging, bool) or aging < 0:
-            raise ValueError(f"predicted_length_aging_steps must be an integer >= 0 (0 = no aging), got {aging!r}")
+        _count("predicted_length_aging_steps", self.predicted_length_aging_steps)  # 0 = no aging
         if not isinstance(self.reserve_predicted_kv, bool):
-            raise ValueError(f"reserve_predicted_kv must be a bool, got {self.reserve_predicted_kv!r}")
+            _invalid("reserve_predicted_kv",
+                     f"reserve_predicted_kv must be a bool, got {show(self.reserve_predicted_kv)}")
         lps = self.logits_processors
         if lps is not None:
             if not isinstance(lps, (list, tuple)) or any(not isinstance(c, (type, str)) for c in lps):
-                raise ValueError(f"logits_processors must be a list of LogitsProcessor classes or 'module:Class' "
-                                 f"names, got {lps!r}")
+                _invalid("logits_processors", f"logits_processors must be a list of LogitsProcessor classes or "
+                         f"'module:Class' names, got {show(lps)}")
             if lps and self.speculative_config is not None:
-                raise ValueError("logits_processors cannot be combined with speculative_config: custom logits "
-                                 "processors are not supported with speculative decoding (as in vLLM)")
+                _invalid("logits_processors", "logits_processors cannot be combined with speculative_config: custom "
+                         "logits processors are not supported with speculative decoding (as in vLLM)")
         predictor = self.output_length_predictor
         if predictor is not None and not callable(getattr(predictor, "predict", None)):
-            raise ValueError(f"output_length_predictor must be an OutputLengthPredictor (with predict(request)) "
-                             f"or None, got {predictor!r}")
+            _invalid("output_length_predictor", f"output_length_predictor must be an OutputLengthPredictor (with "
+                     f"predict(request)) or None, got {show(predictor)}")
 
     def check_against_model(self, max_position_embeddings: int) -> None:
         """Fill ``max_model_len`` from the model and check the budgets against it.
 
         Raises:
-            ValueError: ``max_model_len`` beyond the model's positions, or (without chunked prefill) a
+            VLLMValidationError: ``max_model_len`` beyond the model's positions, or (without chunked prefill) a
                 token budget smaller than ``max_model_len``, as a whole prompt must fit in one step.
         """
         if self.max_model_len is None:
             self.max_model_len = max_position_embeddings
         if self.max_model_len > max_position_embeddings:
-            raise ValueError(f"max_model_len ({self.max_model_len}) exceeds the model's "
-                             f"max_position_embeddings ({max_position_embeddings})")
+            _invalid("max_model_len", f"max_model_len ({self.max_model_len}) exceeds the model's "
+                     f"max_position_embeddings ({max_position_embeddings})")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
-                             f"({self.max_model_len}) when enable_chunked_prefill is False: a prompt is then "
-                             "prefilled in one step")
+            _invalid("max_num_batched_tokens", f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                     f"max_model_len ({self.max_model_len}) when enable_chunked_prefill is False: a prompt is then "
+                     "prefilled in one step")
 
 
 @dataclass(frozen=True)

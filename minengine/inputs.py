@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import numbers
+import re
 from typing import TypedDict
+
+from minengine.exceptions import VLLMValidationError
 
 
 class TextPrompt(TypedDict):
@@ -25,10 +29,25 @@ PromptType = str | TextPrompt | TokensPrompt
 
 
 def check_unicode(text: str, field: str) -> None:
-    """Raise ``ValueError`` naming ``field`` when ``text`` cannot be encoded as UTF-8: a lone surrogate (from
-    undecodable bytes in argv, or a JSON ``"\\ud800"`` escape), which tokenizers reject with a ``TypeError``."""
+    """Raise ``VLLMValidationError`` (a ``ValueError``) naming ``field`` when ``text`` cannot be encoded as UTF-8: a
+    lone surrogate (from undecodable bytes in argv, or a JSON ``"\\ud800"`` escape), which tokenizers reject with a
+    ``TypeError``. The error's ``parameter`` is the field's top-level name ("messages" for "messages[0].content")."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{field} is not valid Unicode text: {exc.object[exc.start:exc.end]!r} at character "
-                         f"{exc.start} is a lone surrogate") from None
+        raise VLLMValidationError(f"{field} is not valid Unicode text: {exc.object[exc.start:exc.end]!r} at "
+                                  f"character {exc.start} is a lone surrogate",
+                                  parameter=re.split(r"[.\[ ]", field, maxsplit=1)[0]) from None
+
+
+def token_ids(values) -> list:
+    """``values`` as a list, its numpy (or other ``numbers.Integral``) integers turned into Python ints; bools and
+    anything else are left as they are, for the caller's check to refuse. A 1-D numpy array or torch tensor is
+    read with its ``tolist()``."""
+    if hasattr(values, "tolist") and not isinstance(values, (list, tuple)):
+        values = values.tolist()
+    values = list(values)
+    kinds = set(map(type, values))  # one pass at C speed: prompts of a trace replay are long
+    if kinds <= {int}:
+        return values
+    return [int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for v in values]

@@ -7,8 +7,14 @@ import enum
 import math
 from dataclasses import dataclass, field, fields
 
+from minengine.exceptions import VLLMValidationError, show
+from minengine.inputs import check_unicode, token_ids
+
 SAMPLING_EPS = 1e-5  # vLLM's threshold under which a temperature means greedy
 MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs``: most top alternatives returned per position
+# The most completions of one request: every child is a request queued at once, so a larger n is a typo (vLLM has
+# no bound; its OpenAI server, as minengine's, takes at most 128).
+MAX_N = 2**16
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -45,7 +51,8 @@ class StructuredOutputsParams:
             vLLM's xgrammar backend does).
 
     Raises:
-        ValueError: none or more than one constraint, or a field of the wrong type (naming it).
+        VLLMValidationError: (a ``ValueError``) none or more than one constraint, or a field of the wrong type
+            (naming it).
     """
 
     json: str | dict | None = None
@@ -61,8 +68,8 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError(f"structured_outputs must set exactly one of {', '.join(STRUCTURED_OUTPUT_KINDS)}, "
-                             f"got {given or 'none'}")
+            _invalid("structured_outputs", f"structured_outputs must set exactly one of "
+                     f"{', '.join(STRUCTURED_OUTPUT_KINDS)}, got {given or 'none'}")
         kind, value = given[0], getattr(self, given[0])
         ok = {"json": isinstance(value, (str, dict)), "regex": isinstance(value, str),
               "choice": isinstance(value, (list, tuple)) and bool(value) and all(isinstance(c, str) for c in value),
@@ -73,15 +80,16 @@ class StructuredOutputsParams:
                     "choice": "a non-empty list of strings", "grammar": "a non-empty EBNF string",
                     "json_object": "True (omit structured_outputs for unconstrained output)",
                     "structural_tag": "a JSON string"}[kind]
-            raise ValueError(f"structured_outputs.{kind} must be {want}, got {value!r}")
+            _invalid(f"structured_outputs.{kind}", f"structured_outputs.{kind} must be {want}, got {show(value)}")
         if kind == "choice":
             self.choice = list(value)
         for name in ("disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"structured_outputs.{name} must be a bool, got {getattr(self, name)!r}")
+                _invalid(f"structured_outputs.{name}",
+                         f"structured_outputs.{name} must be a bool, got {show(getattr(self, name))}")
         if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
-            raise ValueError(f"structured_outputs.whitespace_pattern must be a string or None, "
-                             f"got {self.whitespace_pattern!r}")
+            _invalid("structured_outputs.whitespace_pattern", f"structured_outputs.whitespace_pattern must be a "
+                     f"string or None, got {show(self.whitespace_pattern)}")
 
     @property
     def kind(self) -> str:
@@ -94,18 +102,24 @@ class StructuredOutputsParams:
 
     @classmethod
     def from_dict(cls, value: dict) -> StructuredOutputsParams:
-        """From the JSON the OpenAI server receives (``{"json": {...}}``); an unknown key is a ValueError."""
+        """From the JSON the OpenAI server receives (``{"json": {...}}``); an unknown key is a
+        ``VLLMValidationError``."""
         if not isinstance(value, dict):
-            raise ValueError(f"structured_outputs must be an object, got {value!r}")
+            _invalid("structured_outputs", f"structured_outputs must be an object, got {show(value)}")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ValueError(f"structured_outputs has unknown keys {unknown} (known: {sorted(known)})")
+            _invalid("structured_outputs", f"structured_outputs has unknown keys {show(unknown)} "
+                     f"(known: {sorted(known)})")
         return cls(**value)
 
 
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _invalid(parameter: str, message: str):
+    raise VLLMValidationError(message, parameter=parameter)
 
 
 def _is_number(x) -> bool:
@@ -121,7 +135,8 @@ class SamplingParams:
     argmax here; others divide by the temperature, apply ``min_p``, then top-k and top-p, and draw.
 
     Attributes:
-        n: completions to generate for the prompt (each is a child request; outputs carry ``.index``).
+        n: completions to generate for the prompt (each is a child request; outputs carry ``.index``); at most
+            ``MAX_N`` (65,536).
         best_of: accepted when None or equal to ``n`` (vLLM v1 dropped generating more than ``n``).
         presence_penalty: subtracted from the logit of every token already generated (OpenAI's; in [-2, 2]).
         frequency_penalty: subtracted once per earlier occurrence in the output (OpenAI's; in [-2, 2]).
@@ -132,13 +147,16 @@ class SamplingParams:
             sums to >= top_p; in (0, 1].
         top_k: keep the k most likely tokens; 0 or -1 keeps all (vLLM's meaning).
         min_p: drop tokens less likely than ``min_p`` times the most likely one (after temperature); [0, 1].
-        seed: per-request seed; the request's samples then depend on nothing else in the batch. -1 =
-            None (vLLM's).
+        seed: per-request seed in [0, 2**64); the request's samples then depend on nothing else in the batch.
+            -1 = None (vLLM's).
         stop: strings that end generation; the returned text is cut before the stop string unless
             ``include_stop_str_in_output``.
-        stop_token_ids: token ids that end generation (the token is kept in ``token_ids``).
+        stop_token_ids: token ids that end generation (the token is kept in ``token_ids``); Python or numpy
+            integers, below the model's vocabulary size (checked when the request is added).
         ignore_eos: keep generating past the model's EOS token.
-        max_tokens: the most tokens to generate (>= 1); None = as many as fit in ``max_model_len``.
+        max_tokens: the most tokens to generate (>= 1); None = as many as fit in ``max_model_len``. A larger value
+            is clamped to what fits when the request is added (as vLLM's offline ``LLM``, whose requests stop at
+            ``max_model_len``); the OpenAI server answers 400 instead, as vLLM's.
         min_tokens: EOS and ``stop_token_ids`` cannot be sampled, nor stop strings end the request, before
             this many tokens (<= max_tokens; as vLLM).
         logprobs: return, for every generated token, the log-probabilities of the sampled token and of the
@@ -166,7 +184,7 @@ class SamplingParams:
     ``logit_bias``, ``min_tokens``, the penalties, and then temperature and truncation.
 
     Raises:
-        ValueError: naming the field and the allowed range.
+        VLLMValidationError: (a ``ValueError``) naming the field and the allowed range.
     """
 
     n: int = 1
@@ -204,19 +222,20 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if self.stop is not None and not isinstance(self.stop, (list, tuple)):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
-        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, (list, tuple)):
-            raise ValueError(f"stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+            _invalid("stop", f"stop must be a string or a list of strings, got {show(self.stop)}")
+        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, (list, tuple)) \
+                and not hasattr(self.stop_token_ids, "tolist"):  # a numpy array or a tensor of ids is fine
+            _invalid("stop_token_ids", f"stop_token_ids must be a list of token ids, got {show(self.stop_token_ids)}")
         self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.stop_token_ids = token_ids(() if self.stop_token_ids is None else self.stop_token_ids)  # numpy ints: ints
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if isinstance(self.logit_bias, dict):  # vLLM's from_optional: "12" -> 12, clamped to [-100, 100]
             try:
                 self.logit_bias = {int(k): v for k, v in self.logit_bias.items()}
             except (TypeError, ValueError):
-                raise ValueError(f"logit_bias keys must be token ids (integers), got {list(self.logit_bias)!r}") \
-                    from None
+                _invalid("logit_bias",
+                         f"logit_bias keys must be token ids (integers), got {show(list(self.logit_bias))}")
         if isinstance(self.bad_words, str):
             self.bad_words = [self.bad_words]
         if _is_int(self.seed) and self.seed == -1:  # vLLM's "no seed" (OpenAI clients send -1 too)
@@ -226,72 +245,82 @@ class SamplingParams:
         self.verify()
 
     def verify(self) -> None:
-        """Check every field; raises ``ValueError`` naming the first bad one."""
-        if not _is_int(self.n) or self.n < 1:
-            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        """Check every field against its range; raises ``VLLMValidationError`` (a ``ValueError``) naming the first
+        bad one."""
+        if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
+            _invalid("n", f"n must be an integer in [1, {MAX_N}], got {show(self.n)}")
         if self.best_of is not None and self.best_of != self.n:
-            raise ValueError(f"best_of ({self.best_of!r}) must be None or equal to n ({self.n}): generating more "
-                             "sequences than are returned is not supported (as in vLLM v1)")
+            _invalid("best_of", f"best_of ({show(self.best_of)}) must be None or equal to n ({self.n}): generating "
+                     "more sequences than are returned is not supported (as in vLLM v1)")
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not _is_number(v) or not -2.0 <= v <= 2.0:
-                raise ValueError(f"{name} must be a number in [-2, 2], got {v!r}")
+                _invalid(name, f"{name} must be a number in [-2, 2], got {show(v)}")
         if not _is_number(self.repetition_penalty) or not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be a number > 0 (1 = off), got {self.repetition_penalty!r}")
+            _invalid("repetition_penalty",
+                     f"repetition_penalty must be a number > 0 (1 = off), got {show(self.repetition_penalty)}")
         t = self.temperature
         if not _is_number(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+            _invalid("temperature", f"temperature must be a finite number >= 0, got {show(t)}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+            _invalid("top_p", f"top_p must be in (0, 1], got {show(self.top_p)}")
         if not _is_int(self.top_k) or self.top_k < -1:
-            raise ValueError(f"top_k must be 0 or -1 (all tokens) or >= 1, got {self.top_k!r}")
+            _invalid("top_k", f"top_k must be 0 or -1 (all tokens) or >= 1, got {show(self.top_k)}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+            _invalid("min_p", f"min_p must be in [0, 1], got {show(self.min_p)}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
+            _invalid("max_tokens", f"max_tokens must be an integer >= 1 or None, got {show(self.max_tokens)}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            _invalid("min_tokens", f"min_tokens must be an integer >= 0, got {show(self.min_tokens)}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            _invalid("min_tokens", f"min_tokens ({show(self.min_tokens)}) must be <= max_tokens "
+                     f"({show(self.max_tokens)})")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
-                raise ValueError(f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {v!r}")
+                _invalid(name, f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {show(v)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError(f"stop must hold non-empty strings, got {self.stop!r}")
+            _invalid("stop", f"stop must hold non-empty strings, got {show(self.stop)}")
+        for i, s in enumerate(self.stop):
+            check_unicode(s, f"stop[{i}]")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must hold non-negative integers, got {self.stop_token_ids!r}")
+            _invalid("stop_token_ids",
+                     f"stop_token_ids must hold non-negative integers, got {show(self.stop_token_ids)}")
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        if self.seed is not None and (not _is_int(self.seed) or self.seed < 0):
-            raise ValueError(f"seed must be a non-negative integer or None, got {self.seed!r}")
+                _invalid(name, f"{name} must be a bool, got {show(getattr(self, name))}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
+            _invalid("seed", f"seed must be None or an integer in [0, 2**64) (64 bits, what a torch generator takes), "
+                     f"got {show(self.seed)}")
         if not isinstance(self.output_kind, RequestOutputKind):
-            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+            _invalid("output_kind", f"output_kind must be a RequestOutputKind, got {show(self.output_kind)}")
         self._verify_logits_processing()
 
     def _verify_logits_processing(self) -> None:
         """Types of the logits-processing fields (their ids are checked against the vocabulary by the engine)."""
         so = self.structured_outputs
         if so is not None and not isinstance(so, StructuredOutputsParams):
-            raise ValueError(f"structured_outputs must be a StructuredOutputsParams (or its dict) or None, got {so!r}")
+            _invalid("structured_outputs", f"structured_outputs must be a StructuredOutputsParams (or its dict) "
+                     f"or None, got {show(so)}")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict) or any(not _is_int(k) for k in self.logit_bias):
-                raise ValueError(f"logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+                _invalid("logit_bias", f"logit_bias must be a dict of token id -> bias, got {show(self.logit_bias)}")
             if any(not _is_number(v) for v in self.logit_bias.values()):
-                raise ValueError(f"logit_bias values must be finite numbers, got {list(self.logit_bias.values())!r}")
+                _invalid("logit_bias",
+                         f"logit_bias values must be finite numbers, got {show(list(self.logit_bias.values()))}")
             self.logit_bias = {k: min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(v)))
                                for k, v in self.logit_bias.items()}
         ids = self.allowed_token_ids
         if ids is not None and (not isinstance(ids, (list, tuple)) or not ids
                                 or any(not _is_int(t) or t < 0 for t in ids)):
-            raise ValueError(f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), got {ids!r}")
+            _invalid("allowed_token_ids", f"allowed_token_ids must be a non-empty list of token ids (integers >= 0), "
+                     f"got {show(ids)}")
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple))
                                            or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)):
-            raise ValueError(f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
+            _invalid("bad_words", f"bad_words must be a list of non-empty strings, got {show(self.bad_words)}")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise ValueError(f"extra_args must be a dict or None, got {self.extra_args!r}")
+            _invalid("extra_args", f"extra_args must be a dict or None, got {show(self.extra_args)}")
 
     @property
     def has_token_masks(self) -> bool:

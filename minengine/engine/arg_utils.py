@@ -38,6 +38,7 @@ import typing
 from pathlib import Path
 
 from minengine.config import EngineConfig
+from minengine.exceptions import VLLMValidationError, show
 
 # vLLM fields with no minengine counterpart: name -> (type, default, the only value(s) allowed or None = any, help)
 _VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
@@ -147,7 +148,7 @@ class _EngineArgsMethods:
         """
         for name, (_, _, allowed, why) in _VLLM_ONLY.items():
             if allowed is not None and getattr(self, name) not in allowed:
-                raise ValueError(f"{name}={getattr(self, name)!r} is not supported: {why}")
+                raise VLLMValidationError(f"{name}={show(getattr(self, name))} is not supported: {why}")
         kwargs = {f.name: getattr(self, f.name) for f in _CONFIG_FIELDS}
         for name in _NONE_MEANS_DEFAULT:
             if kwargs[name] is None or (name == "seed" and kwargs[name] == -1):
@@ -158,7 +159,7 @@ class _EngineArgsMethods:
         if self.swap_space is not None:
             if not isinstance(self.swap_space, (int, float)) or isinstance(self.swap_space, bool) \
                     or not self.swap_space > 0:
-                raise ValueError(f"swap_space must be a number of GiB > 0, got {self.swap_space!r}")
+                raise VLLMValidationError(f"swap_space must be a number of GiB > 0, got {show(self.swap_space)}")
             kwargs["swap_space_bytes"] = int(self.swap_space * 2**30)
         kwargs["scheduling_policy"] = _SCHEDULING_ALIASES.get(self.scheduling_policy, self.scheduling_policy)
         if self.dtype == "auto":

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import cdiv
 from minengine.engine.parallel_sampling import RequestGroup, child_request_id, child_sampling_params
-from minengine.inputs import check_unicode
+from minengine.exceptions import VLLMValidationError, show
+from minengine.inputs import check_unicode, token_ids
 from minengine.request import Request
 from minengine.sampling_params import SamplingParams
 from minengine.timing.clocks import Clock
@@ -41,6 +42,10 @@ def wall_to_engine_clock(arrival_time: float, now: float, wall_now: float | None
     if UNIX_TIME_FLOOR < arrival_time <= wall_now + 1.0:
         return now - max(0.0, wall_now - arrival_time)
     return arrival_time
+
+
+def _invalid(parameter: str, message: str):
+    raise VLLMValidationError(message, parameter=parameter)
 
 
 class InputProcessor:
@@ -73,36 +78,43 @@ class InputProcessor:
 
     def prompt_to_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         """A prompt as (text or None, token ids). Accepts a string, ``{"prompt_token_ids": [...]}`` (vLLM's
-        TokensPrompt), ``{"prompt": "..."}`` or a plain list of ids.
+        TokensPrompt, with an optional ``"prompt"`` string), ``{"prompt": "..."}`` (TextPrompt) or a plain list of
+        ids. Token ids may be Python or numpy integers (a 1-D array or tensor is read with ``tolist()``); they
+        come back as Python ints.
 
         Raises:
-            ValueError: wrong type, a string prompt without a tokenizer, ids outside the vocabulary.
+            VLLMValidationError: (a ``ValueError``) wrong type (a dict's ``"prompt"`` must be a string: prompts do
+                not nest), a string prompt without a tokenizer, ids that are not integers or are outside the
+                vocabulary.
         """
         if isinstance(prompt, dict):
+            text = prompt.get("prompt")
+            if text is not None and not isinstance(text, str):  # e.g. {"prompt": {"prompt": ...}}, 5,000 deep
+                _invalid("prompt", f"prompt['prompt'] must be a string, got {type(text).__name__}: a prompt dict "
+                         "holds its text or its token ids, it does not nest")
             if "prompt_token_ids" in prompt:
-                text, ids = prompt.get("prompt"), prompt["prompt_token_ids"]
-                if not isinstance(ids, (list, tuple)):
-                    raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
-            elif "prompt" in prompt:
-                return self.prompt_to_token_ids(prompt["prompt"])
+                ids = prompt["prompt_token_ids"]
+                if isinstance(ids, (str, bytes, dict)) or not hasattr(ids, "__iter__"):
+                    _invalid("prompt", f"prompt_token_ids must be a list of token ids, got {type(ids).__name__}")
+            elif text is not None:
+                return self.prompt_to_token_ids(text)
             else:
-                raise ValueError("prompt dict needs 'prompt' or 'prompt_token_ids'")
+                _invalid("prompt", "prompt dict needs 'prompt' or 'prompt_token_ids'")
         elif isinstance(prompt, str):
             if self.tokenizer is None:
-                raise ValueError("prompt is a string but the model has no tokenizer: pass "
-                                 "{'prompt_token_ids': [...]} or EngineConfig(tokenizer=...)")
+                _invalid("prompt", "prompt is a string but the model has no tokenizer: pass "
+                         "{'prompt_token_ids': [...]} or EngineConfig(tokenizer=...)")
             check_unicode(prompt, "prompt")
             text, ids = prompt, self.tokenizer(prompt)["input_ids"]
-        elif isinstance(prompt, (list, tuple)):
+        elif isinstance(prompt, (list, tuple)) or (hasattr(prompt, "tolist") and hasattr(prompt, "__iter__")):
             text, ids = None, prompt
         else:
-            raise ValueError(f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
-        ids = list(ids)
+            _invalid("prompt", f"prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+        ids = token_ids(ids)
         vocab = self.vocab_size
         # the same test for every id as a loop would do, at C speed (prompts of a trace replay are long)
-        if ids and (any(not issubclass(tp, int) or tp is bool for tp in set(map(type, ids)))
-                    or min(ids) < 0 or max(ids) >= vocab):
-            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab}) (the vocabulary size)")
+        if ids and (set(map(type, ids)) != {int} or min(ids) < 0 or max(ids) >= vocab):
+            _invalid("prompt", f"prompt_token_ids must be integers in [0, {vocab}) (the vocabulary size)")
         return text, ids
 
     def make_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
@@ -116,42 +128,51 @@ class InputProcessor:
                 finishes with reason "timeout" and frees its blocks; None = no deadline.
 
         The request gets its own copy of ``params`` (as vLLM: changing them afterwards has no effect), with
-        ``max_tokens=None`` resolved to what fits in ``max_model_len``. For ``n > 1`` use ``make_requests``.
+        ``max_tokens`` None or larger than what fits in ``max_model_len`` set to what fits (and ``min_tokens`` cut to
+        it). For ``n > 1`` use ``make_requests``.
 
         Raises:
-            ValueError: naming the field: ``request_id`` (duplicate), ``prompt`` (empty, longer than
-                ``max_model_len``, needing more blocks than ``num_kv_blocks``, not valid Unicode),
-                ``sampling_params``, ``priority`` (not an integer), ``deadline`` (not a number),
-                ``arrival_time`` (not a finite number, or later than the engine clock's now; a wall-clock time
-                as vLLM takes, ``time.time()``, is first mapped onto the engine clock: ``wall_to_engine_clock``).
+            VLLMValidationError: (a ``ValueError``) naming the field: ``request_id`` (duplicate), ``prompt``
+                (empty, longer than ``max_model_len``, needing more blocks than ``num_kv_blocks``, not valid
+                Unicode), ``sampling_params``, ``stop_token_ids`` (beyond the vocabulary), ``priority`` (not an
+                integer), ``deadline`` (not a number), ``arrival_time`` (not a finite number, or later than the
+                engine clock's now; a wall-clock time as vLLM takes, ``time.time()``, is first mapped onto the
+                engine clock: ``wall_to_engine_clock``), the logits-processing fields (``_check_logits_processing``).
         """
         if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+            raise VLLMValidationError(f"request_id must be a non-empty string, got {show(request_id)}")
         if self.request_id_in_use(request_id):
-            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+            raise VLLMValidationError(f"request_id {show(request_id)} is already in use by an unfinished request")
         if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
+            raise VLLMValidationError(f"priority must be an integer, got {show(priority)}")
         if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool)
                                      or deadline != deadline):
-            raise ValueError(f"deadline must be a number (engine-clock seconds) or None, got {deadline!r}")
+            raise VLLMValidationError(f"deadline must be a number (engine-clock seconds) or None, "
+                                      f"got {show(deadline)}")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            raise VLLMValidationError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.verify()
         if params.n != 1:
-            raise ValueError(f"make_request takes n == 1 (got n={params.n}); use make_requests or add_request")
+            raise VLLMValidationError(f"make_request takes n == 1 (got n={params.n}); use make_requests or add_request")
         if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; use stop_token_ids with a model without one")
+            raise VLLMValidationError("stop strings need a tokenizer; use stop_token_ids with a model without one")
         text, ids = self.prompt_to_token_ids(prompt)
         cfg = self.config
         if not ids:
-            raise ValueError("prompt is empty: it must have at least 1 token")
+            raise VLLMValidationError("prompt is empty: it must have at least 1 token")
         if len(ids) > cfg.max_model_len:
-            raise ValueError(f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
+            raise VLLMValidationError(f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
         params = params.clone()
-        if params.max_tokens is None:  # vLLM: as many as fit
-            params.max_tokens = max(1, cfg.max_model_len - len(ids))
+        # None: as many as fit (vLLM); more than fit: clamped, as vLLM's offline LLM stops such a request at
+        # max_model_len anyway. Either way max_tokens is then a real bound (no 10**400 reaches the statistics).
+        fits = max(1, cfg.max_model_len - len(ids))
+        if params.max_tokens is None or params.max_tokens > fits:
+            params.max_tokens = fits
             params.min_tokens = min(params.min_tokens, params.max_tokens)
+        if any(t >= self.vocab_size for t in params.stop_token_ids):
+            raise VLLMValidationError(f"stop_token_ids must be below the vocabulary size ({self.vocab_size}), got "
+                                      f"{show(params.stop_token_ids)}", parameter="stop_token_ids")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.eos_token_id is not None:
             stop_ids.add(self.eos_token_id)
@@ -160,19 +181,19 @@ class InputProcessor:
         # preempt itself forever.
         max_len = min(len(ids) + params.max_tokens, cfg.max_model_len)
         if cdiv(max_len, cfg.block_size) > self.num_kv_blocks:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
-                             f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
-                             f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
+            raise VLLMValidationError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
+                                      f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
+                                      f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
         if arrival_time is not None and (not isinstance(arrival_time, (int, float)) or isinstance(arrival_time, bool)
                                          or not math.isfinite(arrival_time)):
-            raise ValueError(f"arrival_time must be a finite number (engine-clock seconds) or None, "
-                             f"got {arrival_time!r}")
+            raise VLLMValidationError(f"arrival_time must be a finite number (engine-clock seconds) or None, "
+                                      f"got {show(arrival_time)}")
         now = self.clock()
         if arrival_time is not None:
             arrival_time = wall_to_engine_clock(float(arrival_time), now)
         if arrival_time is not None and arrival_time > now:
-            raise ValueError(f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): a "
-                             "request cannot arrive in the future (TTFT would be negative)")
+            raise VLLMValidationError(f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): a "
+                                      "request cannot arrive in the future (TTFT would be negative)")
         arrival = now if arrival_time is None else float(arrival_time)
         grammar_state = self._check_logits_processing(params)
         request = Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
@@ -188,7 +209,7 @@ class InputProcessor:
         Returns:
             the request's grammar state (``StructuredOutputRequest``), or None without ``structured_outputs``.
         Raises:
-            ValueError: naming the field: ``logit_bias`` / ``allowed_token_ids`` ids outside the vocabulary,
+            VLLMValidationError: naming the field: ``logit_bias`` / ``allowed_token_ids`` ids outside the vocabulary,
                 ``bad_words`` or ``structured_outputs`` without a tokenizer, a constraint xgrammar cannot compile
                 (``structured_outputs.json`` ...), ``structured_outputs`` with worker processes, or what a custom
                 processor's ``validate_params`` raises.
@@ -197,7 +218,7 @@ class InputProcessor:
         for name, ids in (("logit_bias", params.logit_bias), ("allowed_token_ids", params.allowed_token_ids)):
             bad = sorted({t for t in ids or () if not 0 <= t < vocab})
             if bad:
-                raise ValueError(f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:10]}")
+                _invalid(name, f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:10]}")
         if params.bad_words:
             params.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
         custom = self.custom_logits_processors
@@ -210,8 +231,8 @@ class InputProcessor:
                              "async_scheduling or distributed_executor_backend='mp')")
         if self.structured_output_manager is None:
             if self.tokenizer is None:
-                raise ValueError("structured_outputs needs a tokenizer (the model has none): the grammar is compiled "
-                                 "against the tokenizer's vocabulary")
+                _invalid("structured_outputs", "structured_outputs needs a tokenizer (the model has none): the "
+                         "grammar is compiled against the tokenizer's vocabulary")
             from minengine.worker.structured_output import StructuredOutputManager
 
             self.structured_output_manager = StructuredOutputManager(self.tokenizer, vocab, self.eos_token_id)
@@ -221,7 +242,7 @@ class InputProcessor:
         """vLLM's tokenization of ``bad_words``: each word as it is (its leading spaces dropped) and, when that
         gives a different first token of the same length, with one leading space (a word inside the text)."""
         if self.tokenizer is None:
-            raise ValueError("bad_words needs a tokenizer (the model has none)")
+            _invalid("bad_words", "bad_words needs a tokenizer (the model has none)")
         out: list[tuple[int, ...]] = []
         for word in dict.fromkeys(words):
             plain = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
@@ -232,7 +253,7 @@ class InputProcessor:
         vocab = self.vocab_size
         bad = sorted({t for w in out for t in w if not 0 <= t < vocab})
         if bad:
-            raise ValueError(f"bad_words tokenize to ids outside the vocabulary [0, {vocab}): {bad[:10]}")
+            _invalid("bad_words", f"bad_words tokenize to ids outside the vocabulary [0, {vocab}): {bad[:10]}")
         return tuple(out)
 
     def make_requests(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
@@ -243,15 +264,15 @@ class InputProcessor:
         ``ValueError`` as ``make_request``."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            raise VLLMValidationError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.verify()
         if params.n == 1:
             return RequestGroup(request_id, params, [self.make_request(request_id, prompt, params, arrival_time,
                                                                        priority, deadline)])
         if not isinstance(request_id, str) or not request_id:
-            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+            raise VLLMValidationError(f"request_id must be a non-empty string, got {show(request_id)}")
         if self.request_id_in_use(request_id):
-            raise ValueError(f"request_id {request_id!r} is already in use by an unfinished request")
+            raise VLLMValidationError(f"request_id {show(request_id)} is already in use by an unfinished request")
         first = self.make_request(child_request_id(request_id, 0), prompt, child_sampling_params(params, 0),
                                   arrival_time, priority, deadline)
         tokenized = {"prompt_token_ids": first.prompt_token_ids, "prompt": first.prompt}  # tokenize once

@@ -12,6 +12,7 @@ from tqdm.auto import tqdm
 from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.llm_engine import LLMEngine, Prompt
 from minengine.entrypoints.chat_utils import render_chat
+from minengine.exceptions import VLLMValidationError
 from minengine.metrics.reader import Metric
 from minengine.outputs import RequestOutput
 from minengine.sampling_params import RequestOutputKind, SamplingParams
@@ -91,7 +92,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
+            raise VLLMValidationError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
@@ -100,16 +101,16 @@ class LLM:
         else:
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise ValueError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
+                raise VLLMValidationError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
         if priority is None or (isinstance(priority, int) and not isinstance(priority, bool)):
             priority = [priority or 0] * len(prompts)
         priority = list(priority)
         if len(priority) != len(prompts):
-            raise ValueError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
+            raise VLLMValidationError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
         final = []
         for sp in params:  # one output per request, when it finishes (what vLLM's LLM does)
             if not isinstance(sp, SamplingParams):
-                raise ValueError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
+                raise VLLMValidationError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
             sp = sp.clone()
             sp.output_kind = RequestOutputKind.FINAL_ONLY
             final.append(sp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import check_unicode
 
 
@@ -16,11 +17,11 @@ def _text_content(content, where: str) -> str:
         parts = []
         for j, part in enumerate(content):
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"{where}.content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
-                                 "are supported")
+                raise VLLMValidationError(f"{where}.content[{j}]: only text parts ({{'type': 'text', 'text': ...}}) "
+                                          "are supported")
             parts.append(part["text"])
         return "".join(parts)
-    raise ValueError(f"{where}.content must be a string or a list of text parts, got {type(content).__name__}")
+    raise VLLMValidationError(f"{where}.content must be a string or a list of text parts, got {type(content).__name__}")
 
 
 def normalize_messages(messages) -> list[dict]:
@@ -30,14 +31,14 @@ def normalize_messages(messages) -> list[dict]:
         ValueError: naming the bad message (``messages[i].role`` / ``.content``).
     """
     if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+        raise VLLMValidationError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise ValueError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
+            raise VLLMValidationError(f"messages[{i}] must be a dict with 'role' and 'content', got {type(m).__name__}")
         role = m.get("role")
         if not isinstance(role, str) or not role:
-            raise ValueError(f"messages[{i}].role must be a non-empty string, got {role!r}")
+            raise VLLMValidationError(f"messages[{i}].role must be a non-empty string, got {show(role)}")
         msg = {"role": role, "content": _text_content(m.get("content", ""), f"messages[{i}]")}
         if isinstance(m.get("name"), str):
             msg["name"] = m["name"]
@@ -57,11 +58,11 @@ def render_chat(tokenizer, messages, chat_template: str | None = None, add_gener
             or a template error.
     """
     if tokenizer is None:
-        raise ValueError("chat needs a tokenizer with a chat template; this model has no tokenizer")
+        raise VLLMValidationError("chat needs a tokenizer with a chat template; this model has no tokenizer")
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the model's tokenizer has no chat template: pass chat_template")
+        raise VLLMValidationError("the model's tokenizer has no chat template: pass chat_template")
     if add_generation_prompt and continue_final_message:
-        raise ValueError("add_generation_prompt and continue_final_message cannot both be true")
+        raise VLLMValidationError("add_generation_prompt and continue_final_message cannot both be true")
     conversation = normalize_messages(messages)
     try:
         text = tokenizer.apply_chat_template(conversation, chat_template=chat_template, tokenize=False,
@@ -69,7 +70,7 @@ def render_chat(tokenizer, messages, chat_template: str | None = None, add_gener
                                              continue_final_message=continue_final_message,
                                              **(chat_template_kwargs or {}))
     except Exception as exc:  # jinja errors, raise_exception() in templates: the caller's input
-        raise ValueError(f"chat template failed: {exc}") from exc
+        raise VLLMValidationError(f"chat template failed: {exc}") from exc
     check_unicode(text, "chat template output")  # a surrogate from chat_template or chat_template_kwargs
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
 
