@@ -6,6 +6,7 @@ One step, one direction: ``Scheduler.schedule()`` -> ``SchedulerOutput`` -> ``Mo
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -20,6 +21,7 @@ from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.input_processor import InputProcessor, Prompt
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest, RequestGroup
+from minengine.exceptions import RequestError, VLLMValidationError, show
 from minengine.metrics.prometheus import PrometheusStatLogger
 from minengine.metrics.reader import Metric, get_metrics_snapshot
 from minengine.metrics.stats import ServingSummary, summarize
@@ -32,6 +34,7 @@ from minengine.timing.clocks import Clock, as_clock
 # torch is imported where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``)
 # schedules without it.
 DEFAULT_MAX_KV_BLOCKS = 2048
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -66,8 +69,8 @@ def _check_memory(num_bytes: int, device: str, field: str) -> None:
     """Fail early, naming the setting, when a cache would not fit in free memory (instead of an OOM later)."""
     available = _available_bytes(device)
     if available is not None and num_bytes > available:
-        raise ValueError(f"{field}: the cache needs {num_bytes / 2**30:.1f} GiB but only "
-                         f"{available / 2**30:.1f} GiB of {device} memory is free")
+        raise VLLMValidationError(f"{field}: the cache needs {num_bytes / 2**30:.1f} GiB but only "
+                                  f"{available / 2**30:.1f} GiB of {device} memory is free")
 
 
 class LLMEngine:
@@ -161,6 +164,7 @@ class LLMEngine:
         self.request_metrics: dict[str, RequestMetrics] = {}
         self._past_metrics: list[RequestMetrics] = []  # finished requests whose id was used again
         self._undelivered: list[tuple[Request, str]] = []  # finished (timed out) in a step that raised
+        self.num_bookkeeping_errors = 0  # traces / statistics / final texts that failed after a step committed
         self.traces: list[StepTrace] = []
         self.num_steps = 0  # steps recorded so far (the next trace's ``step``), kept when old traces are dropped
         self.input_processor = InputProcessor(config, self.tokenizer, self.hf_config.vocab_size, self.eos_token_id,
@@ -338,10 +342,10 @@ class LLMEngine:
         """Finish requests with reason "abort" in whatever state they are, freeing their blocks (an ``n > 1``
         parent id aborts all its children). Unknown and already finished ids are ignored (as in vLLM)."""
         if not isinstance(request_id, (str, Iterable)):
-            raise ValueError(f"request_id must be a string or an iterable of strings, got {request_id!r}")
+            raise VLLMValidationError(f"request_id must be a string or an iterable of strings, got {show(request_id)}")
         ids = [request_id] if isinstance(request_id, str) else list(request_id)  # a generator is read once
         if not all(isinstance(i, str) for i in ids):
-            raise ValueError(f"request_id must be a string or an iterable of strings, got {ids!r}")
+            raise VLLMValidationError(f"request_id must be a string or an iterable of strings, got {show(ids)}")
         ids = [child for rid in ids for child in self.output_processor.children_of(rid)]
         now = self.clock()
         aborted = self.scheduler.finish_requests(ids, RequestStatus.FINISHED_ABORTED)
@@ -367,13 +371,19 @@ class LLMEngine:
         or finished in this step (cumulative, delta or final-only as its ``output_kind``; one per parent of
         ``n > 1`` children).
 
-        A step is a transaction. If the forward, the sampler or the detokenizer raises (or Ctrl-C arrives
-        there), the scheduler rolls the step back (``Scheduler.rollback``): the engine is as if the step had
-        not been scheduled (its preemptions stand), no block it would have written is in the prefix cache, and
-        the exception propagates. The next ``step()`` serves the same requests again, or the caller aborts
-        them; outputs a failed step already owed (requests past their deadline) come with the next step.
+        A step is a transaction. If the forward, the sampler, the detokenizer or the logprobs raise (or Ctrl-C
+        arrives there), the scheduler rolls the step back (``Scheduler.rollback``): the engine is as if the step
+        had not been scheduled (its preemptions stand, and are recorded in a ``rolled_back`` trace), no block it
+        would have written is in the prefix cache, and the exception propagates: as a ``RequestError`` naming
+        the requests when the failure was one request's (its detokenizing, its logprobs), else as it was. The
+        next ``step()`` serves the same requests again, or the caller aborts them (all, or the ones named);
+        outputs a failed step already owed (requests past their deadline) come with the next step.
+
+        Once the step commits (``update_from_output``) nothing raises: a statistic or trace that fails to record
+        is logged and counted in ``num_bookkeeping_errors``, so a step's outputs are never lost.
 
         Raises:
+            RequestError: the step failed because of the requests in its ``request_ids`` (rolled back).
             RuntimeError: if unfinished requests exist but none could be scheduled (a bug guard: admission
                 checks make this impossible, and it is better to fail than to spin).
         """
@@ -389,11 +399,13 @@ class LLMEngine:
         try:  # everything that may fail, before anything is committed
             sampled = self.runner.execute(sched)
             kept, detoks = self._detokenize(sched, sampled)
+            logprobs = self._prepare_logprobs(pending, kept)
         except BaseException:
             self.scheduler.rollback(sched)
             self.clock.end_step(SchedulerOutput())  # the step did not happen: it costs no modelled time
+            self._record_rolled_back(sched, start)
             raise
-        return self._finish_step(pending, start, sampled, kept, detoks)
+        return self._finish_step(pending, start, sampled, kept, detoks, logprobs)
 
     def _step_async(self) -> list[RequestOutput]:
         """``step()`` with async scheduling (vLLM's ``async_scheduling``, its batch queue of two steps): schedule
@@ -429,15 +441,17 @@ class LLMEngine:
         try:
             sampled = self.runner.collect()  # the oldest step: it was submitted first
             kept, detoks = self._detokenize(pending.sched, sampled, pending.requests)
+            logprobs = self._prepare_logprobs(pending, kept)
         except BaseException:
-            self._abandon_in_flight(pending)
+            self._abandon_in_flight(pending, start)
             self.clock.end_step(SchedulerOutput())
             raise
-        return self._finish_step(pending, start, sampled, kept, detoks)
+        return self._finish_step(pending, start, sampled, kept, detoks, logprobs)
 
-    def _abandon_in_flight(self, failed: _PendingStep) -> None:
+    def _abandon_in_flight(self, failed: _PendingStep, start: float) -> None:
         """Async scheduling: processing ``failed`` raised. Drain the steps submitted after it (so the workers
-        are idle and run nothing stale), then roll back every open step, newest first."""
+        are idle and run nothing stale), then roll back every open step, newest first (each recorded as a
+        ``rolled_back`` trace, so its preemptions count everywhere, as in ``step()``)."""
         later = list(self._in_flight)
         self._in_flight.clear()
         if getattr(self.runner, "is_alive", False):
@@ -448,6 +462,8 @@ class LLMEngine:
                     break
         for pending in reversed([failed] + later):
             self.scheduler.rollback(pending.sched)
+        for pending in [failed] + later:
+            self._record_rolled_back(pending.sched, start)
 
     def _pending_step(self, sched: SchedulerOutput, start: float) -> _PendingStep:
         """What the trace of a scheduled step needs from the moment it was scheduled."""
@@ -476,18 +492,30 @@ class LLMEngine:
         self._record_stats(None, [], [r for r, _ in timed_out])
         return self.output_processor.make_outputs(timed_out, self.request_metrics)
 
-    def _finish_step(self, pending: _PendingStep, start: float, sampled: dict[str, list[int]], kept: dict,
-                     detoks: dict) -> list[RequestOutput]:
-        """Commit a step that ran (``update_from_output``), then metrics, outputs and its ``StepTrace``."""
+    def _prepare_logprobs(self, pending: _PendingStep, kept: dict) -> dict:
+        """The step's logprobs as positions (``OutputProcessor.prepare_logprobs``), before anything is committed:
+        only the tokens kept (a stop may end a run of accepted proposals) and, with async scheduling, not those of
+        requests that finished while the step ran.
+
+        Raises:
+            RequestError: building one request's positions failed; names it (the step is rolled back).
+        """
         sched = pending.sched
         logprobs, prompt_logprobs = self.runner.last_logprobs, self.runner.last_prompt_logprobs
-        if logprobs and sched.num_spec_tokens:  # only the tokens kept (a stop may end a run of accepted ones)
+        if logprobs and sched.num_spec_tokens:
             logprobs = {rid: lps[:len(kept[rid])] for rid, lps in logprobs.items() if rid in kept}
-        if pending.requests is not None:  # async: not those of requests finished while the step ran
+        if pending.requests is not None:
             logprobs = {rid: lps for rid, lps in logprobs.items() if rid in kept}
             prompt_logprobs = {rid: lps for rid, lps in prompt_logprobs.items()
                                if self.scheduler.requests.get(rid) is pending.requests[rid]}
-        self.output_processor.record_logprobs(logprobs, prompt_logprobs)
+        return self.output_processor.prepare_logprobs(logprobs, prompt_logprobs)
+
+    def _finish_step(self, pending: _PendingStep, start: float, sampled: dict[str, list[int]], kept: dict,
+                     detoks: dict, logprobs: dict) -> list[RequestOutput]:
+        """Commit a step that ran (``update_from_output``), then metrics, outputs and its ``StepTrace``. Nothing
+        here may raise, or the step's outputs would be lost: the trace and statistics are guarded."""
+        sched = pending.sched
+        self.output_processor.record_logprobs(logprobs)
         got_token, finished = self.scheduler.update_from_output(sched, kept)
         self.clock.end_step(sched)  # a modelled clock advances by this step's cost here
         now = self.clock()
@@ -524,11 +552,21 @@ class LLMEngine:
         requests = {r.request_id: r for r in got_token + finished}
         timed_out = self._take_undelivered()
         outputs = self.output_processor.make_outputs(
-            timed_out + [(requests[rid], self._detok[rid].text(requests[rid].is_finished)) for rid in outputs_for],
+            timed_out + [(requests[rid], self._text(rid, requests[rid].is_finished)) for rid in outputs_for],
             self.request_metrics)
         for request in finished:
             del self._detok[request.request_id]
+        try:
+            self._record_step(pending, start, now, sampled, kept, got_token, finished, timed_out)
+        except Exception:  # an observer failed: the step stands and its outputs go out
+            self.num_bookkeeping_errors += 1
+            logger.exception("step %d committed, but recording its trace or statistics failed", self.num_steps)
+        return outputs
 
+    def _record_step(self, pending: _PendingStep, start: float, now: float, sampled: dict, kept: dict,
+                     got_token: list[Request], finished: list[Request], timed_out: list[tuple[Request, str]]) -> None:
+        """The committed step's ``StepTrace`` and Prometheus series."""
+        sched = pending.sched
         timed_out_ids = [r.request_id for r, _ in timed_out]
         self.traces.append(StepTrace(
             step=self.num_steps, start_time=start, end_time=now, token_budget=self.config.max_num_batched_tokens,
@@ -551,7 +589,38 @@ class LLMEngine:
         self.num_steps += 1
         self._record_stats(self.traces[-1], got_token, [r for r, _ in timed_out] + finished,
                            {rid: len(tokens) for rid, tokens in kept.items()} if sched.num_spec_tokens else None)
-        return outputs
+
+    def _record_rolled_back(self, sched: SchedulerOutput, start: float) -> None:
+        """The trace of a step that was rolled back: no chunk ran, but the preemptions made while scheduling it
+        stand (the victims' blocks are gone), so they are counted like any other (trace, summary, Prometheus).
+        Never raises: the step's own error is what the caller must see."""
+        try:
+            kv = self.kv_cache_manager
+            self.traces.append(StepTrace(
+                step=self.num_steps, start_time=start, end_time=self.clock(),
+                token_budget=self.config.max_num_batched_tokens, chunks=[], num_running=self.scheduler.num_running,
+                num_waiting=self.scheduler.num_waiting, num_free_blocks=kv.num_free_blocks,
+                num_cached_free_blocks=kv.pool.num_cached_free_blocks, num_total_blocks=self.num_kv_blocks,
+                preempted_ids=list(sched.preempted_ids), admitted_ids=[], finished_ids=[], prefix_queried_tokens=0,
+                prefix_hit_tokens=0, rolled_back=True,
+                **(self._block_snapshot() if self.config.trace_block_tables else {})))
+            self.num_steps += 1
+            if self.log_stats:
+                self.stat_logger.record_step(self.traces[-1], [], self.request_metrics)
+        except Exception:
+            self.num_bookkeeping_errors += 1
+            logger.exception("recording the rolled-back step %d failed", self.num_steps)
+
+    def _text(self, request_id: str, finished: bool) -> str:
+        """The request's text for its output; if the final full decode fails, the text streamed so far (logged:
+        the tokens are right, only a held-back partial character may be missing)."""
+        detok = self._detok[request_id]
+        try:
+            return detok.text(finished)
+        except Exception:
+            self.num_bookkeeping_errors += 1
+            logger.exception("request %r: decoding its final text failed; sending the text so far", request_id)
+            return detok.output_text
 
     def _detokenize(self, sched: SchedulerOutput, sampled: dict[str, list[int]],
                     requests: dict[str, Request] | None = None) -> tuple[dict, dict]:
@@ -569,15 +638,19 @@ class LLMEngine:
             if requests is not None and live.get(rid) is not requests[rid]:
                 continue
             tokens, detok = sampled[rid], self._detok[rid]
-            if len(tokens) == 1:
-                kept[rid], detoks[rid] = tokens, detok.advanced(tokens[0])
-                continue
-            tokens = tokens[:self.scheduler.num_tokens_before_stop(self.scheduler.requests[rid], tokens)]
-            for i, token in enumerate(tokens):
-                detok = detok.advanced(token)
-                if detok.stop_reason is not None:
-                    tokens = tokens[:i + 1]
-                    break
+            try:
+                if len(tokens) == 1:
+                    kept[rid], detoks[rid] = tokens, detok.advanced(tokens[0])
+                    continue
+                tokens = tokens[:self.scheduler.num_tokens_before_stop(self.scheduler.requests[rid], tokens)]
+                for i, token in enumerate(tokens):
+                    detok = detok.advanced(token)
+                    if detok.stop_reason is not None:
+                        tokens = tokens[:i + 1]
+                        break
+            except Exception as exc:  # this request's text failed: the others are not to blame
+                raise RequestError([self.output_processor.caller_id(rid)],
+                                   f"detokenizing request {rid!r} failed: {exc!r}") from exc
             kept[rid], detoks[rid] = tokens, detok
         return kept, detoks
 
@@ -592,7 +665,8 @@ class LLMEngine:
         done = []
         for request in self.scheduler.finish_requests(expired, RequestStatus.FINISHED_TIMEOUT):
             self._finish_metrics(request, now)
-            done.append((request, self._detok.pop(request.request_id).text(True)))
+            done.append((request, self._text(request.request_id, True)))
+            del self._detok[request.request_id]
         return done
 
     def _record_stats(self, trace: StepTrace | None, got_token: list[Request], finished: list[Request],
@@ -602,8 +676,13 @@ class LLMEngine:
         if not self.log_stats:
             return
         self.stat_logger.record_step(trace, got_token, self.request_metrics, num_new_tokens)
-        self.stat_logger.record_finished(
-            (self.request_metrics[r.request_id], r.sampling_params.max_tokens, r.request_id) for r in finished)
+        for r in finished:  # one request's statistics failing must not cost the others theirs
+            try:
+                self.stat_logger.record_finished(
+                    [(self.request_metrics[r.request_id], r.sampling_params.max_tokens, r.request_id)])
+            except Exception:
+                self.num_bookkeeping_errors += 1
+                logger.exception("request %r: recording its statistics failed", r.request_id)
         # Without finished requests no block was freed after scheduling: the trace's count is still exact.
         self._record_state(trace.num_cached_free_blocks if trace is not None and not finished else None)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from minengine.engine.parallel_sampling import ParentRequest
+from minengine.exceptions import RequestError
 from minengine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
 from minengine.request import Request
 from minengine.sampling_params import RequestOutputKind
@@ -101,26 +102,52 @@ class OutputProcessor:
                 out[tid] = Logprob(logprob=value, rank=rank, decoded_token=self._decode(tid))
         return out
 
-    def record_logprobs(self, sampled: dict[str, list[TokenLogprobs]],
-                        prompt: dict[str, tuple[int, list[TokenLogprobs]]]) -> None:
-        """Append a step's logprobs: of the tokens each request got (one, or several with speculative
-        decoding), and of the prompt tokens its chunks scored (a re-prefill after a recompute preemption scores
-        them again: kept once)."""
-        for rid, lps in sampled.items():
+    def prepare_logprobs(self, sampled: dict[str, list[TokenLogprobs]],
+                         prompt: dict[str, tuple[int, list[TokenLogprobs]]]) -> dict[str, tuple]:
+        """A step's logprobs as positions, changing nothing (the step may still fail): of the tokens each request
+        got (one, or several with speculative decoding), and of the prompt tokens its chunks scored (a re-prefill
+        after a recompute preemption scores them again: kept once). ``record_logprobs`` stores them.
+
+        Raises:
+            RequestError: building one request's positions failed (decoding its tokens); names that request.
+        """
+        out: dict[str, tuple] = {}
+        for rid in set(sampled) | set(prompt):
             state = self.states.get(rid)
-            if state is not None and state.logprobs is not None:
-                for lp in lps:
-                    state.logprobs.append(self._position(lp))
-                    state.cumulative_logprob += lp.logprobs[0]
-        for rid, (start, positions) in prompt.items():
-            state = self.states.get(rid)
-            if state is None or state.prompt_logprobs is None:
+            if state is None:
                 continue
-            have = len(state.prompt_logprobs)
-            for i, lp in enumerate(positions, start):
-                if i == have:
-                    state.prompt_logprobs.append(self._position(lp))
-                    have += 1
+            try:
+                positions, total = [], 0.0
+                if state.logprobs is not None:
+                    for lp in sampled.get(rid, ()):
+                        positions.append(self._position(lp))
+                        total += lp.logprobs[0]
+                new_prompt = []
+                if state.prompt_logprobs is not None and rid in prompt:
+                    start, scored = prompt[rid]
+                    have = len(state.prompt_logprobs)
+                    for i, lp in enumerate(scored, start):
+                        if i == have + len(new_prompt):  # the next position not yet kept
+                            new_prompt.append(self._position(lp))
+            except Exception as exc:
+                raise RequestError([self.caller_id(rid)], f"logprobs of request {rid!r} failed: {exc!r}") from exc
+            out[rid] = (positions, total, new_prompt)
+        return out
+
+    def record_logprobs(self, prepared: dict[str, tuple]) -> None:
+        """Store what ``prepare_logprobs`` built (after the step committed; plain appends, nothing can fail)."""
+        for rid, (positions, total, new_prompt) in prepared.items():
+            state = self.states[rid]
+            if state.logprobs is not None:
+                state.logprobs.extend(positions)
+                state.cumulative_logprob += total
+            if state.prompt_logprobs is not None:
+                state.prompt_logprobs.extend(new_prompt)
+
+    def caller_id(self, request_id: str) -> str:
+        """The id the caller knows an engine request by: its parent's for a child of an ``n > 1`` request."""
+        state = self.states.get(request_id)
+        return state.parent.request_id if state is not None and state.parent is not None else request_id
 
     # ---- outputs -------------------------------------------------------------------------------------
     def _completion(self, state: _RequestState, request: Request, text: str) -> CompletionOutput | None:

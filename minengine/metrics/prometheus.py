@@ -210,7 +210,8 @@ class PrometheusStatLogger:
 
     def record_step(self, trace: StepTrace | None, got_token: Iterable[Request],
                     metrics: dict[str, RequestMetrics], num_new_tokens: dict[str, int] | None = None) -> None:
-        """One step: its trace (None when nothing was scheduled), the requests that got tokens and how many
+        """One step: its trace (None when nothing was scheduled; a rolled-back step counts only its preemptions),
+        the requests that got tokens and how many
         each got (``num_new_tokens``; 1 when absent). The inter-token latency is observed once per request per
         step, as vLLM does, also when speculative decoding brought several tokens at once."""
         for request in got_token:
@@ -224,6 +225,9 @@ class PrometheusStatLogger:
                 self.itl.observe(m.itls[-n])  # the gap before this step's first token
             self.generation_tokens.inc(n)
         if trace is None:
+            return
+        if trace.rolled_back:  # nothing ran: only its preemptions stand
+            self.preemptions.inc(len(trace.preempted_ids))
             return
         if self.spec_drafts is not None:
             for c in trace.chunks:

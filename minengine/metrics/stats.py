@@ -134,7 +134,7 @@ def summarize(metrics: list[RequestMetrics], traces: list[StepTrace], num_kv_blo
     queried = sum(t.prefix_queried_tokens for t in traces)
     hit = sum(t.prefix_hit_tokens for t in traces)
     return ServingSummary(
-        num_requests=len(done), num_steps=len(traces), duration_s=duration,
+        num_requests=len(done), num_steps=sum(not t.rolled_back for t in traces), duration_s=duration,
         prompt_tokens=prompt_tokens, output_tokens=out_tokens,
         output_tok_s=out_tokens / duration if duration > 0 else math.nan,
         total_tok_s=(out_tokens + prompt_tokens) / duration if duration > 0 else math.nan,

@@ -39,6 +39,9 @@ class StepTrace:
     ``timed_out_ids`` finished with reason "timeout" at the start of the step (they are in ``finished_ids``).
     ``prefix_queried_tokens`` / ``prefix_hit_tokens`` count first admissions only; ``readmission_hit_tokens``
     are the tokens recompute-preempted requests got back from the prefix cache when re-admitted.
+    ``rolled_back``: the step failed (its forward, sampling or detokenizing raised) and was rolled back, so no
+    chunk ran and it cost no modelled time; it is recorded because its preemptions stand (``preempted_ids``), and
+    every count of preemptions (request metrics, traces, ``summary()``, ``vllm:num_preemptions``) agrees.
     """
 
     step: int
@@ -64,6 +67,7 @@ class StepTrace:
     swap_time_s: float = 0.0
     timed_out_ids: list[str] = field(default_factory=list)
     readmission_hit_tokens: int = 0
+    rolled_back: bool = False
 
     @property
     def duration(self) -> float:
