@@ -202,6 +202,7 @@ def _warm_up(engine: LLMEngine) -> None:
 def cmd_serve(a: argparse.Namespace) -> None:
     from minengine.entrypoints.async_engine import AsyncLLMEngine
     from minengine.entrypoints.chat_utils import load_chat_template
+    from minengine.entrypoints.cli_args import FrontendArgs
     from minengine.entrypoints.openai_server import run_server
 
     if a.model_tag is not None:  # ``serve MODEL`` as ``vllm serve MODEL``
@@ -210,16 +211,17 @@ def cmd_serve(a: argparse.Namespace) -> None:
         raise ValueError(f"--port must be in 1..65535, got {a.port}")
     if a.max_history_steps < 0:
         raise ValueError(f"--max-history-steps must be >= 0, got {a.max_history_steps}")
-    api_keys = a.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else None)
-    chat_template = load_chat_template(a.chat_template)  # a bad path fails before the model loads
+    frontend = FrontendArgs.from_cli_args(a)  # checked before the model loads
+    api_keys = frontend.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else None)
+    # a bad --chat-template path fails before the model loads too
+    frontend = dataclasses.replace(frontend, api_key=api_keys,
+                                   chat_template=load_chat_template(frontend.chat_template))
     config = _config(a)
     engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
     print(f"minengine serving {config.served_model_name!r} ({engine.engine.model_path}) on http://{a.host}:{a.port} "
           f"(OpenAI API under /v1{', API key required' if api_keys else ''}, Prometheus at /metrics, step feed at "
           "/v1/engine/steps)", flush=True)
-    run_server(engine, a.host, a.port, a.uvicorn_log_level, api_keys=api_keys, chat_template=chat_template,
-               enable_tokenizer_info_endpoint=a.enable_tokenizer_info_endpoint,
-               generation_config=a.generation_config)
+    run_server(engine, a.host, a.port, a.uvicorn_log_level, frontend, generation_config=a.generation_config)
 
 
 def _add_option(parser: argparse.ArgumentParser, group, flag: str, **kwargs) -> None:
@@ -230,6 +232,8 @@ def _add_option(parser: argparse.ArgumentParser, group, flag: str, **kwargs) -> 
 
 
 def _serve_parser(sub) -> None:
+    from minengine.entrypoints.cli_args import FrontendArgs  # no torch, no FastAPI
+
     s = sub.add_parser("serve", help="start the OpenAI-compatible server (FastAPI + uvicorn)",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     s.add_argument("model_tag", nargs="?", default=None, help="the model, as in `vllm serve MODEL` (or --model)")
@@ -243,14 +247,7 @@ def _serve_parser(sub) -> None:
                    help="step traces and finished requests' metrics kept in memory")
     h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (warning: no access log)")
-    h.add_argument("--api-key", nargs="+", default=None, metavar="KEY",
-                   help="require one of these keys as 'Authorization: Bearer KEY' on the /v1 routes (401 otherwise; "
-                        "vLLM's flag; also the VLLM_API_KEY environment variable)")
-    h.add_argument("--chat-template", default=None,
-                   help="the chat template for requests that give none: a file, or the Jinja template itself "
-                        "(None: the tokenizer's)")
-    h.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
-                   help="serve GET /tokenizer_info (vLLM's flag; off: it shows the tokenizer's settings and paths)")
+    FrontendArgs.add_cli_args(h)
     s.set_defaults(func=cmd_serve)
 
 

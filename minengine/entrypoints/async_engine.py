@@ -6,6 +6,11 @@ computes), then hands each ``RequestOutput`` to its request's queue and each ``S
 subscribers. Nothing else touches the engine, so no lock is needed: the engine is used by exactly one thread
 at a time, and an abort queued during a step is applied before the next step is scheduled, so the
 aborted request's KV blocks are free by then.
+
+A step that fails because of particular requests (``RequestError``: their detokenizing or logprobs raised) fails
+those requests alone: they are aborted, their callers get the error, and the others go on from the rolled-back
+step as if nothing had happened. Any other failure of a step fails every request in flight (its cause is
+unknown), and the loop keeps serving new ones. ``drain(timeout)`` is the server's graceful stop.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from minengine.engine.llm_engine import LLMEngine, Prompt
+from minengine.exceptions import RequestError
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestOutput
 from minengine.sampling_params import SamplingParams
@@ -27,6 +33,11 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     """The engine loop stopped (shut down or failed); requests cannot be served."""
+
+
+class EngineDrainingError(EngineDeadError):
+    """The server is shutting down: it takes no new request, and ends those still running at the drain's
+    deadline with this error."""
 
 
 class RequestStream:
@@ -61,6 +72,12 @@ class StepSubscription:
         self._queue: deque[StepTrace] = deque(maxlen=max_queue)
         self._event = asyncio.Event()
         self.num_dropped = 0
+        self.closed = False
+
+    def close(self) -> None:
+        """No more traces: ``get`` returns None from now on (the engine is shutting down)."""
+        self.closed = True
+        self._event.set()
 
     def put(self, trace: StepTrace) -> None:
         if len(self._queue) == self._queue.maxlen:
@@ -69,14 +86,14 @@ class StepSubscription:
         self._event.set()
 
     async def get(self, timeout: float | None = None) -> StepTrace | None:
-        """The next trace, or None after ``timeout`` seconds without one."""
-        while not self._queue:
+        """The next trace, or None after ``timeout`` seconds without one (or once closed)."""
+        while not self._queue and not self.closed:
             self._event.clear()
             try:
                 await asyncio.wait_for(self._event.wait(), timeout)
             except asyncio.TimeoutError:
                 return None
-        return self._queue.popleft()
+        return self._queue.popleft() if self._queue else None
 
 
 class AsyncLLMEngine:
@@ -102,6 +119,7 @@ class AsyncLLMEngine:
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.errored: BaseException | None = None
+        self.draining = False  # set by ``drain``: no new requests
         self.started_unix_time = time.time()
 
     @classmethod
@@ -153,6 +171,10 @@ class AsyncLLMEngine:
             num_traces = len(engine.traces)
             try:
                 outputs = await loop.run_in_executor(self._executor, engine.step)
+            except RequestError as exc:  # these requests' fault: fail them alone, the rest retry the step
+                logger.error("engine step failed for requests %s: %r", exc.request_ids, exc.__cause__ or exc)
+                self._fail(exc.request_ids, exc)
+                continue
             except Exception as exc:  # a bug in a step: fail its requests, free everything, keep serving
                 logger.exception("engine step failed")
                 self._fail_all(exc)  # if even that fails, the loop ends and _on_loop_done tells everyone
@@ -173,6 +195,14 @@ class AsyncLLMEngine:
         self.engine.abort_request(ids + list(self.engine.scheduler.requests))
         for rid in ids:
             self._streams.pop(rid).put(RuntimeError(f"engine step failed: {exc}"))
+
+    def _fail(self, request_ids: list[str], exc: BaseException) -> None:
+        """Abort these requests (their blocks are free at once) and give their callers ``exc``."""
+        self.engine.abort_request(request_ids)
+        for rid in request_ids:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream.put(exc)
 
     def _trim_history(self) -> None:
         """Drop the oldest traces and finished requests' metrics beyond ``max_history_steps`` (in batches of a
@@ -219,19 +249,43 @@ class AsyncLLMEngine:
         Raises:
             ValueError: as ``LLMEngine.add_request`` (raised here, before any output, so an HTTP handler can
                 answer 400).
+            EngineDrainingError: the server is shutting down.
         """
-        stream = RequestStream(request_id)
+        (stream,) = await self.add_requests([(request_id, prompt, params)], priority=priority, deadline=deadline)
+        return stream
+
+    async def add_requests(self, requests: list[tuple[str, Prompt, SamplingParams | None]], *, priority: int = 0,
+                           deadline: float | None = None) -> list[RequestStream]:
+        """Queue several requests at once, ``(request_id, prompt, params)`` each, and return their streams: all
+        are validated first, then all queued in one go between two steps (so a batch costs one round trip, and
+        a bad one queues none).
+
+        Raises:
+            ValueError: as ``LLMEngine.add_request``, for the first bad request (none is queued then).
+            EngineDrainingError: the server is shutting down.
+        """
+        if self.draining:
+            raise EngineDrainingError("the server is shutting down and takes no new requests")
+        streams = [RequestStream(rid) for rid, _, _ in requests]
 
         def add(engine: LLMEngine) -> None:
-            engine.add_request(request_id, prompt, params, priority=priority, deadline=deadline)
-            self._streams[request_id] = stream
+            if self.draining:
+                raise EngineDrainingError("the server is shutting down and takes no new requests")
+            groups = [engine.make_requests(rid, prompt, params, priority=priority, deadline=deadline)
+                      for rid, prompt, params in requests]
+            if len({g.request_id for g in groups}) < len(groups):
+                raise ValueError("request_id: the same id twice in one batch")
+            for group, stream in zip(groups, streams):
+                engine.enqueue(group)
+                self._streams[group.request_id] = stream
 
         try:
             await self.call(add)
-        except asyncio.CancelledError:  # the caller left while the request was being added
-            self.abort_nowait(request_id)
+        except asyncio.CancelledError:  # the caller left while the requests were being added
+            for s in streams:
+                self.abort_nowait(s.request_id)
             raise
-        return stream
+        return streams
 
     def abort_nowait(self, request_id: str) -> None:
         """Abort a request before the engine's next step (callable from anywhere in the event loop, also
@@ -298,6 +352,29 @@ class AsyncLLMEngine:
     @property
     def num_unfinished_streams(self) -> int:
         return len(self._streams)
+
+    async def drain(self, timeout: float, poll_s: float = 0.05) -> int:
+        """The graceful stop: take no new requests, let those in flight finish for up to ``timeout`` seconds,
+        then end the rest: each is aborted (its blocks freed) and its caller gets an ``EngineDrainingError`` (a
+        streaming client an error chunk). Step-feed subscribers are closed. Returns how many were ended.
+        (vLLM's ``--shutdown-timeout``; its 0 aborts at once, as here.)"""
+        self.draining = True
+        for sub in list(self._subscribers):
+            sub.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(timeout, 0.0)
+        while self._streams and self.is_running and loop.time() < deadline:
+            await asyncio.sleep(poll_s)
+        left = list(self._streams)
+        if left:
+            error = EngineDrainingError(f"the server is shutting down: the request was still running after the "
+                                        f"{timeout:g} s drain")
+            if self.is_running:
+                await self.call(lambda engine: self._fail(left, error))
+            else:
+                for rid in left:
+                    self._streams.pop(rid).put(error)
+        return len(left)
 
     async def shutdown_async(self) -> None:
         """Stop the loop (pending requests get an ``EngineDeadError``) and the step thread."""

@@ -8,10 +8,17 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or server
 (server-sent events), the feed the dashboard's live mode draws. With ``api_keys`` every ``/v1`` route needs
 ``Authorization: Bearer <key>`` (``entrypoints/auth.py``).
 
-Handlers never touch the engine: they enqueue work for the engine loop and await it. A client that
-disconnects (mid-stream or while waiting for a non-streamed answer) aborts its requests; the abort is
-applied before the engine's next step, so their KV blocks are free by then. Bad input is answered with
-OpenAI's error JSON: 400 naming the field, 404 for an unknown model; never a 500.
+Handlers never touch the engine: they enqueue work for the engine loop and await it, and tokenize in a thread
+of their own (``AsyncTokenizer``), so the event loop only moves bytes. A client that disconnects (mid-stream or
+while waiting for a non-streamed answer) aborts its requests, every prompt's and every choice's; the abort is
+applied before the engine's next step, so their KV blocks are free by then. One request whose step fails in the
+engine fails alone (its stream ends with an error chunk); the others go on.
+
+Bad input is answered with OpenAI's error JSON before it costs anything: a body over the byte limit (413),
+invalid UTF-8 or JSON, nesting too deep, a bad field (400 naming it), more work than one call may ask for
+(prompts x n, 400), an explicit ``max_tokens`` beyond what fits in ``max_model_len`` (400, as vLLM), an unknown
+model or route (404); never a 500. The limits are ``FrontendArgs`` (``minengine serve`` flags), and so is the
+graceful stop: SIGTERM waits ``--shutdown-timeout`` seconds for the streams in flight, then ends them.
 """
 
 from __future__ import annotations
@@ -19,20 +26,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minengine
 from minengine.engine.llm import default_sampling_overrides
-from minengine.entrypoints.async_engine import AsyncLLMEngine, RequestStream
+from minengine.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError, EngineDrainingError, RequestStream
+from minengine.entrypoints.async_tokenizer import AsyncTokenizer
 from minengine.entrypoints.auth import APIKeyMiddleware
-from minengine.entrypoints.chat_utils import normalize_messages, render_chat
+from minengine.entrypoints.chat_utils import load_chat_template, normalize_messages
+from minengine.entrypoints.cli_args import FrontendArgs
 from minengine.entrypoints.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -40,11 +52,13 @@ from minengine.entrypoints.protocol import (
     OpenAIError,
     TokenizeRequest,
     error_body,
+    error_type,
     now,
     random_id,
     usage,
 )
-from minengine.inputs import check_unicode
+from minengine.entrypoints.request_body import read_body
+from minengine.exceptions import VLLMValidationError, show
 from minengine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from minengine.sampling_params import SamplingParams
 
@@ -123,14 +137,11 @@ def prompt_logprobs_json(out: RequestOutput) -> list | None:
                                     for t, v in p.items()} for p in out.prompt_logprobs]
 
 
-def _with_prompt_text(engine, prompt: str | dict) -> str | dict:
-    """A ``{"prompt_token_ids"}`` prompt with its decoded text as ``prompt`` (for ``echo``); others as given."""
-    if not isinstance(prompt, dict) or "prompt" in prompt or engine.tokenizer is None:
-        return prompt
-    ids = prompt["prompt_token_ids"]
-    if not all(isinstance(t, int) and 0 <= t < engine.hf_config.vocab_size for t in ids):
-        return prompt  # the engine rejects it with the field named
-    return {**prompt, "prompt": engine.tokenizer.decode(ids)}
+def stream_error_body(exc: BaseException) -> dict:
+    """The error chunk of a stream that cannot go on: 503 when the server is shutting down (or its engine loop
+    stopped), else 500 (this request failed in the engine)."""
+    code = 503 if isinstance(exc, EngineDeadError) else 500
+    return error_body(str(exc), code, type_=error_type(code))
 
 
 async def merge_streams(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -189,59 +200,101 @@ class OpenAIServing:
 
     Args:
         engine: the async engine (its loop owns the ``LLMEngine``).
-        chat_template: the server's chat template (vLLM's ``--chat-template``), for requests that give none;
-            None: the tokenizer's own.
+        frontend: the server's settings and limits (``FrontendArgs``: its ``chat_template`` is used for requests
+            that give none, None = the tokenizer's own); None = the defaults.
         generation_config: vLLM's ``--generation-config``: "auto" takes unset sampling fields from the
             checkpoint's generation_config.json; "vllm" uses ``SamplingParams()``'s defaults.
     """
 
-    def __init__(self, engine: AsyncLLMEngine, chat_template: str | None = None, generation_config: str = "auto"):
+    def __init__(self, engine: AsyncLLMEngine, frontend: FrontendArgs | None = None,
+                 generation_config: str = "auto"):
         self.engine = engine
-        self.chat_template = chat_template
+        self.frontend = frontend or FrontendArgs()
+        self.chat_template = load_chat_template(self.frontend.chat_template)  # a file's text, or the template
         e = engine.engine
         self.model_name = e.config.served_model_name
         self.max_model_len = e.config.max_model_len
+        self.vocab_size = e.hf_config.vocab_size
         self.scheduling_policy = e.config.scheduling_policy
         self.defaults = {} if generation_config == "vllm" else default_sampling_overrides(e.model_path)
+        self.tokenizer = AsyncTokenizer(e.tokenizer)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
 
-    async def add_requests(self, base_id: str, prompts: list, params: SamplingParams,
-                           priority: int, from_response_format: bool = False) -> list[RequestStream]:
-        """Queue one request per prompt (ids ``base_id-i``); on a bad one, abort those already queued.
+    def check_work(self, num_prompts: int, params: SamplingParams, priority: int) -> None:
+        """What a call may ask for before anything of it is tokenized: ``n`` (OpenAI's limit), prompts x ``n``
+        (``FrontendArgs.max_requests_per_call``), and a priority only where the scheduler honours it.
 
         Raises:
-            OpenAIError: 400 naming the field, for what the engine rejects.
+            OpenAIError: 400 naming the field.
         """
         if priority != 0 and self.scheduling_policy != "priority":
             # vLLM rejects it too: a priority the scheduler ignores would be a silent lie to the client
-            raise OpenAIError(f"priority {priority} is set but the server's scheduling_policy is "
+            raise OpenAIError(f"priority {show(priority)} is set but the server's scheduling_policy is "
                               f"{self.scheduling_policy!r} (start it with --scheduling-policy priority)",
                               param="priority")
         if params.n > MAX_N:
             raise OpenAIError(f"n must be <= {MAX_N} (OpenAI's limit), got {params.n}: each choice is a "
                               "request, and adding them all at once would stall every other client", param="n")
-        streams = []
+        limit = self.frontend.max_requests_per_call
+        if num_prompts * params.n > limit:
+            raise OpenAIError(f"this call asks for {num_prompts} prompts x n={params.n} = {num_prompts * params.n} "
+                              f"requests, more than the server's limit of {limit} per call "
+                              "(--max-requests-per-call): send fewer prompts or a smaller n",
+                              param="n" if params.n > 1 else "prompt")
+
+    def check_lengths(self, ids: list[int], max_tokens: int | None) -> None:
+        """A prompt's length against ``max_model_len``, and an explicit ``max_tokens`` against what is left (vLLM's
+        400, with vLLM's message; a default ``max_tokens`` is cut to fit instead, as vLLM's ``get_max_tokens``).
+
+        Raises:
+            OpenAIError: 400 naming ``prompt`` or ``max_tokens``.
+        """
+        n, limit = len(ids), self.max_model_len
+        if n > limit:
+            raise OpenAIError(f"prompt has {n} tokens, more than this model's maximum context length of {limit} "
+                              "tokens (max_model_len): please reduce the length of the input", param="prompt")
+        if max_tokens is not None and isinstance(max_tokens, int) and n + max_tokens > limit:
+            raise OpenAIError(f"'max_tokens' or 'max_completion_tokens' is too large: {show(max_tokens)}. This "
+                              f"model's maximum context length is {limit} tokens and your request has {n} input "
+                              f"tokens ({show(max_tokens)} > {limit} - {n}).", param="max_tokens")
+
+    async def tokenize_prompt(self, prompt: str | dict, add_special_tokens: bool) -> dict:
+        """A completion prompt as ``{"prompt_token_ids", "prompt"}``: a string tokenized in the tokenizer thread,
+        token ids as given (the engine checks them against the vocabulary).
+
+        Raises:
+            OpenAIError: 400 for a string prompt the tokenizer cannot take (no tokenizer, not valid Unicode).
+        """
+        if not isinstance(prompt, str):
+            return prompt
         try:
-            for i, prompt in enumerate(prompts):
-                streams.append(await self.engine.add_request(f"{base_id}-{i}", prompt, params, priority=priority))
+            return {"prompt_token_ids": await self.tokenizer.encode(prompt, add_special_tokens), "prompt": prompt}
+        except ValueError as exc:
+            raise OpenAIError.of(exc, param="prompt") from exc
+
+    async def add_requests(self, base_id: str, prompts: list, params: SamplingParams,
+                           priority: int, from_response_format: bool = False) -> list[RequestStream]:
+        """Queue one request per prompt (ids ``base_id-i``), all or none (``from_response_format``: the
+        constraint came as ``response_format``, so an error in it names that field).
+
+        Raises:
+            OpenAIError: 400 naming the field, for what the engine rejects; 503 while the server shuts down.
+        """
+        try:
+            return await self.engine.add_requests([(f"{base_id}-{i}", p, params) for i, p in enumerate(prompts)],
+                                                  priority=priority)
+        except EngineDrainingError as exc:
+            raise OpenAIError(str(exc), 503) from exc
         except (ValueError, TypeError) as exc:
-            for s in streams:
-                self.engine.abort_nowait(s.request_id)
-            message = str(exc)
-            param = message.split(" ", 1)[0].strip(":,")
-            if param.startswith("prompt"):
-                param = "prompt"
-            elif param.startswith("structured_outputs") and from_response_format:
-                param = "response_format"  # the constraint the client sent as response_format
-            raise OpenAIError(message, param=param) from exc
-        except BaseException:
-            for s in streams:
-                self.engine.abort_nowait(s.request_id)
-            raise
-        return streams
+            error = OpenAIError.of(exc)
+            if error.param and error.param.startswith("prompt"):
+                error.param = "prompt"
+            elif error.param and error.param.startswith("structured_outputs") and from_response_format:
+                error.param = "response_format"  # the constraint the client sent as response_format
+            raise error from exc
 
     @staticmethod
     def abort_unfinished(engine: AsyncLLMEngine, streams: list[RequestStream]) -> None:
@@ -262,11 +315,13 @@ class OpenAIServing:
         if body.suffix:
             raise OpenAIError("suffix is not supported", param="suffix")
         prompts = body.prompts()
-        if not body.add_special_tokens:
-            prompts = [await self.engine.call(lambda e, p=p: {"prompt_token_ids": e.tokenizer(
-                p, add_special_tokens=False)["input_ids"], "prompt": p}) if isinstance(p, str) else p for p in prompts]
+        self.check_work(len(prompts), params, body.priority)
+        prompts = [await self.tokenize_prompt(p, body.add_special_tokens) for p in prompts]
+        explicit = body.max_tokens if "max_tokens" in body.model_fields_set else None
+        for p in prompts:
+            self.check_lengths(p["prompt_token_ids"], explicit)
         if body.echo:  # a prompt of token ids is echoed as its text (vLLM decodes it); bad ids fail later
-            prompts = [await self.engine.call(lambda e, p=p: _with_prompt_text(e, p)) for p in prompts]
+            prompts = [await self._with_prompt_text(p) for p in prompts]
         request_id, created = random_id("cmpl"), now()
         streams = await self.add_requests(request_id, prompts, params, body.priority,
                                           body.response_format is not None)
@@ -294,9 +349,18 @@ class OpenAIServing:
 
     async def _unscored_tokens(self, outs: list[RequestOutput]) -> dict[int, str]:
         """The text of each prompt's first token (its position has no logprobs to take it from)."""
-        first = {o.prompt_token_ids[0] for o in outs if o.prompt_token_ids}
-        return await self.engine.call(lambda e: {t: e.tokenizer.decode([t]) if e.tokenizer is not None
-                                                 else f"token_id:{t}" for t in first})
+        first = sorted({o.prompt_token_ids[0] for o in outs if o.prompt_token_ids})
+        if self.tokenizer.tokenizer is None:
+            return {t: f"token_id:{t}" for t in first}
+        return {t: await self.tokenizer.decode([t]) for t in first}
+
+    async def _with_prompt_text(self, prompt: dict) -> dict:
+        """A ``{"prompt_token_ids"}`` prompt with its decoded text as ``prompt`` (for ``echo``); others as given."""
+        ids = prompt["prompt_token_ids"]
+        if "prompt" in prompt or self.tokenizer.tokenizer is None \
+                or not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids):
+            return prompt  # the engine rejects bad ids with the field named
+        return {**prompt, "prompt": await self.tokenizer.decode(ids)}
 
     async def _collect(self, streams: list[RequestStream]) -> list[RequestOutput]:
         final: dict[int, RequestOutput] = {}
@@ -341,9 +405,9 @@ class OpenAIServing:
             if opts is not None and opts.include_usage:
                 yield sse({**head, "choices": [], "usage": usage(sum(prompt_tokens.values()),
                                                                  sum(completion_tokens.values()))})
-        except Exception as exc:  # engine failure mid-stream: tell the client in-band
-            logger.exception("completion stream failed")
-            yield sse(error_body(str(exc), 500, type_="InternalServerError"))
+        except Exception as exc:  # this request failed, or the engine, or the server is stopping: say it in-band
+            logger.error("completion stream %s failed: %r", head["id"], exc)
+            yield sse(stream_error_body(exc))
         finally:
             self.abort_unfinished(self.engine, streams)
         yield "data: [DONE]\n\n"
@@ -354,14 +418,17 @@ class OpenAIServing:
         body.check_supported()
         k = body.num_logprobs
         params = body.sampling_params(body.max_new_tokens, k, self.defaults)
+        self.check_work(1, params, body.priority)
         try:
-            text, ids = await self.engine.call(lambda e: render_chat(
-                e.tokenizer, body.messages, body.chat_template or self.chat_template, body.add_generation_prompt,
-                body.continue_final_message, body.chat_template_kwargs))
+            text, ids = await self.tokenizer.render_chat(
+                body.messages, body.chat_template or self.chat_template, body.add_generation_prompt,
+                body.continue_final_message, body.chat_template_kwargs)
         except ValueError as exc:
-            message = str(exc)
+            message = exc.message if isinstance(exc, VLLMValidationError) else str(exc)
             raise OpenAIError(message, param="messages" if message.startswith("messages") else "chat_template") \
                 from exc
+        explicit = {"max_tokens", "max_completion_tokens"} & body.model_fields_set
+        self.check_lengths(ids, body.max_new_tokens if explicit else None)
         # vLLM's response role: the assistant's, or (no generation prompt) the last message's, continued
         last = normalize_messages(body.messages)[-1]  # render_chat accepted them: this cannot raise
         role = "assistant" if body.add_generation_prompt else last["role"]
@@ -420,8 +487,8 @@ class OpenAIServing:
             if opts is not None and opts.include_usage:
                 yield sse({**head, "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens))})
         except Exception as exc:
-            logger.exception("chat stream failed")
-            yield sse(error_body(str(exc), 500, type_="InternalServerError"))
+            logger.error("chat stream %s failed: %r", head["id"], exc)
+            yield sse(stream_error_body(exc))
         finally:
             self.abort_unfinished(self.engine, [stream])
         yield "data: [DONE]\n\n"
@@ -431,37 +498,28 @@ class OpenAIServing:
         self.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError("give exactly one of prompt and messages", param="prompt")
-
-        def run(e) -> dict:
-            if e.tokenizer is None:
-                raise OpenAIError("this model has no tokenizer", param="prompt")
+        if self.tokenizer.tokenizer is None:
+            raise OpenAIError("this model has no tokenizer", param="prompt")
+        try:
             if body.messages is not None:
-                _, ids = render_chat(e.tokenizer, body.messages, body.chat_template or self.chat_template,
-                                     body.add_generation_prompt, body.continue_final_message)
+                _, ids = await self.tokenizer.render_chat(body.messages, body.chat_template or self.chat_template,
+                                                          body.add_generation_prompt, body.continue_final_message)
             else:
                 special = True if body.add_special_tokens is None else body.add_special_tokens
-                check_unicode(body.prompt, "prompt")
-                ids = e.tokenizer(body.prompt, add_special_tokens=special)["input_ids"]
-            strs = e.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
-            return {"count": len(ids), "max_model_len": e.config.max_model_len, "tokens": ids, "token_strs": strs}
-
-        try:
-            return await self.engine.call(run)
+                ids = await self.tokenizer.encode(body.prompt, special)
         except ValueError as exc:
-            raise OpenAIError(str(exc), param="messages" if body.messages is not None else "prompt") from exc
+            raise OpenAIError.of(exc, param="messages" if body.messages is not None else "prompt") from exc
+        strs = await self.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids, "token_strs": strs}
 
     async def detokenize(self, body: DetokenizeRequest) -> dict:
         self.check_model(body.model)
-
-        def run(e) -> dict:
-            if e.tokenizer is None:
-                raise OpenAIError("this model has no tokenizer", param="tokens")
-            vocab = e.hf_config.vocab_size
-            if any(not 0 <= t < vocab for t in body.tokens):
-                raise OpenAIError(f"tokens must be integers in [0, {vocab}) (the vocabulary size)", param="tokens")
-            return {"prompt": e.tokenizer.decode(body.tokens)}
-
-        return await self.engine.call(run)
+        if self.tokenizer.tokenizer is None:
+            raise OpenAIError("this model has no tokenizer", param="tokens")
+        if any(not 0 <= t < self.vocab_size for t in body.tokens):
+            raise OpenAIError(f"tokens must be integers in [0, {self.vocab_size}) (the vocabulary size)",
+                              param="tokens")
+        return {"prompt": await self.tokenizer.decode(body.tokens)}
 
     async def tokenizer_info(self) -> dict:
         """vLLM's ``GET /tokenizer_info``: the tokenizer's settings (its ``init_kwargs``, tokenizer_config.json's
@@ -516,6 +574,8 @@ class OpenAIServing:
                 await asyncio.sleep(0)
             while True:
                 trace = await sub.get(timeout=KEEPALIVE_S)
+                if sub.closed:  # the server is shutting down
+                    return
                 if trace is None:
                     yield ": keep-alive\n\n"
                     continue
@@ -547,43 +607,53 @@ def _json_value(value):
     return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
-def build_app(engine: AsyncLLMEngine, *, api_keys: list[str] | None = None, chat_template: str | None = None,
-              enable_tokenizer_info_endpoint: bool = False, generation_config: str = "auto") -> FastAPI:
-    """The FastAPI app serving ``engine`` (its loop starts with the app and stops with it).
+def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
+              generation_config: str = "auto") -> FastAPI:
+    """The FastAPI app serving ``engine`` (its loop starts with the app and stops with it). Every 4xx and 5xx is
+    answered with OpenAI's error body.
 
     Args:
-        engine: the async engine. api_keys: vLLM's ``--api-key``: when given, ``/v1`` routes need one of them
-            as a bearer token (401 otherwise). chat_template: vLLM's ``--chat-template`` (the template text).
-        enable_tokenizer_info_endpoint: serve ``GET /tokenizer_info`` (off by default, as in vLLM: it shows
-            the tokenizer's configuration and paths). generation_config: as ``OpenAIServing``.
+        engine: the async engine. frontend: the server's settings (``FrontendArgs``; None = the defaults): its
+            ``api_key`` (vLLM's ``--api-key``: when given, ``/v1`` routes need one of them as a bearer token, 401
+            otherwise), ``chat_template``, ``enable_tokenizer_info_endpoint`` (serve ``GET /tokenizer_info``, off
+            by default as in vLLM: it shows the tokenizer's configuration and paths) and the limits.
+        generation_config: as ``OpenAIServing``.
     """
-    serving = OpenAIServing(engine, chat_template, generation_config)
+    serving = OpenAIServing(engine, frontend, generation_config)
+    api_keys = serving.frontend.api_key
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine.start()
         yield
         await engine.shutdown_async()
+        serving.tokenizer.shutdown()
 
-    app = FastAPI(title="minengine", version=minengine.__version__, lifespan=lifespan)
+    app = FastAPI(title="minengine", version=minengine.__version__, lifespan=lifespan,
+                  max_body_size=serving.frontend.max_request_body_bytes)
     app.state.serving = serving
 
     @app.exception_handler(OpenAIError)
     async def openai_error(_: Request, exc: OpenAIError):
         return JSONResponse(exc.body(), status_code=exc.status_code)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):  # unknown route, wrong method, body too large
+        message = str(exc.detail)
+        if exc.status_code == 413:
+            message = (f"the request body is larger than the server's limit of "
+                       f"{serving.frontend.max_request_body_bytes} bytes (--max-request-body-bytes)")
+        return JSONResponse(error_body(message, exc.status_code, type_=error_type(exc.status_code)),
+                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError):
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse(error_body("the request body is not valid JSON", 400), status_code=400)
+    async def validation_error(_: Request, exc: RequestValidationError):  # query parameters (the step feed)
+        message = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors()[:5])
+        return JSONResponse(error_body(message or "invalid request", 400), status_code=400)
 
-        def where(e: dict) -> str:
-            return ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-
-        message = "; ".join(f"{where(e)}: {e.get('msg')}" for e in errors) or "invalid request"
-        param = where(errors[0]).split(".")[0] if errors else None
-        return JSONResponse(error_body(message, 400, None if param == "body" else param), status_code=400)
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead(_: Request, exc: EngineDeadError):  # shutting down, or the engine loop is gone
+        return JSONResponse(error_body(str(exc), 503, type_=error_type(503)), status_code=503)
 
     @app.exception_handler(Exception)
     async def internal_error(_: Request, exc: Exception):
@@ -617,7 +687,7 @@ def build_app(engine: AsyncLLMEngine, *, api_keys: list[str] | None = None, chat
         serving.check_model(model_id)
         return serving.model_card()
 
-    if enable_tokenizer_info_endpoint:
+    if serving.frontend.enable_tokenizer_info_endpoint:
         @app.get("/tokenizer_info")
         async def tokenizer_info():
             return await serving.tokenizer_info()
@@ -626,21 +696,23 @@ def build_app(engine: AsyncLLMEngine, *, api_keys: list[str] | None = None, chat
     async def metrics():
         return Response(generate_latest(engine.engine.stat_logger.registry), media_type=CONTENT_TYPE_LATEST)
 
+    # The JSON routes read their bodies themselves (request_body.read_body): byte limit, UTF-8, JSON and nesting
+    # errors become OpenAI 400s, and a large body is parsed off the event loop.
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, raw: Request):
-        return await serving.completions(body, raw)
+    async def completions(raw: Request):
+        return await serving.completions(await read_body(raw, CompletionRequest), raw)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, raw: Request):
-        return await serving.chat_completions(body, raw)
+    async def chat_completions(raw: Request):
+        return await serving.chat_completions(await read_body(raw, ChatCompletionRequest), raw)
 
     @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
-        return await serving.tokenize(body)
+    async def tokenize(raw: Request):
+        return await serving.tokenize(await read_body(raw, TokenizeRequest))
 
     @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
-        return await serving.detokenize(body)
+    async def detokenize(raw: Request):
+        return await serving.detokenize(await read_body(raw, DetokenizeRequest))
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():
@@ -658,9 +730,37 @@ def build_app(engine: AsyncLLMEngine, *, api_keys: list[str] | None = None, chat
     return app
 
 
-def run_server(engine: AsyncLLMEngine, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-               **app_options) -> None:
-    """Serve ``engine`` with uvicorn until interrupted (``app_options``: ``build_app``'s keywords)."""
-    import uvicorn
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown (SIGTERM, Ctrl-C, ``should_exit``) first drains the engine: uvicorn stops
+    accepting connections and waits for the open ones, and ``AsyncLLMEngine.drain`` ends the streams still
+    running after ``shutdown_timeout`` seconds with an error chunk, so those connections close and the process
+    exits. uvicorn's own graceful timeout (a few seconds later) is the backstop."""
 
-    uvicorn.run(build_app(engine, **app_options), host=host, port=port, log_level=log_level)
+    def __init__(self, config: uvicorn.Config, engine: AsyncLLMEngine, shutdown_timeout: float):
+        super().__init__(config)
+        self.engine, self.shutdown_timeout = engine, shutdown_timeout
+
+    async def shutdown(self, sockets=None) -> None:
+        logger.info("shutting down: draining the requests in flight for up to %g s", self.shutdown_timeout)
+        drain = asyncio.ensure_future(self.engine.drain(self.shutdown_timeout))
+        await super().shutdown(sockets)
+        if drain.done() and not drain.cancelled() and drain.exception() is None and drain.result():
+            logger.warning("ended %d requests still running after the %g s drain", drain.result(),
+                           self.shutdown_timeout)
+
+
+def make_server(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *, generation_config: str = "auto",
+                **uvicorn_kwargs):
+    """A uvicorn server for ``build_app(engine, frontend, generation_config=...)`` that drains on shutdown
+    (``FrontendArgs.shutdown_timeout``); ``uvicorn_kwargs`` go to ``uvicorn.Config`` (host, port, log_level, ...)."""
+    frontend = frontend or FrontendArgs()
+    config = uvicorn.Config(build_app(engine, frontend, generation_config=generation_config), lifespan="on",
+                            timeout_graceful_shutdown=math.ceil(frontend.shutdown_timeout) + 5, **uvicorn_kwargs)
+    return DrainingServer(config, engine, frontend.shutdown_timeout)
+
+
+def run_server(engine: AsyncLLMEngine, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+               frontend: FrontendArgs | None = None, generation_config: str = "auto") -> None:
+    """Serve ``engine`` with uvicorn until interrupted (SIGTERM / Ctrl-C drain it first: ``FrontendArgs``)."""
+    make_server(engine, frontend, generation_config=generation_config, host=host, port=port,
+                log_level=log_level).run()

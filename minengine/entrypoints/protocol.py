@@ -3,18 +3,23 @@
 Fields follow OpenAI's API plus vLLM's extensions (``top_k``, ``min_p``, ``repetition_penalty``, ``ignore_eos``,
 ``min_tokens``, ``stop_token_ids``, ``include_stop_str_in_output``, ``priority``, ...). Unknown fields are
 ignored (as vLLM). Type errors are pydantic's; value ranges are checked by ``SamplingParams``, so both kinds
-of bad input become a 400 that names the field.
+of bad input become a 400 that names the field. Token ids are strict JSON integers (``true`` is not id 1).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from http import HTTPStatus
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from minengine.exceptions import VLLMValidationError
 from minengine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+# A token id is a JSON integer: strict, so `true` is refused instead of read as id 1 (and 5.0 or "5" as 5).
+TokenId = StrictInt
 
 
 class OpenAIError(Exception):
@@ -24,10 +29,33 @@ class OpenAIError(Exception):
                  type_: str | None = None):
         super().__init__(message)
         self.message, self.status_code, self.param = message, status_code, param
-        self.type = type_ or {400: "BadRequestError", 404: "NotFoundError"}.get(status_code, "InternalServerError")
+        self.type = type_ or error_type(status_code)
 
     def body(self) -> dict:
         return error_body(self.message, self.status_code, self.param, self.type)
+
+    @classmethod
+    def of(cls, exc: ValueError, param: str | None = None) -> OpenAIError:
+        """A 400 for a validation error: its ``parameter`` (a ``VLLMValidationError``'s), else ``param``, else the
+        message's first word (minengine's messages start with the field's name)."""
+        message = exc.message if isinstance(exc, VLLMValidationError) else str(exc)
+        name = getattr(exc, "parameter", None) or param or message.split(" ", 1)[0].strip(":,")
+        return cls(message, param=name)
+
+
+def error_type(status_code: int) -> str:
+    """OpenAI's error ``type`` for a status: "BadRequestError" (400), "NotFoundError" (404), ...; otherwise the
+    HTTP reason phrase (as vLLM), "InternalServerError" for 5xx."""
+    known = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 413: "RequestTooLargeError",
+             503: "ServiceUnavailableError"}
+    if status_code in known:
+        return known[status_code]
+    if status_code >= 500:
+        return "InternalServerError"
+    try:
+        return HTTPStatus(status_code).phrase.replace(" ", "") + "Error"
+    except ValueError:
+        return "BadRequestError"
 
 
 def error_body(message: str, code: int, param: str | None = None, type_: str = "BadRequestError") -> dict:
@@ -61,7 +89,7 @@ class _SamplingFields(BaseModel):
     min_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     skip_special_tokens: bool = True
@@ -71,7 +99,7 @@ class _SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     logit_bias: dict[str, float] | None = None
-    allowed_token_ids: list[int] | None = None
+    allowed_token_ids: list[TokenId] | None = None
     bad_words: list[str] | None = None
     # structured outputs: OpenAI's response_format, or vLLM's structured_outputs (not both)
     response_format: dict[str, Any] | None = None
@@ -155,14 +183,14 @@ class _SamplingFields(BaseModel):
                 spaces_between_special_tokens=self.spaces_between_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output, output_kind=kind, **fields)
         except ValueError as exc:
-            raise OpenAIError(str(exc), param=str(exc).split(" ", 1)[0]) from exc
+            raise OpenAIError.of(exc) from exc
 
 
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of token ids or a list of
     lists of token ids (a batch); ``logprobs`` is the number of top alternatives (0..20)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = 16
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
@@ -239,7 +267,7 @@ class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
