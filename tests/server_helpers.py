@@ -11,7 +11,8 @@ import httpx
 
 from minengine import LLMEngine
 from minengine.entrypoints.async_engine import AsyncLLMEngine
-from minengine.entrypoints.openai_server import build_app
+from minengine.entrypoints.cli_args import FrontendArgs
+from minengine.entrypoints.openai_server import make_server
 
 SERVER_CONFIG = dict(max_model_len=512, num_kv_blocks=256, max_num_batched_tokens=256, max_num_seqs=64)
 
@@ -28,16 +29,12 @@ class RunningServer:
     """A uvicorn server in a background thread. ``url`` is its base URL; ``engine`` the ``LLMEngine`` behind
     it (read it only while the server is idle: the engine loop owns it)."""
 
-    def __init__(self, engine: LLMEngine, app_options: dict | None = None, **async_kwargs):
-        import uvicorn
-
+    def __init__(self, engine: LLMEngine, frontend: FrontendArgs | None = None, **async_kwargs):
         self.async_engine = AsyncLLMEngine(engine, **async_kwargs)
         self.engine = engine
         self._sock = free_socket()
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(build_app(self.async_engine, **(app_options or {})), log_level="warning",
-                                lifespan="on")
-        self._server = uvicorn.Server(config)
+        self._server = make_server(self.async_engine, frontend, log_level="warning")
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
 
     def start(self, timeout: float = 30.0) -> RunningServer:
@@ -67,10 +64,10 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def running_server(model: str, app_options: dict | None = None, **config):
-    """``with running_server(model, max_model_len=...) as server:`` a fresh engine served on a free port
-    (``app_options``: ``build_app``'s keywords: api keys, chat template...)."""
-    server = RunningServer(LLMEngine.from_config(model=model, **{**SERVER_CONFIG, **config}), app_options).start()
+def running_server(model: str, frontend: FrontendArgs | None = None, **config):
+    """``with running_server(model, max_model_len=...) as server:`` a fresh engine served on a free port (with the
+    server settings of ``frontend``: api keys, chat template, limits...)."""
+    server = RunningServer(LLMEngine.from_config(model=model, **{**SERVER_CONFIG, **config}), frontend).start()
     try:
         yield server
     finally:

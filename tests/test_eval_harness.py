@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from minengine import LLM, SamplingParams, TokensPrompt
+from minengine.entrypoints.cli_args import FrontendArgs
 from tests.server_helpers import SERVER_CONFIG, running_server
 
 TIMEOUT = 60.0
@@ -26,7 +27,7 @@ PAIRS = [("ROMEO:\nBut soft, what light", " through yonder window breaks"),
 
 @pytest.fixture(scope="module")
 def server(bundled_model):
-    with running_server(bundled_model, app_options={"enable_tokenizer_info_endpoint": True}) as s:
+    with running_server(bundled_model, FrontendArgs(enable_tokenizer_info_endpoint=True)) as s:
         yield s
 
 

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from minengine.entrypoints.chat_utils import load_chat_template, render_chat
+from minengine.entrypoints.cli_args import FrontendArgs
 from tests.server_helpers import running_server
 
 TIMEOUT = 60.0
@@ -30,7 +31,7 @@ def test_ping_and_model_retrieval(bundled_model):
 
 
 def test_api_key_guards_the_v1_routes_only(bundled_model):
-    with running_server(bundled_model, app_options={"api_keys": ["s3cret", "other"]}) as s:
+    with running_server(bundled_model, FrontendArgs(api_key=["s3cret", "other"])) as s:
         body = {"prompt": "ROMEO:", "max_tokens": 2}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
                         {"Authorization": "Basic s3cret"}):
@@ -64,8 +65,8 @@ def test_chat_template_is_the_servers_default(bundled_model, tmp_path):
     with pytest.raises(ValueError, match="chat-template"):
         load_chat_template(str(tmp_path / "missing.jinja"))
     messages = [{"role": "user", "content": "Good morrow."}]
-    with running_server(bundled_model, app_options={"chat_template": template,
-                                                    "enable_tokenizer_info_endpoint": True}) as s:
+    with running_server(bundled_model, FrontendArgs(chat_template=template,
+                                                    enable_tokenizer_info_endpoint=True)) as s:
         tok = s.engine.tokenizer
         text, ids = render_chat(tok, messages, TEMPLATE)
         assert text == "<<user>> Good morrow.\n"

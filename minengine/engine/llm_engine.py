@@ -354,8 +354,7 @@ class LLMEngine:
             del self._detok[request.request_id]
         self.output_processor.abort([r.request_id for r in aborted])
         if self.log_stats:
-            self.stat_logger.record_finished(
-                (self.request_metrics[r.request_id], r.sampling_params.max_tokens, r.request_id) for r in aborted)
+            self._record_finished(aborted)
             self._record_state()
 
     def has_unfinished_requests(self) -> bool:
@@ -676,15 +675,20 @@ class LLMEngine:
         if not self.log_stats:
             return
         self.stat_logger.record_step(trace, got_token, self.request_metrics, num_new_tokens)
-        for r in finished:  # one request's statistics failing must not cost the others theirs
+        self._record_finished(finished)
+        # Without finished requests no block was freed after scheduling: the trace's count is still exact.
+        self._record_state(trace.num_cached_free_blocks if trace is not None and not finished else None)
+
+    def _record_finished(self, finished: list[Request]) -> None:
+        """The Prometheus series of finished requests, one at a time: one request's statistics failing is logged
+        and counted (``num_bookkeeping_errors``) and costs neither the others theirs nor anyone an output."""
+        for r in finished:
             try:
                 self.stat_logger.record_finished(
                     [(self.request_metrics[r.request_id], r.sampling_params.max_tokens, r.request_id)])
             except Exception:
                 self.num_bookkeeping_errors += 1
                 logger.exception("request %r: recording its statistics failed", r.request_id)
-        # Without finished requests no block was freed after scheduling: the trace's count is still exact.
-        self._record_state(trace.num_cached_free_blocks if trace is not None and not finished else None)
 
     def _record_state(self, num_cached_free_blocks: int | None = None) -> None:
         """Queue and pool gauges. ``num_cached_free_blocks`` saves a scan of the free queue when the caller

@@ -629,8 +629,8 @@ def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
         await engine.shutdown_async()
         serving.tokenizer.shutdown()
 
-    app = FastAPI(title="minengine", version=minengine.__version__, lifespan=lifespan,
-                  max_body_size=serving.frontend.max_request_body_bytes)
+    app = FastAPI(title="minengine", version=minengine.__version__, lifespan=lifespan)
+    limit = serving.frontend.max_request_body_bytes
     app.state.serving = serving
 
     @app.exception_handler(OpenAIError)
@@ -638,12 +638,8 @@ def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
         return JSONResponse(exc.body(), status_code=exc.status_code)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):  # unknown route, wrong method, body too large
-        message = str(exc.detail)
-        if exc.status_code == 413:
-            message = (f"the request body is larger than the server's limit of "
-                       f"{serving.frontend.max_request_body_bytes} bytes (--max-request-body-bytes)")
-        return JSONResponse(error_body(message, exc.status_code, type_=error_type(exc.status_code)),
+    async def http_error(_: Request, exc: StarletteHTTPException):  # unknown route, wrong method
+        return JSONResponse(error_body(str(exc.detail), exc.status_code, type_=error_type(exc.status_code)),
                             status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
@@ -700,19 +696,19 @@ def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
     # errors become OpenAI 400s, and a large body is parsed off the event loop.
     @app.post("/v1/completions")
     async def completions(raw: Request):
-        return await serving.completions(await read_body(raw, CompletionRequest), raw)
+        return await serving.completions(await read_body(raw, CompletionRequest, limit), raw)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw: Request):
-        return await serving.chat_completions(await read_body(raw, ChatCompletionRequest), raw)
+        return await serving.chat_completions(await read_body(raw, ChatCompletionRequest, limit), raw)
 
     @app.post("/tokenize")
     async def tokenize(raw: Request):
-        return await serving.tokenize(await read_body(raw, TokenizeRequest))
+        return await serving.tokenize(await read_body(raw, TokenizeRequest, limit))
 
     @app.post("/detokenize")
     async def detokenize(raw: Request):
-        return await serving.detokenize(await read_body(raw, DetokenizeRequest))
+        return await serving.detokenize(await read_body(raw, DetokenizeRequest, limit))
 
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache():

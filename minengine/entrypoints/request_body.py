@@ -1,10 +1,11 @@
 """Reading a request's JSON body into its pydantic model, with an OpenAI error for everything that can be wrong.
 
-In order: the byte limit (``FrontendArgs.max_request_body_bytes``, enforced by FastAPI's ``max_body_size`` while
-the body arrives: 413), UTF-8 (400 naming the byte), JSON syntax (400 with line and column), nesting (Python's
-JSON parser recurses: a body nested deeper than about 1,000 levels is a 400, not a ``RecursionError``), a JSON
-object at the top, then the model's fields (400 naming the first bad field). A large body is decoded and parsed
-in a worker thread, so the event loop keeps answering other clients (``/health``) meanwhile.
+In order: the byte limit (``FrontendArgs.max_request_body_bytes``: 413, from the ``Content-Length`` header
+before anything is read, else as soon as the bytes received pass it), UTF-8 (400 naming the byte), JSON syntax
+(400 with line and column), nesting (Python's JSON parser recurses: a body nested deeper than about 1,000 levels
+is a 400, not a ``RecursionError``), a JSON object at the top, then the model's fields (400 naming the first bad
+field). A large body is decoded and parsed in a worker thread, so the event loop keeps answering other clients
+(``/health``) meanwhile.
 """
 
 from __future__ import annotations
@@ -74,13 +75,36 @@ def to_model(value: object, model: type[Model]) -> Model:
         raise OpenAIError("the request body nests too deeply") from None
 
 
-async def read_body(raw: Request, model: type[Model]) -> Model:
-    """The request's body as ``model`` (see the module docstring for the checks and their order).
+async def read_bytes(raw: Request, limit: int) -> bytes:
+    """The request's body, at most ``limit`` bytes.
 
     Raises:
-        OpenAIError: 400 as ``parse_json`` and ``to_model``; FastAPI's 413 ``HTTPException`` past the byte limit.
+        OpenAIError: 413 past the limit (by its ``Content-Length``, or while it arrives).
     """
-    body = await raw.body()
+    def too_large() -> OpenAIError:
+        return OpenAIError(f"the request body is larger than the server's limit of {limit} bytes "
+                           "(--max-request-body-bytes)", 413)
+
+    declared = raw.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large()
+    chunks, size = [], 0
+    async for chunk in raw.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_body(raw: Request, model: type[Model], limit: int) -> Model:
+    """The request's body as ``model``, read up to ``limit`` bytes (see the module docstring for the checks and
+    their order).
+
+    Raises:
+        OpenAIError: 413 past the byte limit; 400 as ``parse_json`` and ``to_model``.
+    """
+    body = await read_bytes(raw, limit)
     if len(body) <= THREAD_ABOVE_BYTES:
         return to_model(parse_json(body), model)
     return await asyncio.to_thread(lambda: to_model(parse_json(body), model))
