@@ -49,7 +49,7 @@ def test_validation_error_is_vllms_name_and_a_value_error():
 # ---- (a) every integer and float field against its real range -----------------------------------------------
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(n=10**400), "n"), (dict(n=2**16 + 1), "n"), (dict(seed=2**64), "seed"), (dict(seed=-1), "seed"),
+    (dict(n=10**400), "n"), (dict(n=2**16 + 1), "n"), (dict(seed=2**64), "seed"), (dict(seed=-2), "seed"),
     (dict(max_tokens=0), "max_tokens"), (dict(top_k=-2), "top_k"), (dict(temperature=math.inf), "temperature"),
     (dict(stop=["ok", "a\ud800"]), "stop"), (dict(stop_token_ids=[True]), "stop_token_ids"),
     (dict(stop=[[[[[[[[["deep"]]]]]]]]]), "stop"), (dict(min_tokens=5, max_tokens=2), "min_tokens"),
@@ -195,7 +195,7 @@ def test_a_failing_statistic_after_the_commit_loses_no_output(bundled_model, mon
 
     def failing(finished):
         finished = list(finished)
-        if any(m.num_prompt_tokens == 3 for m, _ in finished):
+        if any(m.num_prompt_tokens == 3 for m, *_ in finished):
             raise OverflowError("int too large to convert to float")
         record(finished)
 
