@@ -40,6 +40,18 @@ def check_unicode(text: str, field: str) -> None:
                                   parameter=re.split(r"[.\[ ]", field, maxsplit=1)[0]) from None
 
 
+def as_float(value) -> float | None:
+    """``value`` as a Python float when it is a real number (an int or a float, not a bool) that a float can hold,
+    else None: an integer beyond about 1.8e308 (a legal JSON or Python integer such as 10**400) is None rather
+    than the ``OverflowError`` that ``float()`` and ``math.isfinite`` raise for it. NaN and inf pass through."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return float(value)
+    except OverflowError:
+        return None
+
+
 def token_ids(values) -> list:
     """``values`` as a list, its numpy (or other ``numbers.Integral``) integers turned into Python ints; bools and
     anything else are left as they are, for the caller's check to refuse. A 1-D numpy array or torch tensor is

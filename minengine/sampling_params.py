@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from minengine.exceptions import VLLMValidationError, show
-from minengine.inputs import check_unicode, token_ids
+from minengine.inputs import as_float, check_unicode, token_ids
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold under which a temperature means greedy
 MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs``: most top alternatives returned per position
@@ -83,6 +83,8 @@ class StructuredOutputsParams:
             _invalid(f"structured_outputs.{kind}", f"structured_outputs.{kind} must be {want}, got {show(value)}")
         if kind == "choice":
             self.choice = list(value)
+        for i, text in enumerate(value if kind == "choice" else [value] if isinstance(value, str) else []):
+            check_unicode(text, f"structured_outputs.{kind}" + (f"[{i}]" if kind == "choice" else ""))
         for name in ("disable_any_whitespace", "disable_additional_properties"):
             if not isinstance(getattr(self, name), bool):
                 _invalid(f"structured_outputs.{name}",
@@ -123,7 +125,9 @@ def _invalid(parameter: str, message: str):
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite real number (an integer too large for a float is not: it would overflow in the sampler)."""
+    f = as_float(x)
+    return f is not None and math.isfinite(f)
 
 
 @dataclass(kw_only=True)
@@ -268,6 +272,10 @@ class SamplingParams:
             _invalid("top_k", f"top_k must be 0 or -1 (all tokens) or >= 1, got {show(self.top_k)}")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             _invalid("min_p", f"min_p must be in [0, 1], got {show(self.min_p)}")
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p", "min_p"):
+            # as floats (vLLM's types): the sampler divides tensors by them, and an int beyond 64 bits (a
+            # temperature of 2**64) would overflow there, after the request was admitted
+            setattr(self, name, float(getattr(self, name)))
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             _invalid("max_tokens", f"max_tokens must be an integer >= 1 or None, got {show(self.max_tokens)}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
@@ -319,6 +327,8 @@ class SamplingParams:
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple))
                                            or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)):
             _invalid("bad_words", f"bad_words must be a list of non-empty strings, got {show(self.bad_words)}")
+        for i, w in enumerate(self.bad_words or ()):
+            check_unicode(w, f"bad_words[{i}]")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             _invalid("extra_args", f"extra_args must be a dict or None, got {show(self.extra_args)}")
 

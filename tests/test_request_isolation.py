@@ -6,6 +6,7 @@ a step that is rolled back counts once everywhere; numpy ids are token ids; prom
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import numpy as np
@@ -125,6 +126,50 @@ def test_any_integer_is_accepted_and_served_or_refused_at_the_door(engine, n, se
     outs = drain(engine)
     assert outs["p"].finished and engine.num_bookkeeping_errors == 0
     assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+
+
+# Numbers at the edges of every representation: beyond a float (10**400), 64-bit, 32-bit, NaN, inf.
+EDGE_NUMBERS = st.one_of(st.sampled_from([10**400, -10**400, 2**64, 2**63, -2**63 - 1, 2**31, -1, 0, 1, 2, 0.5,
+                                          math.nan, math.inf, -math.inf, 1e308, -1e-300]),
+                         st.integers(-2**70, 2**70), st.floats())
+NUMERIC_PARAMS = sorted(f.name for f in dataclasses.fields(SamplingParams)
+                        if f.type in ("int", "float", "int | None", "float | None"))
+
+
+@given(fields=st.dictionaries(st.sampled_from(NUMERIC_PARAMS), EDGE_NUMBERS, min_size=1, max_size=3),
+       request=st.dictionaries(st.sampled_from(["priority", "deadline", "arrival_time"]), EDGE_NUMBERS, max_size=2),
+       bias=st.one_of(st.none(), EDGE_NUMBERS))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_number_in_any_numeric_field_is_served_or_refused_at_the_door(engine, fields, request, bias):
+    """The property over every numeric field of SamplingParams (found from its annotations, so a new field is
+    covered), add_request's priority / deadline / arrival_time and a logit_bias value: a VLLMValidationError
+    naming a field, or the request served to the end. 10**400 was an OverflowError (float fields, logit_bias,
+    deadline, arrival_time) and a 1,329-bit priority was accepted."""
+    fields = {**fields, "max_tokens": 2} if "max_tokens" not in fields else fields
+    if bias is not None:
+        fields["logit_bias"] = {5: bias}
+    try:
+        params = SamplingParams(**fields)
+        if params.n > 2 or params.max_tokens is None or params.max_tokens > 4:
+            return  # in range, and served like any value; not worth the time here
+        engine.add_request("p", {"prompt_token_ids": [5, 6, 7]}, params, **request)
+    except VLLMValidationError as exc:
+        assert exc.parameter in {*fields, *request}, exc
+        assert not engine.has_unfinished_requests()
+        return
+    outs = drain(engine)
+    assert outs["p"].finished and engine.num_bookkeeping_errors == 0
+    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks
+
+
+@pytest.mark.parametrize("kwargs", [dict(bad_words=["ok", "a\ud800"]), dict(structured_outputs={"regex": "a\ud800"}),
+                                    dict(structured_outputs={"choice": ["yes", "n\udc80o"]}),
+                                    dict(structured_outputs={"grammar": 'root ::= "\ud800"'})])
+def test_lone_surrogates_are_refused_in_every_text_field(engine, kwargs):
+    """As in stop strings and prompts: bad_words and grammar texts were a TypeError or a bare codec error."""
+    with pytest.raises(VLLMValidationError, match="lone surrogate") as info:
+        engine.add_request("s", "ROMEO:", SamplingParams(max_tokens=2, **kwargs))
+    assert info.value.parameter == next(iter(kwargs)) and not engine.has_unfinished_requests()
 
 
 # ---- numpy ids, nested prompts ------------------------------------------------------------------------------

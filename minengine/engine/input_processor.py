@@ -17,7 +17,7 @@ from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import cdiv
 from minengine.engine.parallel_sampling import RequestGroup, child_request_id, child_sampling_params
 from minengine.exceptions import VLLMValidationError, show
-from minengine.inputs import check_unicode, token_ids
+from minengine.inputs import as_float, check_unicode, token_ids
 from minengine.request import Request
 from minengine.sampling_params import SamplingParams
 from minengine.timing.clocks import Clock
@@ -134,35 +134,35 @@ class InputProcessor:
         Raises:
             VLLMValidationError: (a ``ValueError``) naming the field: ``request_id`` (duplicate), ``prompt``
                 (empty, longer than ``max_model_len``, needing more blocks than ``num_kv_blocks``, not valid
-                Unicode), ``sampling_params``, ``stop_token_ids`` (beyond the vocabulary), ``priority`` (not an
-                integer), ``deadline`` (not a number), ``arrival_time`` (not a finite number, or later than the
-                engine clock's now; a wall-clock time as vLLM takes, ``time.time()``, is first mapped onto the
-                engine clock: ``wall_to_engine_clock``), the logits-processing fields (``_check_logits_processing``).
+                Unicode), ``sampling_params``, ``stop_token_ids`` (beyond the vocabulary), ``priority`` (not a
+                64-bit integer), ``deadline`` (not a number a float holds), ``arrival_time`` (not a finite number,
+                or later than the engine clock's now; a wall-clock time as vLLM takes, ``time.time()``, is first
+                mapped onto the engine clock: ``wall_to_engine_clock``), the logits-processing fields
+                (``_check_logits_processing``).
         """
         if not isinstance(request_id, str) or not request_id:
-            raise VLLMValidationError(f"request_id must be a non-empty string, got {show(request_id)}")
+            _invalid("request_id", f"request_id must be a non-empty string, got {show(request_id)}")
         if self.request_id_in_use(request_id):
-            raise VLLMValidationError(f"request_id {show(request_id)} is already in use by an unfinished request")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise VLLMValidationError(f"priority must be an integer, got {show(priority)}")
-        if deadline is not None and (not isinstance(deadline, (int, float)) or isinstance(deadline, bool)
-                                     or deadline != deadline):
-            raise VLLMValidationError(f"deadline must be a number (engine-clock seconds) or None, "
-                                      f"got {show(deadline)}")
+            _invalid("request_id", f"request_id {show(request_id)} is already in use by an unfinished request")
+        if not isinstance(priority, int) or isinstance(priority, bool) or not -2**63 <= priority < 2**63:
+            _invalid("priority", f"priority must be an integer in [-2**63, 2**63) (64 bits), got {show(priority)}")
+        if deadline is not None and (as_float(deadline) is None or deadline != deadline):
+            _invalid("deadline", f"deadline must be a number (engine-clock seconds; inf = none) or None, "
+                     f"got {show(deadline)}")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise VLLMValidationError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            _invalid("sampling_params", f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.verify()
         if params.n != 1:
-            raise VLLMValidationError(f"make_request takes n == 1 (got n={params.n}); use make_requests or add_request")
+            _invalid("n", f"make_request takes n == 1 (got n={params.n}); use make_requests or add_request")
         if params.stop and self.tokenizer is None:
-            raise VLLMValidationError("stop strings need a tokenizer; use stop_token_ids with a model without one")
+            _invalid("stop", "stop strings need a tokenizer; use stop_token_ids with a model without one")
         text, ids = self.prompt_to_token_ids(prompt)
         cfg = self.config
         if not ids:
-            raise VLLMValidationError("prompt is empty: it must have at least 1 token")
+            _invalid("prompt", "prompt is empty: it must have at least 1 token")
         if len(ids) > cfg.max_model_len:
-            raise VLLMValidationError(f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
+            _invalid("prompt", f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
         params = params.clone()
         # None: as many as fit (vLLM); more than fit: clamped, as vLLM's offline LLM stops such a request at
         # max_model_len anyway. Either way max_tokens is then a real bound (no 10**400 reaches the statistics).
@@ -171,8 +171,8 @@ class InputProcessor:
             params.max_tokens = fits
             params.min_tokens = min(params.min_tokens, params.max_tokens)
         if any(t >= self.vocab_size for t in params.stop_token_ids):
-            raise VLLMValidationError(f"stop_token_ids must be below the vocabulary size ({self.vocab_size}), got "
-                                      f"{show(params.stop_token_ids)}", parameter="stop_token_ids")
+            _invalid("stop_token_ids", f"stop_token_ids must be below the vocabulary size ({self.vocab_size}), got "
+                     f"{show(params.stop_token_ids)}")
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.eos_token_id is not None:
             stop_ids.add(self.eos_token_id)
@@ -181,19 +181,18 @@ class InputProcessor:
         # preempt itself forever.
         max_len = min(len(ids) + params.max_tokens, cfg.max_model_len)
         if cdiv(max_len, cfg.block_size) > self.num_kv_blocks:
-            raise VLLMValidationError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
-                                      f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
-                                      f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
-        if arrival_time is not None and (not isinstance(arrival_time, (int, float)) or isinstance(arrival_time, bool)
-                                         or not math.isfinite(arrival_time)):
-            raise VLLMValidationError(f"arrival_time must be a finite number (engine-clock seconds) or None, "
-                                      f"got {show(arrival_time)}")
+            _invalid("prompt", f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
+                     f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
+                     f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
+        if arrival_time is not None and (as_float(arrival_time) is None or not math.isfinite(arrival_time)):
+            _invalid("arrival_time", f"arrival_time must be a finite number (engine-clock seconds) or None, "
+                     f"got {show(arrival_time)}")
         now = self.clock()
         if arrival_time is not None:
             arrival_time = wall_to_engine_clock(float(arrival_time), now)
         if arrival_time is not None and arrival_time > now:
-            raise VLLMValidationError(f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): a "
-                                      "request cannot arrive in the future (TTFT would be negative)")
+            _invalid("arrival_time", f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): "
+                     "a request cannot arrive in the future (TTFT would be negative)")
         arrival = now if arrival_time is None else float(arrival_time)
         grammar_state = self._check_logits_processing(params)
         request = Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
@@ -264,15 +263,15 @@ class InputProcessor:
         ``ValueError`` as ``make_request``."""
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
-            raise VLLMValidationError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+            _invalid("sampling_params", f"sampling_params must be a SamplingParams, got {type(params).__name__}")
         params.verify()
         if params.n == 1:
             return RequestGroup(request_id, params, [self.make_request(request_id, prompt, params, arrival_time,
                                                                        priority, deadline)])
         if not isinstance(request_id, str) or not request_id:
-            raise VLLMValidationError(f"request_id must be a non-empty string, got {show(request_id)}")
+            _invalid("request_id", f"request_id must be a non-empty string, got {show(request_id)}")
         if self.request_id_in_use(request_id):
-            raise VLLMValidationError(f"request_id {show(request_id)} is already in use by an unfinished request")
+            _invalid("request_id", f"request_id {show(request_id)} is already in use by an unfinished request")
         first = self.make_request(child_request_id(request_id, 0), prompt, child_sampling_params(params, 0),
                                   arrival_time, priority, deadline)
         tokenized = {"prompt_token_ids": first.prompt_token_ids, "prompt": first.prompt}  # tokenize once
