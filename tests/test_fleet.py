@@ -32,13 +32,18 @@ from minengine.fleet import (
     FleetConfig,
     FleetSimulator,
     KVLink,
+    KVStore,
+    KVStoreConfig,
     PercentileSLO,
     ReplicaSpec,
+    infinite_cache_hits,
     kv_pool_blocks,
     simulate,
     synthetic_prompt_ids,
     token_free_engine,
 )
+from minengine.fleet.kv_store import DRAM, SSD
+from minengine.fleet.request import prompt_block_hashes
 from minengine.outputs import RequestMetrics
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
@@ -212,7 +217,12 @@ fleets = st.fixed_dictionaries({
                                                                                   "round-robin"]),
     "mode": st.sampled_from(["recompute", "swap"]), "prefix": st.booleans(), "budget": st.sampled_from([32, 128, 512]),
     "link": st.sampled_from(sorted(LINKS)), "seed": st.integers(0, 3),
+    "store": st.sampled_from([None, "dram", "ssd", "nodes"]),
 })
+STORES = {None: None, "dram": KVStoreConfig(dram_bytes_per_node=8 * 16 * LLAMA_3_8B.kv_bytes_per_token),
+          "ssd": KVStoreConfig(dram_bytes_per_node=4 * 16 * LLAMA_3_8B.kv_bytes_per_token,
+                               ssd_bytes_per_node=16 * 16 * LLAMA_3_8B.kv_bytes_per_token),
+          "nodes": KVStoreConfig(gpus_per_node=1)}
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -221,7 +231,8 @@ def test_conservation_on_random_fleets(f, n, trace_seed):
     trace = make_trace(n, seed=trace_seed, rate=50.0, max_prompt=200, max_output=30)
     common = dict(router=f["router"], decode_router=f["decode_router"], scheduling_policy=f["policy"],
                   preemption_mode=f["mode"], enable_prefix_caching=f["prefix"], max_num_batched_tokens=f["budget"],
-                  link=f["link"], seed=f["seed"], max_num_seqs=8, max_model_len=2048)
+                  link=f["link"], seed=f["seed"], max_num_seqs=8, max_model_len=2048,
+                  kv_store=STORES[f["store"]] if f["prefix"] else None)
     if f["disaggregated"]:
         replicas = (ReplicaSpec("prefill", num_kv_blocks=f["blocks"]),) * f["n1"] + \
                    (ReplicaSpec("decode", num_kv_blocks=f["blocks"]),) * f["n2"]
@@ -240,6 +251,12 @@ def test_conservation_on_random_fleets(f, n, trace_seed):
         assert replica.engine.kv_cache_manager.num_free_blocks == replica.num_kv_blocks
         assert replica.engine.scheduler.swap_space.num_used_blocks == 0
         assert (replica.outstanding_requests, replica.outstanding_tokens, replica.kv_load) == (0, 0, 0.0)
+        assert replica.queued_prefill_tokens == 0
+    if result.store is not None:  # every load was judged at its request's admission; capacities held
+        s = result.store
+        assert s.used_blocks + s.wasted_blocks == s.loaded_blocks and sim.store.loads_in_flight == 0
+        assert s.peak_dram_blocks <= s.num_nodes * s.dram_capacity_blocks
+        assert s.peak_ssd_blocks <= s.num_nodes * s.ssd_capacity_blocks
 
 
 def test_deterministic_for_a_seed():
@@ -519,3 +536,338 @@ def test_mooncake_window_prefix_sharing_reaches_the_router():
         for replica in sim.replicas:
             assert replica.engine.kv_cache_manager.num_free_blocks == replica.num_kv_blocks
     assert results["prefix-aware"].prefix_hit_rate > results["round-robin"].prefix_hit_rate > 0
+
+
+# ---- the fleet's KV store (Mooncake Store) -----------------------------------------------------------------------
+BS = 16
+BLOCK_BYTES = BS * LLAMA_3_8B.kv_bytes_per_token  # 2 MiB per block of Llama-3-8B
+
+
+def make_store(dram_blocks: int, ssd_blocks: int = 0, replica_gpus=(1,), gpus_per_node: int = 8, **fields):
+    cfg = KVStoreConfig(dram_bytes_per_node=dram_blocks * BLOCK_BYTES, ssd_bytes_per_node=ssd_blocks * BLOCK_BYTES,
+                        gpus_per_node=gpus_per_node, **fields)
+    return KVStore(cfg, BS, BLOCK_BYTES, list(replica_gpus), [64e9] * len(replica_gpus))
+
+
+class ReferenceLRU:
+    """The eviction rule written the plainest way: per node, a DRAM list and an SSD list, least recent first."""
+
+    def __init__(self, num_nodes: int, dram: int, ssd: int):
+        self.dram = [[] for _ in range(num_nodes)]
+        self.ssd = [[] for _ in range(num_nodes)]
+        self.cap, self.ssd_cap = dram, ssd
+
+    def node_of(self, h):
+        for n in range(len(self.dram)):
+            if h in self.dram[n] or h in self.ssd[n]:
+                return n
+        return None
+
+    def insert(self, node, h):
+        self.dram[node].append(h)
+        if len(self.dram[node]) > self.cap:
+            victim = self.dram[node].pop(0)
+            if self.ssd_cap:
+                self.ssd[node].append(victim)
+                if len(self.ssd[node]) > self.ssd_cap:
+                    self.ssd[node].pop(0)
+
+    def use(self, h):
+        node = self.node_of(h)
+        if h in self.ssd[node]:
+            self.ssd[node].remove(h)
+            self.insert(node, h)
+        else:
+            self.dram[node].remove(h)
+            self.dram[node].append(h)
+
+
+store_ops = st.lists(st.tuples(st.sampled_from(["write", "load"]), st.integers(0, 2),
+                               st.lists(st.integers(0, 11), min_size=1, max_size=5)), min_size=1, max_size=40)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops=store_ops, dram=st.integers(1, 4), ssd=st.integers(0, 3), gpus_per_node=st.integers(1, 3))
+def test_store_capacity_and_lru_order_match_a_reference(ops, dram, ssd, gpus_per_node):
+    """Random writes and loads from 3 replicas: after every operation each node holds exactly what a plain LRU
+    list model holds, in the same order, and never more than its DRAM / SSD capacity."""
+    store = make_store(dram, ssd, replica_gpus=(1, 1, 1), gpus_per_node=gpus_per_node)
+    ref = ReferenceLRU(store.num_nodes, dram, ssd)
+    keys = [bytes([k]) * 32 for k in range(12)]
+    t = 0.0
+    for kind, replica, ids in ops:
+        t += 1.0
+        hashes = [keys[i] for i in dict.fromkeys(ids)]
+        if kind == "write":
+            store.write(replica, hashes, t)
+            store.advance(t + 0.5)  # the write has landed
+            new = []
+            for h in reversed(hashes):  # tail first; stored blocks are refreshed at once, new ones when written
+                if ref.node_of(h) is None:
+                    new.append(h)
+                else:
+                    ref.use(h)
+            for h in new:
+                if ref.node_of(h) is None:
+                    ref.insert(store.replica_node[replica], h)
+                else:
+                    ref.use(h)
+        else:
+            plan = store.plan_load(replica, hashes, 0, len(hashes), t)
+            n = 0 if plan is None else plan.num_blocks
+            expected = 0
+            while expected < len(hashes) and ref.node_of(hashes[expected]) is not None:
+                expected += 1
+            assert n == expected  # the stored chain from block 0
+            if plan is not None:
+                store.start_load(plan, t)
+                store.load_done()
+                for h in reversed(hashes[:n]):
+                    ref.use(h)
+        for node in range(store.num_nodes):
+            assert store.node_blocks(node, DRAM) == ref.dram[node]
+            assert store.node_blocks(node, SSD) == ref.ssd[node]
+            assert len(ref.dram[node]) <= dram and len(ref.ssd[node]) <= ssd
+        assert len(store) == sum(map(len, ref.dram + ref.ssd))
+        assert store.num_dram == sum(map(len, ref.dram)) and store.num_ssd == sum(map(len, ref.ssd))
+
+
+@settings(max_examples=40, deadline=None)
+@given(prompts=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 70), st.integers(1, 60)), min_size=1,
+                        max_size=12))
+def test_store_chain_lookup_equals_the_engines_prefix_cache(prompts):
+    """Prompts of 4 families (a shared head of up to 70 tokens, then their own tail), computed one after another:
+    the store's hit for each prompt equals the engine's prefix-cache hit (``KVCacheManager.get_computed_blocks``,
+    at most (len - 1) // block_size blocks) and the infinite-cache ideal counts the same tokens."""
+    kv = KVCacheManager(num_blocks=10_000, block_size=BS, enable_prefix_caching=True)
+    store = make_store(10_000)
+    trace, store_hits = [], 0
+    for i, (family, head, tail) in enumerate(prompts):
+        ids = [100 + family] * head + [5000 + i * 100 + k for k in range(tail)]
+        req = Request(f"r{i}", ids, SamplingParams(temperature=0, max_tokens=1), 0.0)
+        blocks, num_hit = kv.get_computed_blocks(req)
+        hashes = prompt_block_hashes(ids, BS)
+        assert store.prefix_blocks(hashes, 0, (len(ids) - 1) // BS, float(i)) * BS == num_hit
+        store_hits += num_hit
+        trace.append(TraceRequest(float(i), len(ids), 1, ids, f"r{i}"))
+        kv.allocate_slots(req, len(ids) - num_hit, blocks)  # "compute" it, index its blocks, free it
+        kv.stage_full_blocks(req, len(ids))
+        kv.commit_staged()
+        kv.free(req)
+        store.write(0, hashes, float(i))
+        store.advance(i + 0.5)
+    assert infinite_cache_hits(trace, BS).hit_tokens == store_hits
+
+
+def conversations(n_conv: int, turns: int, seed: int = 0, rate: float = 4.0, first: int = 600, grow: int = 300,
+                  output: int = 20) -> Trace:
+    """Multi-turn chats: turn k of a conversation re-sends turns 1..k-1 and adds ``grow`` tokens; conversations
+    interleave (Poisson arrivals), so a turn's replica under round-robin is rarely its predecessor's."""
+    rng = random.Random(seed)
+    starts = sorted(rng.uniform(0, n_conv / rate) for _ in range(n_conv))
+    reqs = []
+    for c, t0 in enumerate(starts):
+        ids = [rng.randrange(3, 100_000) for _ in range(first)]
+        t = t0
+        for k in range(turns):
+            reqs.append(TraceRequest(t, len(ids), output, list(ids), f"c{c}-t{k}"))
+            ids = ids + [rng.randrange(3, 100_000) for _ in range(grow)]
+            t += rng.uniform(2.0, 6.0)
+    reqs.sort(key=lambda r: r.arrival_time)
+    return Trace(reqs, source=f"conversations(seed={seed})")
+
+
+def mean_ttft(result) -> float:
+    return sum(m.ttft for m in result.request_metrics.values()) / len(result.request_metrics)
+
+
+def test_store_serves_what_per_replica_caches_miss():
+    """Multi-turn chats on 4 replicas under round-robin: per-replica caches hit only when a turn lands where its
+    predecessor ran; with the store every replica can load the history, so the fleet's hit share rises towards the
+    infinite-cache ideal (never above it), and the mean and P99 TTFT fall. Loads and writes are counted."""
+    trace = conversations(24, 5, seed=11)
+    ideal = infinite_cache_hits(trace, BS).hit_rate
+    cfg = dict(replicas=(ReplicaSpec(num_kv_blocks=4000),) * 4, router="round-robin")
+    alone = simulate(trace, FleetConfig(**cfg))
+    shared = simulate(trace, FleetConfig(kv_store=KVStoreConfig(), **cfg))
+    assert alone.store is None and alone.store_hit_rate == 0
+    assert alone.prefix_hit_rate < 0.6 * ideal
+    assert 0.9 * ideal <= shared.prefix_hit_rate <= ideal
+    assert shared.store_hit_rate > 0 and shared.store.num_loads > 0
+    st_ = shared.store
+    assert st_.loaded_bytes == st_.loaded_blocks * BLOCK_BYTES and st_.written_bytes == st_.written_blocks * BLOCK_BYTES
+    assert st_.used_blocks + st_.wasted_blocks == st_.loaded_blocks
+    assert shared.bytes_moved == st_.loaded_bytes + st_.written_bytes > 0
+    assert mean_ttft(shared) < mean_ttft(alone)
+    assert shared.latency("ttft", 99) < alone.latency("ttft", 99)
+    assert "KV store" in shared.describe() and "KV store" in shared.config.describe()
+
+
+def test_a_load_is_a_prefix_hit_after_link_time():
+    """Two replicas on two nodes: A computes a 20-block prompt on replica 0 and writes it to its node; B (the same
+    prompt + more) goes to replica 1, loads the 20 blocks over InfiniBand (latency + bytes / 50 GB/s) and its engine
+    admits it with those blocks as a prefix hit: its TTFT is the load plus the prefill of the rest on the clock."""
+    a_ids = list(range(1000, 1320))
+    b_ids = a_ids + list(range(5000, 5100))
+    trace = Trace([TraceRequest(0.0, len(a_ids), 2, a_ids, "A"), TraceRequest(5.0, len(b_ids), 2, b_ids, "B")])
+    store = KVStoreConfig(gpus_per_node=1)
+    sim = FleetSimulator(FleetConfig(replicas=(ReplicaSpec(num_kv_blocks=400),) * 2, kv_store=store), trace)
+    result = sim.run()
+    assert result.assignments["B"][0] == 1
+    m = result.request_metrics["B"]
+    assert m.num_cached_tokens == 20 * BS
+    load = LINKS["ib-400g"].transfer_time(20 * BLOCK_BYTES)
+    model = StepCostModel("h100", "llama-3-8b")
+    prefill = model.cost(StepWork.of([(len(b_ids) - 20 * BS, 20 * BS, 1)])).time_s
+    assert m.ttft == pytest.approx(load + prefill, rel=1e-9)
+    s = result.store
+    assert (s.num_loads, s.loaded_blocks, s.remote_blocks, s.used_blocks, s.wasted_blocks) == (1, 20, 20, 20, 0)
+    assert s.written_blocks == 20 + len(b_ids) // BS - 20  # A's blocks, then B's own new ones
+    assert s.load_time_s == pytest.approx(load)
+    # the same on one node: the load crosses the GPU's host link (PCIe, 64 GB/s) instead
+    local = simulate(trace, FleetConfig(replicas=(ReplicaSpec(num_kv_blocks=400),) * 2, kv_store=KVStoreConfig()))
+    assert local.store.remote_blocks == 0
+    assert local.request_metrics["B"].ttft == pytest.approx(20 * BLOCK_BYTES / 64e9 + prefill, rel=1e-9)
+
+
+def test_loads_only_when_cheaper_than_recomputing():
+    """Over a link so slow that every load would take longer than recomputing, the store declines them all and
+    the run is request for request the run without a store (writes cost no GPU time); over a fast link it loads,
+    and each load it started ended before the recompute would have (checked from its counters)."""
+    trace = conversations(10, 4, seed=12)
+    cfg = dict(replicas=(ReplicaSpec(num_kv_blocks=3000),) * 3, router="round-robin")
+    slow_link = KVLink("slow", 1e8)  # 0.1 GB/s: 2 MiB blocks take 21 ms each, far more than their prefill
+    slow = simulate(trace, FleetConfig(kv_store=KVStoreConfig(gpus_per_node=1, link=slow_link), **cfg))
+    alone = simulate(trace, FleetConfig(**cfg))
+    assert slow.store.num_loads == 0 and slow.store.declined_loads > 0
+    assert slow.request_metrics == alone.request_metrics
+    fast = simulate(trace, FleetConfig(kv_store=KVStoreConfig(gpus_per_node=1), **cfg))
+    assert fast.store.num_loads > 0
+    model = StepCostModel("h100", "llama-3-8b")
+    per_block_recompute = model.cost(StepWork.of([(BS, 0, 0)])).compute_time_s  # the cheapest a block can be
+    assert fast.store.load_time_s / fast.store.loaded_blocks < 2048 / BS * per_block_recompute
+
+
+def test_ssd_tier_keeps_what_dram_evicts():
+    """A store whose DRAM holds 30 blocks per node forgets the early turns; with an SSD tier it keeps them, serves
+    more from the store, and the loads that read SSD are counted (and slower: they wait on the SSD's bandwidth)."""
+    trace = conversations(12, 4, seed=13)
+    cfg = dict(replicas=(ReplicaSpec(num_kv_blocks=3000),) * 3, router="round-robin")
+    dram = simulate(trace, FleetConfig(kv_store=KVStoreConfig(dram_bytes_per_node=30 * BLOCK_BYTES), **cfg))
+    ssd = simulate(trace, FleetConfig(kv_store=KVStoreConfig(dram_bytes_per_node=30 * BLOCK_BYTES,
+                                                             ssd_bytes_per_node=2000 * BLOCK_BYTES), **cfg))
+    assert dram.store.dropped_blocks > 0 and dram.store.ssd_blocks == 0
+    assert ssd.store.demoted_blocks > 0 and ssd.store.ssd_blocks > 0 and ssd.store.dropped_blocks == 0
+    assert ssd.store_hit_rate > dram.store_hit_rate
+    assert ssd.store.peak_dram_blocks <= 30 and ssd.store.peak_ssd_blocks <= 2000
+    store = make_store(1, 4)
+    store.write(0, [b"a" * 32], 0.0)
+    store.write(0, [b"b" * 32], 1.0)  # pushes "a" to SSD
+    store.advance(2.0)
+    assert store.tier_of(b"a" * 32) == (0, SSD)
+    seconds, remote, on_ssd = store.load_seconds(0, [b"a" * 32, b"b" * 32])
+    assert (remote, on_ssd) == (0, 1)
+    assert seconds == pytest.approx(BLOCK_BYTES / 7e9 + BLOCK_BYTES / 64e9 + 100e-6)
+
+
+def test_conductor_scores_local_hit_plus_store_hit_minus_queue():
+    """The conductor's estimate, by hand: queue x seconds per prefill token + the prefill of what is not cached,
+    or the load of the stored part (overlapping the queue) + the prefill of the rest; the smallest wins, ties go to
+    the least outstanding tokens."""
+    from minengine.fleet.routers import Conductor
+
+    trace = conversations(8, 4, seed=14)
+    sim = FleetSimulator(FleetConfig(replicas=(ReplicaSpec(num_kv_blocks=3000),) * 3, router="conductor",
+                                     kv_store=KVStoreConfig(gpus_per_node=1)), trace)
+    result = sim.run()
+    assert result.router_counts["num_by_store"] >= 0 and len(result.request_metrics) == len(trace)
+    replica = sim.replicas[0]
+    req = sim.requests[-1]
+    req.release()  # its hashes again, from the trace's ids
+    req.token_ids = trace[req.index].prompt_token_ids
+    conductor = Conductor()
+    t, by_load = conductor.estimate(req, replica, now=1e6)
+    local = replica.local_prefix_blocks(req)
+    stored = replica.store_prefix_blocks(req, local, 1e6)
+    p = req.prompt_len
+    compute = replica.prefill_time_s(p - local * BS, local * BS)  # nothing queued at the end
+    assert replica.queued_prefill_tokens == 0
+    if stored:
+        load = replica.load_seconds(req, local, local + stored, 1e6)
+        alt = load + replica.prefill_time_s(p - (local + stored) * BS, (local + stored) * BS)
+        assert t == min(compute, alt) and by_load == (alt < compute)
+    else:
+        assert t == compute and not by_load
+    # no cache anywhere, idle replicas: the one with the fewest outstanding tokens
+    fresh = FleetSimulator(FleetConfig(replicas=(ReplicaSpec(num_kv_blocks=300),) * 3, router="conductor"),
+                           Trace([TraceRequest(0.0, 50, 5, None, "x")]))
+    fresh.replicas[0].outstanding_tokens = 10
+    assert conductor.select(fresh.requests[0], fresh.replicas) is fresh.replicas[1]
+
+
+def test_prefill_time_is_the_cost_models_chunks():
+    replica = FleetSimulator(FleetConfig.colocated(1, max_num_batched_tokens=512), Trace([])).replicas[0]
+    model = StepCostModel("h100", "llama-3-8b")
+    expected = sum(model.cost(StepWork.of([(n, c, 0)])).time_s for n, c in ((512, 100), (512, 612), (76, 1124)))
+    assert replica.prefill_time_s(1100, 100) == pytest.approx(expected, rel=1e-12)
+    assert replica.prefill_time_s(0, 100) == 0.0
+    assert replica.prefill_seconds_per_token == pytest.approx(model.cost(StepWork.of([(512, 0, 0)])).time_s / 512)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(dram_bytes_per_node=0), "dram_bytes_per_node"), (dict(ssd_bytes_per_node=-1), "ssd_bytes_per_node"),
+    (dict(gpus_per_node=0), "gpus_per_node"), (dict(link="carrier-pigeon"), "KV link"),
+    (dict(ssd_bandwidth=math.inf), "ssd_bandwidth"), (dict(local_bandwidth=0), "local_bandwidth"),
+])
+def test_store_config_rejects_bad_values(fields, match):
+    with pytest.raises(ValueError, match=match):
+        KVStoreConfig(**fields)
+
+
+def test_fleet_config_with_a_store_needs_prefix_caching():
+    with pytest.raises(ValueError, match="enable_prefix_caching"):
+        FleetConfig(kv_store=KVStoreConfig(), enable_prefix_caching=False)
+    with pytest.raises(ValueError, match="kv_store"):
+        FleetConfig(kv_store={"dram_bytes_per_node": 1e12})
+    with pytest.raises(ValueError, match="holds no block"):
+        FleetSimulator(FleetConfig(kv_store=KVStoreConfig(dram_bytes_per_node=1e6)), Trace([]))
+
+
+# ---- the fleet package imports one way --------------------------------------------------------------------------
+def test_fleet_modules_import_without_a_cycle():
+    """Every import between minengine.fleet's modules (top level, inside functions and under TYPE_CHECKING alike),
+    the package itself as one node (its __init__ imports them all): the graph has no cycle."""
+    import ast
+    from pathlib import Path
+
+    import minengine.fleet as pkg
+
+    root = Path(pkg.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        name = "minengine.fleet" if path.stem == "__init__" else f"minengine.fleet.{path.stem}"
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for t in targets:
+                if t == "minengine.fleet" or (t.startswith("minengine.fleet.") and (root / f"{t[16:]}.py").exists()):
+                    deps.add(t)
+        graph[name] = deps - {name}
+    assert "minengine.fleet.kv_store" in graph and "minengine.fleet.request" in graph
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: list[str]) -> None:
+        state[n] = 1
+        for m in sorted(graph.get(n, ())):
+            assert state.get(m) != 1, f"import cycle: {' -> '.join(path + [n, m])}"
+            if m not in state:
+                visit(m, path + [n])
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n, [])

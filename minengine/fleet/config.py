@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from minengine.core.policies import POLICIES
 from minengine.core.scheduler import PREEMPTION_MODES
+from minengine.fleet.kv_store import KVStoreConfig
 from minengine.fleet.links import KVLink, get_link
+from minengine.fleet.router_names import ROUTER_NAMES
 from minengine.fleet.token_free import DEFAULT_MAX_POSITION_EMBEDDINGS
 from minengine.timing.hardware import Hardware, get_hardware
 from minengine.timing.model_shape import ModelShape, get_model_shape
@@ -89,9 +91,11 @@ class FleetConfig:
         model: the model shape every replica serves (preset name, config path or ``ModelShape``).
         router: how an arriving request picks a replica of the first stage ("mixed" or "prefill"): a name in
             ``minengine.fleet.ROUTERS`` ("round-robin", "random", "least-outstanding-tokens", "least-kv-usage",
-            "prefix-aware").
+            "prefix-aware", "conductor").
         decode_router: how a finished prefill picks a decode replica (disaggregated only).
         link: the KV link between prefill and decode replicas (a ``LINKS`` name or a ``KVLink``).
+        kv_store: the fleet-level KV store (``KVStoreConfig``: Mooncake's store in the nodes' DRAM/SSD), or None:
+            each replica has only its own prefix cache. Needs ``enable_prefix_caching``.
         max_num_batched_tokens, max_num_seqs, block_size, enable_chunked_prefill, long_prefill_token_threshold,
             enable_prefix_caching, scheduling_policy, preemption_mode: ``EngineConfig``'s fields, for every
             replica. Defaults are vLLM V1's for an online server: a 2,048-token budget, 256 sequences.
@@ -111,6 +115,7 @@ class FleetConfig:
     router: str = "round-robin"
     decode_router: str = "least-outstanding-tokens"
     link: str | KVLink = "ib-400g"
+    kv_store: KVStoreConfig | None = None
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
     block_size: int = 16
@@ -127,8 +132,6 @@ class FleetConfig:
     shape: ModelShape = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        from minengine.fleet.routers import ROUTERS  # routers import this module
-
         object.__setattr__(self, "replicas", tuple(self.replicas))
         object.__setattr__(self, "shape", get_model_shape(self.model))
         if not self.replicas or not all(isinstance(r, ReplicaSpec) for r in self.replicas):
@@ -139,9 +142,14 @@ class FleetConfig:
         if "mixed" not in roles and roles != {"prefill", "decode"}:
             raise ValueError("a disaggregated fleet needs at least one 'prefill' and one 'decode' replica")
         for name in ("router", "decode_router"):
-            if getattr(self, name) not in ROUTERS:
-                raise ValueError(f"{name} must be one of {tuple(ROUTERS)}, got {getattr(self, name)!r}")
+            if getattr(self, name) not in ROUTER_NAMES:
+                raise ValueError(f"{name} must be one of {ROUTER_NAMES}, got {getattr(self, name)!r}")
         object.__setattr__(self, "link", get_link(self.link))
+        if self.kv_store is not None:
+            if not isinstance(self.kv_store, KVStoreConfig):
+                raise ValueError(f"kv_store must be a KVStoreConfig or None, got {type(self.kv_store).__name__}")
+            if not self.enable_prefix_caching:
+                raise ValueError("kv_store needs enable_prefix_caching=True (loaded blocks enter the prefix cache)")
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "max_model_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -203,12 +211,13 @@ class FleetConfig:
                 groups[key] = groups.get(key, 0) + 1
             return " + ".join(f"{n} x {hw} (TP {tp})" for (hw, tp), n in groups.items())
 
+        store = f", KV store {self.kv_store.describe()}" if self.kv_store is not None else ""
         if self.is_disaggregated:
             p = [s for s in self.replicas if s.role == "prefill"]
             d = [s for s in self.replicas if s.role == "decode"]
             return (f"prefill {pool(p)} / decode {pool(d)}, disaggregated over {self.link.name}, "
-                    f"{self.shape.name} shapes, routers {self.router} / {self.decode_router}")
-        return f"{pool(list(self.replicas))}, colocated, {self.shape.name} shapes, router {self.router}"
+                    f"{self.shape.name} shapes, routers {self.router} / {self.decode_router}{store}")
+        return f"{pool(list(self.replicas))}, colocated, {self.shape.name} shapes, router {self.router}{store}"
 
 
 def _check_count(name: str, n: int) -> None:

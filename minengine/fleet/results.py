@@ -6,7 +6,8 @@ timelines, KV transfers, and the numbers the fleet questions are asked in.
 - ``meets_percentile_slo``: DistServe's SLO (Zhong et al., OSDI 2024): the P90 TTFT and the P90 TPOT of the run
   within their bounds (``PercentileSLO``).
 - ``prefix_hit_rate``: prompt tokens served from the prefix caches of the first-stage replicas (those that
-  prefill: "mixed" or "prefill") over the prompt tokens they looked up.
+  prefill: "mixed" or "prefill") over the prompt tokens they looked up; with a KV store this includes the blocks
+  loaded from it (they enter the replica's prefix cache), and ``store_hit_rate`` is their share alone.
 - ``load_imbalance``: max over mean of the busy time (seconds spent in steps) of a stage's replicas: 1.0 is a
   perfectly even load; 2.0 means the busiest replica worked twice the average.
 """
@@ -18,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from minengine.fleet.config import FleetConfig
+from minengine.fleet.kv_store import StoreStats
 from minengine.metrics.stats import ServingSummary, percentile, summarize
 from minengine.outputs import RequestMetrics
 from minengine.timing.hardware import get_hardware
@@ -142,7 +144,9 @@ class FleetResult:
         cpu_time_s, wall_time_s: what the simulation itself took on this machine (CPU time of this process;
             real time).
         assignments: per request id, (first-stage replica, decode replica or -1).
-        router_counts: the first-stage router's own counters (``prefix-aware``: by cache / by load).
+        router_counts: the first-stage router's own counters (``prefix-aware``: by cache / by load;
+            ``conductor``: by store).
+        store: the KV store's ``StoreStats`` (loads, writes, bytes, evictions, timeline), None without a store.
     """
 
     config: FleetConfig
@@ -155,6 +159,7 @@ class FleetResult:
     wall_time_s: float
     assignments: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     router_counts: dict[str, int] = field(default_factory=dict)
+    store: StoreStats | None = None
 
     # ---- speed of the simulation itself -------------------------------------------------------------------
     @property
@@ -215,6 +220,23 @@ class FleetResult:
         queried = sum(r.prefix_queried_tokens for r in stage)
         return sum(r.prefix_hit_tokens for r in stage) / queried if queried else 0.0
 
+    @property
+    def prefix_queried_tokens(self) -> int:
+        """Prompt tokens the first stage looked up in its prefix caches (each request's prompt once)."""
+        return sum(r.prefix_queried_tokens for r in self.stage())
+
+    @property
+    def store_hit_rate(self) -> float:
+        """Prompt tokens served from blocks loaded from the KV store, over those looked up (0 without a store)."""
+        queried = self.prefix_queried_tokens
+        return self.store.used_tokens / queried if self.store is not None and queried else 0.0
+
+    @property
+    def bytes_moved(self) -> float:
+        """Bytes over the fleet's links: KV store loads and writes, and disaggregated KV transfers."""
+        store = self.store.loaded_bytes + self.store.written_bytes if self.store is not None else 0.0
+        return store + self.transfers.bytes
+
     def load_imbalance(self, role: str | None = None) -> float:
         """Max over mean busy time of the replicas of ``role`` (default: the first stage); NaN if all idle."""
         return _ratio_max_mean([r.busy_time_s for r in self.stage(role)])
@@ -253,5 +275,10 @@ class FleetResult:
             lines.append(f"KV transfers: {self.transfers.count:,}, {self.transfers.bytes / 1e9:,.1f} GB, mean "
                          f"{self.transfers.mean_time_s * ms:.2f} ms (+{self.transfers.mean_wait_s * ms:.2f} ms "
                          "waiting for the link)")
+        if self.store is not None:
+            st = self.store
+            lines.append(f"KV store: {self.store_hit_rate:.1%} of prompt tokens served from it; {st.num_loads:,} loads "
+                         f"({st.loaded_bytes / 1e9:,.1f} GB, {st.declined_loads:,} declined: recomputing was cheaper), "
+                         f"{st.written_bytes / 1e9:,.1f} GB written, {st.dropped_blocks:,} blocks evicted")
         lines.append(f"simulation: {self.cpu_time_s:.1f} s CPU, {self.steps_per_second:,.0f} steps/s")
         return "\n".join(lines)

@@ -23,6 +23,13 @@ Routers, each a small class behind ``Router.select``:
   gateway's (0.3, 64, 1.5). SGLang's router keeps an approximate radix tree of what it sent where; this one reads
   each replica's actual prefix cache, as Mooncake's Conductor does with its global KV metadata (Qin et al., FAST
   2025, section 5) and llm-d's precise prefix-cache scorer does from KV events.
+- ``conductor``: Mooncake's Conductor (Qin et al., FAST 2025, section 5, Algorithm 1): for each candidate, estimate
+  the request's TTFT there as its queueing time plus the prefill of what its prefix cache does not hold, or, if the
+  fleet's KV store (``minengine.fleet.kv_store``) continues that prefix, the load of the stored part (which runs while
+  the request queues) plus the prefill of the rest; pick the smallest. So it scores local hit + store hit - queue in
+  seconds of the modelled clock. Queueing time = the prompt tokens routed there and not yet prefilled x the replica's
+  prefill seconds per token; equal estimates (idle replicas, no cache anywhere) go to the fewest outstanding tokens.
+  Mooncake also moves hot blocks between nodes and rejects requests early; neither here.
 
 Ties go to the lowest replica index, so every router is deterministic for a seed.
 """
@@ -33,8 +40,10 @@ import random
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from minengine.fleet.router_names import ROUTER_NAMES
+
 if TYPE_CHECKING:
-    from minengine.fleet.simulator import FleetRequest
+    from minengine.fleet.request import FleetRequest
 
 
 class ReplicaView(Protocol):
@@ -50,6 +59,19 @@ class ReplicaView(Protocol):
 
     def cached_prefix_tokens(self, request: FleetRequest) -> int: ...
 
+    # what the conductor reads as well
+    block_size: int
+    queued_prefill_tokens: int
+    prefill_seconds_per_token: float
+
+    def local_prefix_blocks(self, request: FleetRequest) -> int: ...
+
+    def store_prefix_blocks(self, request: FleetRequest, first: int, now: float) -> int: ...
+
+    def load_seconds(self, request: FleetRequest, first: int, end: int, now: float) -> float: ...
+
+    def prefill_time_s(self, num_tokens: int, context_len: int = 0) -> float: ...
+
 
 class Router:
     """Chooses one of ``candidates`` (a non-empty list, in replica index order) for ``request``.
@@ -63,7 +85,8 @@ class Router:
     def __init__(self, seed: int = 0):
         self.seed = seed
 
-    def select(self, request: FleetRequest, candidates: Sequence[ReplicaView]) -> ReplicaView:
+    def select(self, request: FleetRequest, candidates: Sequence[ReplicaView], now: float = 0.0) -> ReplicaView:
+        """The replica for ``request`` among ``candidates``; ``now``: the fleet's time (seconds)."""
         raise NotImplementedError
 
 
@@ -81,7 +104,7 @@ class RoundRobin(Router):
         super().__init__(seed)
         self._next = 0
 
-    def select(self, request, candidates):
+    def select(self, request, candidates, now=0.0):
         choice = candidates[self._next % len(candidates)]
         self._next += 1
         return choice
@@ -96,7 +119,7 @@ class RandomRouter(Router):
         super().__init__(seed)
         self._rng = random.Random(seed)
 
-    def select(self, request, candidates):
+    def select(self, request, candidates, now=0.0):
         return candidates[self._rng.randrange(len(candidates))]
 
 
@@ -105,7 +128,7 @@ class LeastOutstandingTokens(Router):
 
     name = "least-outstanding-tokens"
 
-    def select(self, request, candidates):
+    def select(self, request, candidates, now=0.0):
         return _least(candidates, lambda r: r.outstanding_tokens)
 
 
@@ -115,7 +138,7 @@ class LeastKVUsage(Router):
 
     name = "least-kv-usage"
 
-    def select(self, request, candidates):
+    def select(self, request, candidates, now=0.0):
         return _least(candidates, lambda r: r.kv_load)
 
 
@@ -147,7 +170,7 @@ class PrefixAware(Router):
         self.num_by_cache = 0
         self.num_by_load = 0
 
-    def select(self, request, candidates):
+    def select(self, request, candidates, now=0.0):
         loads = [r.outstanding_requests for r in candidates]
         least_loaded = candidates[loads.index(min(loads))]
         high, low = max(loads), min(loads)
@@ -163,9 +186,53 @@ class PrefixAware(Router):
         return least_loaded
 
 
+class Conductor(Router):
+    """Mooncake's Conductor: the replica with the smallest estimated TTFT (see the module docstring).
+
+    For a candidate with ``L`` blocks of the prompt in its prefix cache and the store continuing them to ``S``
+    blocks (``S = L`` without a store), prompt ``P`` tokens, ``bs`` tokens per block and queueing time ``q``:
+    ``TTFT = min(q + prefill(P - L bs after L bs), max(q, load(L..S)) + prefill(P - S bs after S bs))``.
+
+    Attributes:
+        num_by_store: requests sent where the estimate counted on a load from the store.
+    """
+
+    name = "conductor"
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self.num_by_store = 0
+
+    def estimate(self, request: FleetRequest, replica: ReplicaView, now: float = 0.0) -> tuple[float, bool]:
+        """(estimated TTFT on ``replica`` in seconds, whether it counts on a load from the store)."""
+        bs, p = replica.block_size, request.prompt_len
+        local = replica.local_prefix_blocks(request)
+        queue = replica.queued_prefill_tokens * replica.prefill_seconds_per_token
+        compute = queue + replica.prefill_time_s(p - local * bs, local * bs)
+        stored = replica.store_prefix_blocks(request, local, now)
+        if not stored:
+            return compute, False
+        end = local + stored
+        loaded = (max(queue, replica.load_seconds(request, local, end, now))
+                  + replica.prefill_time_s(p - end * bs, end * bs))
+        return (loaded, True) if loaded < compute else (compute, False)
+
+    def select(self, request, candidates, now=0.0):
+        best, best_key, best_load = candidates[0], None, False
+        for r in candidates:
+            t, by_load = self.estimate(request, r, now)
+            key = (t, r.outstanding_tokens)  # ties: the least loaded, then the lowest index
+            if best_key is None or key < best_key:
+                best, best_key, best_load = r, key, by_load
+        self.num_by_store += best_load
+        return best
+
+
 ROUTERS: dict[str, type[Router]] = {
-    cls.name: cls for cls in (RoundRobin, RandomRouter, LeastOutstandingTokens, LeastKVUsage, PrefixAware)
+    cls.name: cls for cls in (RoundRobin, RandomRouter, LeastOutstandingTokens, LeastKVUsage, PrefixAware, Conductor)
 }
+if tuple(ROUTERS) != ROUTER_NAMES:  # the names FleetConfig validates against live in a leaf module
+    raise RuntimeError(f"minengine.fleet.router_names.ROUTER_NAMES {ROUTER_NAMES} != the routers {tuple(ROUTERS)}")
 
 
 def make_router(name: str, seed: int = 0) -> Router:

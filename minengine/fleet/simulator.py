@@ -9,6 +9,12 @@ served), so the run is a pure function of the trace and the ``FleetConfig``:
   transfer) and, if the engine has work, its next step begins at once. An idle replica that receives a request
   gets a STEP at that time. Each step is one ``LLMEngine.step()``: the real scheduler decides what runs and the
   replica's ``ModelledClock`` says how long it takes.
+- KV_LOADED (with a ``kv_store``): the prefix an arriving request loads from the fleet's KV store has reached its
+  replica; the blocks enter that replica's prefix cache (``Replica.insert_loaded``) and the request joins its waiting
+  queue, where the scheduler finds them as a local prefix hit. A request loads at arrival only when the store holds
+  a continuation of the prefix its replica caches and the load ends before recomputing those tokens would (the
+  replica's ``prefill_time_s`` on the modelled clock); otherwise it joins the queue at once. Each step's completed
+  prompt blocks are written to the store (``KVStore.write``).
 - KV_ARRIVED (disaggregated): a request's KV has crossed the link to the decode replica the decode router chose;
   the request joins that engine's waiting queue with its prompt's KV computed, and the scheduler admits it when
   its blocks are free (DistServe, Zhong et al., OSDI 2024, section 4; Splitwise, Patel et al., ISCA 2024;
@@ -24,89 +30,20 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from minengine.core.kv_cache_manager import hash_block
 from minengine.fleet.config import FleetConfig
+from minengine.fleet.kv_store import KVStore, LoadPlan
 from minengine.fleet.replica import Replica
+from minengine.fleet.request import FleetRequest, fit_to_limit, synthetic_prompt_ids
 from minengine.fleet.results import FleetResult, TransferStats, replica_stats
 from minengine.fleet.routers import Router, make_router
 from minengine.outputs import RequestMetrics, RequestOutput
+from minengine.timing.hardware import get_hardware
 from minengine.workloads.traces import TraceRequest
 
-ARRIVAL, KV_ARRIVED, STEP = 0, 1, 2  # also the tie order of events at equal times
-_SPREAD = 7919  # a prime coprime to every vocabulary size below: spreads synthetic prompts over the vocabulary
+__all__ = ["FleetRequest", "FleetSimulator", "simulate", "synthetic_prompt_ids"]
 
-
-def synthetic_prompt_ids(index: int, length: int, vocab_size: int, seed: int = 0) -> list[int]:
-    """Token ids for the ``index``-th request of a trace without text: ``length`` consecutive ids (mod the
-    vocabulary) from a start that differs for every ``index`` below ``vocab_size`` (and every seed), so no two
-    such prompts share their first KV block and there is no accidental prefix sharing. Cheap (C-speed ranges):
-    a fleet run synthesizes millions of tokens."""
-    start = ((index + 1_000_003 * seed) * _SPREAD) % vocab_size
-    ids = list(range(start, min(vocab_size, start + length)))
-    while len(ids) < length:  # wrap around the vocabulary
-        ids += range(0, min(vocab_size, length - len(ids)))
-    return ids
-
-
-@dataclass
-class FleetRequest:
-    """One trace request on its way through the fleet.
-
-    Attributes:
-        index: its position in arrival order; ``request_id``, ``arrival_time`` (s), ``prompt_len``, ``output_len``
-            (tokens, after clipping) as in the trace.
-        replica: the first-stage replica (mixed or prefill) it was routed to; ``decode_replica`` (disaggregated).
-        first_token: what the prefill replica sampled; ``prefill_metrics``: its ``RequestMetrics`` there.
-        transfer_start, transfer_end: when its KV left and reached the decode replica (s; disaggregated).
-    """
-
-    index: int
-    request_id: str
-    arrival_time: float
-    prompt_len: int
-    output_len: int
-    token_ids: list[int] | None
-    vocab_size: int
-    block_size: int
-    seed: int = 0
-    replica: int = -1
-    decode_replica: int = -1
-    first_token: int | None = None
-    prefill_metrics: RequestMetrics | None = None
-    transfer_start: float | None = None
-    transfer_end: float | None = None
-    _hashes: list[bytes] | None = field(default=None, repr=False)
-
-    def prompt_ids(self) -> list[int]:
-        """The prompt's token ids: the trace's, or ``synthetic_prompt_ids`` (made when first needed)."""
-        if self.token_ids is None:
-            self.token_ids = synthetic_prompt_ids(self.index, self.prompt_len, self.vocab_size, self.seed)
-        return self.token_ids
-
-    def block_hashes(self) -> list[bytes]:
-        """Chained hashes of the prompt's full KV blocks (``minengine.core.kv_cache_manager.hash_block``, the
-        engine's own), computed once."""
-        if self._hashes is None:
-            ids, bs = self.prompt_ids(), self.block_size
-            hashes: list[bytes] = []
-            for i in range(len(ids) // bs):
-                hashes.append(hash_block(hashes[-1] if hashes else None, ids[i * bs:(i + 1) * bs]))
-            self._hashes = hashes
-        return self._hashes
-
-    def release(self) -> None:
-        """Forget the token ids and hashes once the request has left the fleet (memory)."""
-        self.token_ids = None
-        self._hashes = None
-
-
-def _fit(prompt_len: int, output_len: int, limit: int) -> tuple[int, int]:
-    """Cut a (prompt, output) pair to ``limit`` tokens: the prompt first (its start, where prefixes are shared,
-    stays), at least 1 prompt and 1 output token (what ``minengine.workloads.replay`` does with ``too_long="clip"``)."""
-    prompt = max(1, min(prompt_len, limit - output_len))
-    return prompt, max(1, min(output_len, limit - prompt))
+ARRIVAL, KV_ARRIVED, KV_LOADED, STEP = 0, 1, 2, 3  # also the tie order of events at equal times
 
 
 class FleetSimulator:
@@ -139,6 +76,14 @@ class FleetSimulator:
         self.decode_router: Router | None = make_router(config.decode_router, config.seed + 1) \
             if config.is_disaggregated else None
         self.requests, self.num_clipped = self._prepare(trace)
+        self.store: KVStore | None = None
+        if config.kv_store is not None:
+            block_bytes = config.block_size * config.shape.kv_bytes_per_token
+            self.store = KVStore(config.kv_store, config.block_size, block_bytes, [r.spec.tp for r in self.replicas],
+                                 [get_hardware(r.spec.hardware).host_link_bandwidth for r in self.replicas])
+            for r in self.first_stage:
+                r.store = self.store
+        self._next_store_sample = 0.0
         self._events: list[tuple] = []
         self._seq = 0
         self._outputs: dict[int, list[RequestOutput]] = {}  # replica index -> outputs of its step in flight
@@ -166,7 +111,7 @@ class FleetSimulator:
             r = trace[i]
             prompt_len, output_len = r.prompt_len, r.output_len
             if prompt_len + output_len > limit:
-                prompt_len, output_len = _fit(prompt_len, output_len, limit)
+                prompt_len, output_len = fit_to_limit(prompt_len, output_len, limit)
                 clipped += 1
             tokens = r.prompt_token_ids  # shared with the trace, not copied (a Mooncake trace holds 61M ids)
             if tokens is not None and len(tokens) != prompt_len:
@@ -203,26 +148,62 @@ class FleetSimulator:
                 self._on_step(self.replicas[what], t)
             elif kind == ARRIVAL:
                 self._on_arrival(self.requests[what], t)
+            elif kind == KV_LOADED:
+                self._on_kv_loaded(self.requests[what], t)
             else:
                 self._on_kv_arrived(self.requests[what], t)
         self._check_done()
+        store = self.store.finish() if self.store is not None else None
         return FleetResult(
             config=self.config, request_metrics={r.request_id: self.metrics[r.request_id] for r in self.requests},
             replicas=[replica_stats(r) for r in self.replicas], transfers=self.transfers,
             num_steps=self.num_steps, num_clipped=self.num_clipped, cpu_time_s=time.process_time() - cpu,
             wall_time_s=time.perf_counter() - wall,
             assignments={r.request_id: (r.replica, r.decode_replica) for r in self.requests},
-            router_counts=_router_counts(self.router))
+            router_counts=_router_counts(self.router), store=store)
 
     def _on_arrival(self, req: FleetRequest, t: float) -> None:
         stage_tokens = req.prompt_len + (1 if self.decode_stage else req.output_len)
         candidates = [r for r in self.first_stage if r.can_hold(stage_tokens)]
-        replica = self.router.select(req, candidates)
+        replica = self.router.select(req, candidates, t)
         max_tokens = 1 if self.decode_stage else req.output_len
         req.replica = replica.index
-        replica.assign(req.request_id, req.prompt_len, max_tokens)
+        plan, local = self._plan_load(replica, req, t) if self.store is not None else (None, 0)
+        cached = (plan.end if plan is not None else local) * self.config.block_size
+        replica.assign(req.request_id, req.prompt_len, max_tokens, expected_cached_tokens=cached)
+        if plan is not None:  # the request waits for its prefix outside the engine, then joins the queue
+            self.store.start_load(plan, t)
+            req.load_blocks = (plan.first, plan.end)
+            self._push(plan.end_s, KV_LOADED, req.index)
+            return
         hashes = req.block_hashes() if self.config.enable_prefix_caching else None
         replica.add(req.request_id, req.prompt_ids(), max_tokens, t, block_hashes=hashes)
+        self._kick(replica, t)
+
+    def _plan_load(self, replica: Replica, req: FleetRequest, t: float) -> tuple[LoadPlan | None, int]:
+        """(the load from the store worth starting for ``req`` on ``replica`` at ``t`` or None, the blocks its
+        prefix cache holds). Worth it: the store continues the local prefix, the replica has free blocks for it,
+        and the load ends before the replica would have recomputed those tokens alone."""
+        local = replica.local_prefix_blocks(req)
+        if local >= req.max_hit_blocks:
+            return None, local
+        plan = self.store.plan_load(replica.index, req.block_hashes(), local, req.max_hit_blocks, t)
+        if plan is None:
+            return None, local
+        bs = self.config.block_size
+        recompute = replica.prefill_time_s(plan.num_blocks * bs, local * bs)
+        if plan.end_s - t >= recompute or plan.num_blocks > replica.engine.kv_cache_manager.num_free_blocks:
+            self.store.decline(plan.num_blocks)
+            return None, local
+        return plan, local
+
+    def _on_kv_loaded(self, req: FleetRequest, t: float) -> None:
+        replica = self.replicas[req.replica]
+        self.store.load_done()
+        replica.insert_loaded(req)
+        max_tokens = 1 if self.decode_stage else req.output_len
+        replica.add(req.request_id, req.prompt_ids(), max_tokens, req.arrival_time, block_hashes=req.block_hashes(),
+                    now=t)
         self._kick(replica, t)
 
     def _on_step(self, replica: Replica, t: float) -> None:
@@ -241,7 +222,16 @@ class FleetSimulator:
         self._outputs[i] = replica.step(t)
         self.num_steps += 1
         replica.busy = True
-        self._push(replica.clock(), STEP, i)
+        end = replica.clock()
+        if self.store is not None:
+            if replica.role != "decode":
+                by_id = self.requests_by_id
+                for rid, first, stop in replica.take_computed_blocks():
+                    self.store.write(i, by_id[rid].block_hashes()[first:stop], end)
+            if t >= self._next_store_sample:
+                self.store.sample(t)
+                self._next_store_sample = t + self.config.timeline_interval_s
+        self._push(end, STEP, i)
 
     def _on_finished(self, replica: Replica, out: RequestOutput, t: float) -> None:
         req = self.requests_by_id[out.request_id]
@@ -264,7 +254,7 @@ class FleetSimulator:
         candidates = [r for r in self.decode_stage if r.can_hold(req.prompt_len + req.output_len)]
         decode = self.decode_router.select(req, candidates)
         req.decode_replica = decode.index
-        decode.assign(req.request_id, req.prompt_len + 1, req.output_len)
+        decode.assign(req.request_id, req.prompt_len + 1, req.output_len, prefill=False)
         num_bytes = req.prompt_len * self.config.shape.kv_bytes_per_token
         start = max(t, self._egress_free[prefill.index], self._ingress_free[decode.index])
         end = start + self.config.link.transfer_time(num_bytes, min(prefill.spec.tp, decode.spec.tp))
@@ -316,7 +306,7 @@ def _merge(prefill: RequestMetrics, decode: RequestMetrics) -> RequestMetrics:
 
 
 def _router_counts(router: Router) -> dict[str, int]:
-    return {k: getattr(router, k) for k in ("num_by_cache", "num_by_load") if hasattr(router, k)}
+    return {k: getattr(router, k) for k in ("num_by_cache", "num_by_load", "num_by_store") if hasattr(router, k)}
 
 
 def simulate(trace: Sequence[TraceRequest], config: FleetConfig | None = None, *, max_steps: int | None = None,

@@ -1,0 +1,69 @@
+"""The infinite-cache ideal of a trace: how many prompt tokens any prefix cache could serve at most.
+
+Walk the requests in arrival order; a request's prompt hits its first ``k`` full blocks when each of them (with the
+engine's chained hashes, so also every block before it) was a full block of an earlier request's prompt; then all its
+full blocks are remembered forever. As in the engine, at most ``(prompt_len - 1) // block_size`` blocks can hit (the
+last prompt token is always computed). This is the share the shared/data README quotes for the Mooncake trace at
+512-token granularity ("a block counts as a hit only if it and all blocks before it in that request were seen
+earlier"), here at the engine's block size and with its cap, so a fleet's ``prefix_hit_rate`` compares with it
+directly. Requests without token ids get synthetic ids that share no block (``synthetic_prompt_ids``): they hit 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from minengine.fleet.request import fit_to_limit, prompt_block_hashes
+from minengine.workloads.traces import TraceRequest
+
+
+@dataclass(frozen=True)
+class ReuseStats:
+    """A trace's infinite-cache ideal (tokens).
+
+    Attributes:
+        num_requests, prompt_tokens: the requests and their prompt tokens (after clipping to ``max_model_len``).
+        hit_tokens: prompt tokens an infinite shared prefix cache serves; ``num_requests_hit``: requests with a hit.
+        distinct_blocks: distinct full prompt blocks in the trace (what an infinite cache would hold).
+    """
+
+    num_requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    num_requests_hit: int
+    distinct_blocks: int
+
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / prompt_tokens`` (0 for an empty trace)."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def infinite_cache_hits(trace: Sequence[TraceRequest], block_size: int = 16,
+                        max_model_len: int | None = None) -> ReuseStats:
+    """The infinite-cache ideal of ``trace`` (see the module docstring) for KV blocks of ``block_size`` tokens,
+    prompts clipped as the fleet clips them to ``max_model_len`` (prompt + output) when given.
+
+    Raises:
+        ValueError: ``block_size`` not a positive integer.
+    """
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    seen: set[bytes] = set()
+    prompt = hit = num_hit = 0
+    for r in sorted(trace, key=lambda r: r.arrival_time):  # stable: ties keep trace order, as the simulator
+        plen = r.prompt_len
+        if max_model_len is not None:
+            plen, _ = fit_to_limit(plen, r.output_len, max_model_len)
+        prompt += plen
+        if r.prompt_token_ids is None:
+            continue
+        hashes = prompt_block_hashes(r.prompt_token_ids[:plen], block_size)
+        k, cap = 0, (plen - 1) // block_size
+        while k < min(cap, len(hashes)) and hashes[k] in seen:
+            k += 1
+        hit += k * block_size
+        num_hit += k > 0
+        seen.update(hashes)
+    return ReuseStats(len(trace), prompt, hit, num_hit, len(seen))
