@@ -10,8 +10,12 @@ cache) on a token-free runner, timed by the roofline cost model on a named GPU f
    P90 TTFT and P90 TPOT meet the SLO, per GPU; the Azure trace's arrivals are compressed by a searched factor.
 3. the best prefill:decode split at a fixed GPU count, for each SLO; and, under the tight TPOT SLO, colocated fleets
    with smaller token budgets (smaller prefill chunks, Sarathi-Serve's remedy) against the best split.
-4. routers on the Mooncake trace (real prefix sharing): prefix-hit rate, TTFT, load imbalance.
+4. routers on the Mooncake trace (real prefix sharing): prefix-hit rate, TTFT, load imbalance (per-replica caches;
+   the conductor's estimate then knows only the local hit).
 5. capacity planning: the fewest GPUs that serve the full Azure trace at k x its recorded rate within the SLO.
+6. the fleet KV store (Mooncake Store, Qin et al., FAST 2025): per-replica prefix caches vs a shared store in the
+   nodes' DRAM (and SSD), under each router, on the whole Mooncake trace at full length and on the Azure trace: prefix
+   hits against the trace's infinite-cache ideal, TTFT, TPOT, goodput at a named per-request SLO, bytes moved.
 
 Two SLOs, both on P90 (DistServe's definition): "chatbot" is DistServe's chatbot SLO (TTFT 0.25 s, TPOT 0.1 s,
 its Table 1); "tight TPOT" keeps that TTFT and bounds TPOT by 1.5 x one unloaded decode step of the model on the
@@ -28,22 +32,24 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import time
 from datetime import date
 from pathlib import Path
 
-from minengine.fleet import FleetConfig, PercentileSLO, simulate
+from minengine.fleet import LINKS, FleetConfig, KVStoreConfig, PercentileSLO, infinite_cache_hits, simulate
 from minengine.fleet.planning import GoodputResult, max_goodput, min_replicas
 from minengine.timing import StepCostModel, StepWork
 from minengine.timing.hardware import get_hardware
-from minengine.workloads import find_data_dir, load_azure_trace, load_mooncake_trace, speed_up
+from minengine.workloads import SLO, find_data_dir, goodput, load_azure_trace, load_mooncake_trace, speed_up
 from minengine.workloads.traces import azure_conv_path, mooncake_path
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fleet.md"
 README = Path(__file__).resolve().parent.parent / "README.md"
 README_BEGIN, README_END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
-ROUTER_ORDER = ["round-robin", "random", "least-outstanding-tokens", "least-kv-usage", "prefix-aware"]
+ROUTER_ORDER = ["round-robin", "random", "least-outstanding-tokens", "least-kv-usage", "prefix-aware", "conductor"]
+LOAD_ONLY = ROUTER_ORDER[:4]
 
 
 def ms(x: float) -> str:
@@ -256,18 +262,18 @@ def section_routers(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
              "busy) | by cache / by load |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in runs.items():
         counts = r.router_counts
-        split = f"{counts['num_by_cache']:,} / {counts['num_by_load']:,}" if counts else ""
+        split = f"{counts['num_by_cache']:,} / {counts['num_by_load']:,}" if "num_by_cache" in counts else ""
         lines.append(f"| {name} | {r.prefix_hit_rate:.1%} | {ms(r.latency('ttft', 50))} | "
                      f"{ms(r.latency('ttft', 99))} | {ms(r.latency('tpot', 90))} | {r.load_imbalance():.2f} | "
                      f"{split} |")
     rr, pa = runs["round-robin"], runs["prefix-aware"]
-    load_only = min((runs[r] for r in ROUTER_ORDER[:4]), key=lambda r: r.latency("ttft", 99))
+    load_only = min((runs[r] for r in LOAD_ONLY), key=lambda r: r.latency("ttft", 99))
     text = "\n".join(lines) + (
         f"\n\n{len(mooncake):,} requests of the Mooncake trace at {a.mooncake_speedup:g}x its recorded rate "
         f"({mooncake.mean_rate:.2f} req/s) on {n} colocated replicas; the trace's own prefix-cache potential with "
         "an infinite cache is 65 % of prompt tokens (shared/data README). ")
     hit_ratio = pa.prefix_hit_rate / rr.prefix_hit_rate if rr.prefix_hit_rate else math.inf
-    if pa.prefix_hit_rate > max(r.prefix_hit_rate for r in runs.values() if r is not pa) * 1.05:
+    if pa.prefix_hit_rate > max(runs[r].prefix_hit_rate for r in LOAD_ONLY) * 1.05:
         text += (f"Prefix-aware routing serves {pa.prefix_hit_rate:.1%} of prompt tokens from cache, {hit_ratio:.1f}x "
                  f"round-robin: **agrees** with SGLang's cache-aware router (v0.4 release: 3.8x the cache hit rate) "
                  "and Mooncake's cache-aware prefill scheduling. ")
@@ -336,8 +342,141 @@ def section_capacity(a: argparse.Namespace, data: Path, goodputs: dict | None) -
     return text, {"capacity": results}
 
 
+# ---- 6. the fleet KV store -----------------------------------------------------------------------------------------
+STORE_ROUTERS = ["round-robin", "least-outstanding-tokens", "prefix-aware", "conductor"]
+STORE_SLO = SLO(ttft_s=2.0, tpot_s=0.1)  # per request: a TTFT for prompts of median 11.6k tokens, DistServe's TPOT
+
+
+def store_configs(a: argparse.Namespace) -> dict[str, KVStoreConfig | None]:
+    """The KV-store variants: none (per-replica prefix caches), the default store (1 TB DRAM per 8-GPU node), with
+    a 4 TB SSD tier, and the same DRAM spread over single-GPU nodes (loads cross the network) over InfiniBand and
+    over 100 Gb/s Ethernet."""
+    per_gpu = KVStoreConfig().dram_bytes_per_node / KVStoreConfig().gpus_per_node
+    return {"per-replica caches": None, "store: 1 TB DRAM / 8-GPU node": KVStoreConfig(),
+            "store: 1 TB DRAM + 4 TB SSD / node": KVStoreConfig(ssd_bytes_per_node=4e12),
+            "store: 125 GB DRAM / 1-GPU node, IB 400G": KVStoreConfig(dram_bytes_per_node=per_gpu, gpus_per_node=1),
+            "store: 125 GB DRAM / 1-GPU node, 100 GbE": KVStoreConfig(dram_bytes_per_node=per_gpu, gpus_per_node=1,
+                                                                      link="ethernet-100g")}
+
+
+def store_row(trace_name: str, store_name: str, router: str, r, ideal: float) -> str:
+    ms_ = [m.ttft for m in r.request_metrics.values()]
+    mean = sum(ms_) / len(ms_)
+    st = r.store
+    share = f"{r.prefix_hit_rate / ideal:.0%}" if ideal > 0 else "n/a"
+    loaded = f"{st.loaded_bytes / 1e12:,.2f}" if st else "0"
+    written = f"{st.written_bytes / 1e12:,.2f}" if st else "0"
+    return (f"| {trace_name} | {store_name} | {router} | {r.prefix_hit_rate:.1%} | {share} | {r.store_hit_rate:.1%} | "
+            f"{ms(mean)} | {ms(r.latency('ttft', 50))} | {ms(r.latency('ttft', 99))} | {ms(r.latency('tpot', 50))} / "
+            f"{ms(r.latency('tpot', 90))} | {goodput(r.request_metrics, STORE_SLO):.2f} | {loaded} | {written} | "
+            f"{r.load_imbalance():.2f} |")
+
+
+def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
+    n = a.store_gpus
+    vocab = FleetConfig(model=a.model).shape.vocab_size
+    mooncake = load_mooncake_trace(mooncake_path(data), vocab_size=vocab, max_requests=a.store_requests)
+    azure = load_azure_trace(azure_conv_path(data), max_requests=a.store_azure_requests)
+    max_len = FleetConfig().max_model_len
+    ideal_m = infinite_cache_hits(mooncake, 16, max_len)
+    ideal_a = infinite_cache_hits(azure, 16, max_len)
+    variants = store_configs(a)
+    plan = [("mooncake", s, r) for s in list(variants)[:2] for r in STORE_ROUTERS]
+    plan += [("mooncake", s, r) for s in list(variants)[2:] for r in (["round-robin", "conductor"]
+                                                                      if "SSD" in s else ["round-robin"])]
+    plan += [("azure", s, r) for s in list(variants)[:2] for r in ("round-robin", "conductor")]
+    if a.quick:
+        plan = [p for p in plan if p[2] in ("round-robin", "prefix-aware", "conductor") and "1-GPU" not in p[1]]
+    lines = ["| trace | KV cache | router | prefix hit share | of the ideal | from the store | mean TTFT (ms) | "
+             "P50 TTFT (ms) | P99 TTFT (ms) | TPOT P50 / P90 (ms) | goodput (req/s) | loaded (TB) | written (TB) | "
+             "load imbalance |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    runs = {}
+    for trace_name, store_name, router in plan:
+        trace, ideal = (mooncake, ideal_m) if trace_name == "mooncake" else (azure, ideal_a)
+        r = simulate(trace, fleet_config(a, n, router=router, kv_store=variants[store_name]))
+        runs[trace_name, store_name, router] = r
+        label = "Mooncake" if trace_name == "mooncake" else "Azure conv"
+        lines.append(store_row(label, store_name, router, r, ideal.hit_rate))
+        print(lines[-1], flush=True)
+    text = "\n".join(lines)
+    base, store = "per-replica caches", "store: 1 TB DRAM / 8-GPU node"
+
+    def mean_ttft(r) -> float:
+        return sum(m.ttft for m in r.request_metrics.values()) / len(r.request_metrics)
+
+    m_runs = {k: v for k, v in runs.items() if k[0] == "mooncake"}
+    best_alone = min((v for k, v in m_runs.items() if k[1] == base), key=mean_ttft)
+    best_alone_name = next(k[2] for k, v in m_runs.items() if v is best_alone)
+    with_store = {k: v for k, v in m_runs.items() if k[1] == store}
+    best_store = min(with_store.values(), key=mean_ttft)
+    best_store_name = next(k[2] for k, v in with_store.items() if v is best_store)
+    share = best_store.prefix_hit_rate / ideal_m.hit_rate if ideal_m.hit_rate else math.nan
+    text += (f"\n\n{len(mooncake):,} requests of the Mooncake trace at full length (its recorded arrivals, "
+             f"{mooncake.mean_rate:.2f} req/s) and {len(azure):,} of the Azure conversation trace, on {n} modelled "
+             f"{get_hardware(a.hardware).name}s (one colocated replica each); goodput: requests/s within "
+             f"TTFT <= {STORE_SLO.ttft_s:g} s and TPOT <= {STORE_SLO.tpot_s * 1000:g} ms per request. Infinite-cache "
+             f"ideal (every earlier prompt's blocks kept forever, 16-token blocks, the last token recomputed): "
+             f"{ideal_m.hit_rate:.1%} of the Mooncake prompt tokens "
+             f"({ideal_m.distinct_blocks * 16 * a.kv_bytes / 1e12:.1f} TB of distinct KV for "
+             f"{FleetConfig(model=a.model).shape.name}), {ideal_a.hit_rate:.1%} of Azure's "
+             "(its prompts carry no prefix information, so their synthetic ids share nothing). ")
+    text += (f"With the store, the fastest router by mean TTFT (**{best_store_name}**) serves "
+             f"{best_store.prefix_hit_rate:.1%} of prompt tokens from cache, **{share:.0%} of the ideal** "
+             f"(target >= 80 %: "
+             f"{'met' if share >= 0.8 else 'not met'}); its mean / P99 TTFT is {ms(mean_ttft(best_store))} / "
+             f"{ms(best_store.latency('ttft', 99))} ms against {ms(mean_ttft(best_alone))} / "
+             f"{ms(best_alone.latency('ttft', 99))} ms for the best router without it ({best_alone_name}): ")
+    lower = (mean_ttft(best_store) < mean_ttft(best_alone)
+             and best_store.latency("ttft", 99) < best_alone.latency("ttft", 99))
+    text += ("**lower** mean and P99 at the same GPU count (the direction Mooncake reports). " if lower else
+             "**not lower** on both (unlike Mooncake). ")
+    wins = [r for r in STORE_ROUTERS if ("mooncake", store, r) in runs and ("mooncake", base, r) in runs
+            and mean_ttft(runs["mooncake", store, r]) < mean_ttft(runs["mooncake", base, r])]
+    both = [r for r in STORE_ROUTERS if ("mooncake", store, r) in runs and ("mooncake", base, r) in runs]
+    text += f"Router by router, the store lowers the mean TTFT for {len(wins)} of {len(both)} ({', '.join(wins)}). "
+    notes = []
+    for router in ("conductor", "round-robin"):
+        key_ssd = ("mooncake", "store: 1 TB DRAM + 4 TB SSD / node", router)
+        if key_ssd in runs and ("mooncake", store, router) in runs:
+            with_ssd, dram = runs[key_ssd], runs["mooncake", store, router]
+            notes.append(f"with a 4 TB SSD tier ({router}) {with_ssd.store.dropped_blocks:,} blocks leave the store "
+                         f"instead of {dram.store.dropped_blocks:,} with DRAM alone, and the hit share is "
+                         f"{with_ssd.prefix_hit_rate / ideal_m.hit_rate:.0%} of the ideal (DRAM alone: "
+                         f"{dram.prefix_hit_rate / ideal_m.hit_rate:.0%}; mean TTFT {ms(mean_ttft(with_ssd))} vs "
+                         f"{ms(mean_ttft(dram))} ms)")
+            break
+    eth = [v for k, v in m_runs.items() if "100 GbE" in k[1]]
+    ib = [v for k, v in m_runs.items() if "1-GPU node, IB" in k[1]]
+    if eth and ib:
+        remote = eth[0].store.remote_blocks / max(1, eth[0].store.loaded_blocks)
+        eth_us = a.kv_bytes / LINKS["ethernet-100g"].bandwidth * 1e6
+        notes.append(f"spreading the same DRAM over single-GPU nodes makes {remote:.0%} of the loaded blocks remote; "
+                     f"over 100 Gb/s Ethernet ({eth_us:.1f} us per token of KV against {a.prefill_us:.0f} us to "
+                     f"recompute it in a full chunk) loads still pay ({eth[0].store.declined_loads:,} declined) but "
+                     f"their time shows in the median: P50 TTFT {ms(eth[0].latency('ttft', 50))} ms vs "
+                     f"{ms(ib[0].latency('ttft', 50))} ms over InfiniBand")
+    for router in ("round-robin", "conductor"):
+        if ("azure", store, router) in runs and ("azure", base, router) in runs:
+            with_, without = runs["azure", store, router], runs["azure", base, router]
+            same = with_.request_metrics == without.request_metrics
+            notes.append(f"on the Azure trace ({router}) the store serves {with_.store_hit_rate:.1%} of prompt tokens "
+                         f"(no prefix is shared) and only costs writes ({with_.store.written_bytes / 1e12:.2f} TB over "
+                         f"PCIe, no GPU time): every request's timing is {'identical' if same else 'not identical'} "
+                         "to the run without it")
+            break
+    p99 = best_store.latency("ttft", 99)
+    tail = [m for m in best_store.request_metrics.values() if m.ttft >= p99]
+    tail_hit = sum(m.num_cached_tokens for m in tail) / max(1, sum(m.num_prompt_tokens for m in tail))
+    tail_len = sum(m.num_prompt_tokens for m in tail) / max(1, len(tail))
+    notes.append(f"the slowest 1 % of first tokens ({best_store_name} with the store) are prompts of "
+                 f"{tail_len:,.0f} tokens on average with {tail_hit:.0%} of their tokens cached, so the tail moves "
+                 "less than the mean")
+    text += "Where the store does and does not win: " + "; ".join(notes) + "."
+    return text, {"runs": runs, "ideal": ideal_m}
+
+
 # ---- main ---------------------------------------------------------------------------------------------------------
-SECTIONS = ("speed", "goodput", "splits", "budget", "routers", "capacity")
+SECTIONS = ("speed", "goodput", "splits", "budget", "routers", "capacity", "store")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -362,6 +501,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--capacity-k", default="1,4,16,64")
     p.add_argument("--capacity-requests", type=int, default=None, help="only the first N Azure requests")
     p.add_argument("--max-replicas", type=int, default=256)
+    p.add_argument("--store-gpus", type=int, default=8, help="GPUs of the KV-store table")
+    p.add_argument("--store-requests", type=int, default=None, help="Mooncake requests of the KV-store table")
+    p.add_argument("--store-azure-requests", type=int, default=None, help="Azure requests of the KV-store table")
     p.add_argument("--write", action="store_true", help="write --out and the README section")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--readme", default=str(README), help="README to fill ('' = leave it alone)")
@@ -375,6 +517,8 @@ def main(argv: list[str] | None = None) -> None:
         a.capacity_requests = a.capacity_requests or 2000
         a.capacity_k = a.capacity_k[:2]
         a.speed_replicas = 4
+        a.store_requests = a.store_requests or 800
+        a.store_azure_requests = a.store_azure_requests or 2000
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     unknown = set(only) - set(SECTIONS)
     if unknown:
@@ -383,8 +527,11 @@ def main(argv: list[str] | None = None) -> None:
     if azure_conv_path(data) is None or mooncake_path(data) is None:
         p.error("the Azure and Mooncake traces are needed (../shared/data/traces, or $MINENGINE_DATA)")
     started = time.perf_counter()
+    load_start = os.getloadavg()[0]
     parts, goodputs = [], None
     cost = StepCostModel(a.hardware, a.model, tp=a.tp)
+    a.kv_bytes = cost.shape.kv_bytes_per_token
+    a.prefill_us = cost.cost(StepWork.of([(2048, 0, 0)])).time_s / 2048 * 1e6
     flags = (" --quick" if a.quick else "") + (f" --only {','.join(only)}" if set(only) != set(SECTIONS) else "")
     header = (f"Generated by `python benchmarks/fleet.py{flags}` ({date.today().isoformat()}, "
               f"{platform.machine()}, Python {platform.python_version()}). Every replica is minengine's own "
@@ -417,8 +564,13 @@ def main(argv: list[str] | None = None) -> None:
         text, _ = section_capacity(a, data, goodputs)
         parts.append("**Capacity planning: the Azure trace at k x its rate**\n\n" + text)
         print(parts[-1], flush=True)
+    if "store" in only:
+        text, _ = section_store(a, data)
+        parts.append("**The fleet KV store (Mooncake Store) vs per-replica prefix caches**\n\n" + text)
+        print(parts[-1], flush=True)
     parts.append(f"Data: Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA 2024); Mooncake trace (Qin et "
-                 f"al., FAST 2025). Total wall time {time.perf_counter() - started:.0f} s.")
+                 f"al., FAST 2025). Total wall time {time.perf_counter() - started:.0f} s; load average (1 min) "
+                 f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.")
     body = "\n\n".join(parts)
     if a.write:
         Path(a.out).write_text("# Fleet lab results\n\n" + body + "\n")
