@@ -1,19 +1,35 @@
 """The dashboard's Fleet page: the engine's own scheduler on many modelled GPUs (``minengine.fleet``).
 
 Streamlit lists this file (``pages/``) next to ``app.py`` in the sidebar. No fleet logic here: the page reads
-controls, builds a ``FleetConfig`` and a trace window, runs ``simulate`` (cached on both) and draws the result
-with ``minengine.viz.fleet_figures`` (replicas as lanes of KV use and queue length) and ``minengine.viz``.
+controls, builds a ``FleetConfig`` (optionally with the fleet's KV store) and a trace window, runs ``simulate`` (cached
+on both) and draws the result with ``minengine.viz.fleet_figures`` (replicas and the store as lanes of KV use and
+queue length, where prompt tokens came from against the window's infinite-cache ideal) and ``minengine.viz``.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
-from minengine.fleet import LINKS, ROUTERS, FleetConfig, FleetResult, PercentileSLO, simulate
+from minengine.fleet import (
+    LINKS,
+    ROUTERS,
+    FleetConfig,
+    FleetResult,
+    KVStoreConfig,
+    PercentileSLO,
+    infinite_cache_hits,
+    simulate,
+)
 from minengine.timing.hardware import HARDWARE
 from minengine.timing.model_shape import MODEL_SHAPES
 from minengine.viz import latency_cdf_figure
-from minengine.viz.fleet_figures import fleet_description, fleet_lanes_figure, fleet_load_figure, ft
+from minengine.viz.fleet_figures import (
+    fleet_description,
+    fleet_lanes_figure,
+    fleet_load_figure,
+    ft,
+    prompt_sources_figure,
+)
 from minengine.workloads import (
     find_data_dir,
     load_azure_trace,
@@ -38,6 +54,14 @@ def cached_trace(name: str, num_requests: int, multiplier: float, vocab_size: in
     else:
         trace = synthetic_trace(num_requests, rate=5.0, prompt_len=1024, output_len=200, range_ratio=0.9)
     return speed_up(trace, multiplier) if multiplier != 1 else trace
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def cached_ideal(name: str, num_requests: int, multiplier: float, vocab_size: int, block_size: int,
+                 max_model_len: int) -> float:
+    """The trace window's infinite-cache ideal hit share (a fraction)."""
+    trace = cached_trace(name, num_requests, multiplier, vocab_size)
+    return infinite_cache_hits(trace, block_size, max_model_len).hit_rate
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -80,6 +104,23 @@ def controls(lang: str) -> tuple[FleetConfig | None, tuple, PercentileSLO, str |
                                      key="fleet_drouter")
         link = sb.selectbox(ft("link", lang), list(LINKS), index=list(LINKS).index(link), key="fleet_link",
                             format_func=lambda k: LINKS[k].name)
+    sb.subheader(ft("store_section", lang))
+    kinds = ["none", "dram", "ssd"]
+    kind = sb.radio(ft("store_kind", lang), kinds, key="fleet_store", format_func=lambda k: ft(f"store_{k}", lang))
+    store = None
+    if kind != "none":
+        dram_gb = sb.number_input(ft("store_dram_gb", lang), min_value=1.0, max_value=100_000.0, value=1000.0,
+                                  key="fleet_store_dram")
+        ssd_tb = 0.0
+        if kind == "ssd":
+            ssd_tb = sb.number_input(ft("store_ssd_tb", lang), min_value=0.1, max_value=1000.0, value=4.0,
+                                     key="fleet_store_ssd")
+        per_node = int(sb.number_input(ft("store_gpus_per_node", lang), min_value=1, max_value=64, value=8,
+                                       key="fleet_store_gpn"))
+        links = [k for k in LINKS if k != "infinite"]
+        store_link = sb.selectbox(ft("store_link", lang), links, key="fleet_store_link",
+                                  format_func=lambda k: LINKS[k].name, index=links.index("ib-400g"))
+        store = (dram_gb * 1e9, ssd_tb * 1e12, per_node, store_link)
     sb.subheader(ft("slo", lang))
     ttft = sb.number_input(ft("slo_ttft", lang), min_value=1.0, max_value=100_000.0, value=250.0, key="fleet_ttft")
     tpot = sb.number_input(ft("slo_tpot", lang), min_value=1.0, max_value=10_000.0, value=100.0, key="fleet_tpot")
@@ -87,7 +128,12 @@ def controls(lang: str) -> tuple[FleetConfig | None, tuple, PercentileSLO, str |
     try:
         if gpus % tp:
             raise ValueError(f"{gpus} GPUs are not a multiple of tensor parallelism {tp}")
-        common = dict(model=shape, router=router, decode_router=decode_router, link=link)
+        kv_store = None
+        if store is not None:
+            dram, ssd, per_node, store_link = store
+            kv_store = KVStoreConfig(dram_bytes_per_node=dram, ssd_bytes_per_node=ssd, gpus_per_node=per_node,
+                                     link=store_link)
+        common = dict(model=shape, router=router, decode_router=decode_router, link=link, kv_store=kv_store)
         if layout == "colocated":
             config = FleetConfig.colocated(replicas, hardware=hardware, tp=tp, **common)
         else:
@@ -101,7 +147,7 @@ def controls(lang: str) -> tuple[FleetConfig | None, tuple, PercentileSLO, str |
     return config, (name, num, mult), slo, None
 
 
-def results(res: FleetResult, slo: PercentileSLO, lang: str) -> None:
+def results(res: FleetResult, slo: PercentileSLO, lang: str, ideal: float) -> None:
     st.caption(fleet_description(res.config, lang))
     st.caption(ft("sim_speed", lang).format(requests=len(res.request_metrics), sim=res.duration_s,
                                             cpu=res.cpu_time_s, steps=res.num_steps, rate=res.steps_per_second))
@@ -115,6 +161,12 @@ def results(res: FleetResult, slo: PercentileSLO, lang: str) -> None:
     cols[0].metric(ft("m_hit", lang), f"{res.prefix_hit_rate:.1%}")
     cols[1].metric(ft("m_imbalance", lang), f"{res.load_imbalance():.2f}")
     cols[2].metric(ft("m_transfers", lang), f"{res.transfers.count:,} ({res.transfers.mean_time_s * ms:.2f})")
+    if res.store is not None:
+        s = res.store
+        cols = st.columns(3)
+        cols[0].metric(ft("m_store_hit", lang), f"{res.store_hit_rate:.1%}")
+        cols[1].metric(ft("m_store_bytes", lang), f"{s.loaded_bytes / 1e9:,.1f} / {s.written_bytes / 1e9:,.1f}")
+        cols[2].metric(ft("m_store_loads", lang), f"{s.num_loads:,} ({s.declined_loads:,})")
     st.plotly_chart(fleet_lanes_figure(res, "kv", lang), key="fleet_kv")
     st.plotly_chart(fleet_lanes_figure(res, "queue", lang), key="fleet_queue")
     st.caption(ft("cap_lanes", lang))
@@ -123,6 +175,8 @@ def results(res: FleetResult, slo: PercentileSLO, lang: str) -> None:
         st.plotly_chart(fleet_load_figure(res, lang), key="fleet_load")
     with right:
         st.plotly_chart(latency_cdf_figure(res.request_metrics, lang), key="fleet_latency")
+    st.plotly_chart(prompt_sources_figure({res.config.router: res}, ideal, lang), key="fleet_sources")
+    st.caption(ft("cap_sources", lang))
 
 
 def main() -> None:
@@ -146,10 +200,11 @@ def main() -> None:
     try:
         with st.spinner(ft("running_sim", lang)):
             res = cached_simulation(config, *trace_choice)
+            ideal = cached_ideal(*trace_choice, config.shape.vocab_size, config.block_size, config.max_model_len)
     except (ValueError, RuntimeError) as exc:
         st.error(ft("bad_input", lang).format(error=exc))
         return
-    results(res, slo, lang)
+    results(res, slo, lang, ideal)
 
 
 main()

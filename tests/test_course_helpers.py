@@ -107,3 +107,20 @@ def test_check_close_states_its_tolerance_and_hides_the_hint_until_tried(capsys)
         assert not verdict
     out = capsys.readouterr().out
     assert out.count("not answered yet") == 3 and "the formula" not in out
+
+
+def test_check_function_with_a_tolerance_checks_every_case(capsys):
+    """``rel_tol``: numbers within the tolerance pass on every case; a formula right on one case only, a result
+    that is not a number, and a negative tolerance fail; objects with a name are named in the message."""
+    from minengine.course import check_function
+    from minengine.timing.hardware import HARDWARE
+
+    cases = [((HARDWARE["h100"], 2.0), 2.0 * HARDWARE["h100"].mfu), ((HARDWARE["cpu"], 3.0), 3.0)]
+    assert check_function("f", lambda hw, x: x * hw.mfu * 1.001, cases, rel_tol=0.01)
+    assert not check_function("f", lambda hw, x: x * 0.5, cases, rel_tol=0.01)  # right for the H100 only
+    assert not check_function("f", lambda hw, x: "3.0", cases, rel_tol=0.01)
+    assert not check_function("f", lambda hw, x: x * hw.mfu * 1.05, cases, rel_tol=0.01)
+    out = capsys.readouterr().out
+    assert "wrong for ('CPU (2 cores, fitted)', 3.0): got 1.5" in out and out.count("FAIL") == 3
+    with pytest.raises(ValueError, match="rel_tol"):
+        check_function("f", abs, cases, rel_tol=-1)

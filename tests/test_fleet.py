@@ -871,3 +871,29 @@ def test_fleet_modules_import_without_a_cycle():
     for n in sorted(graph):
         if n not in state:
             visit(n, [])
+
+
+def test_store_lanes_and_prompt_sources_figures():
+    """With a store (DRAM + SSD): the KV lanes end with the store's DRAM and SSD use (% of all nodes' capacity), the
+    queue lanes with its loads in flight; the sources figure stacks local + store + computed to 100 % per run."""
+    from minengine.viz.fleet_figures import fleet_lanes_figure, prompt_sources_figure
+
+    trace = conversations(10, 4, seed=15)
+    store = KVStoreConfig(dram_bytes_per_node=40 * BLOCK_BYTES, ssd_bytes_per_node=400 * BLOCK_BYTES)
+    cfg = dict(replicas=(ReplicaSpec(num_kv_blocks=3000),) * 3, timeline_interval_s=0.0)
+    shared = simulate(trace, FleetConfig(kv_store=store, **cfg))
+    alone = simulate(trace, FleetConfig(**cfg))
+    kv = fleet_lanes_figure(shared, "kv", num_bins=40).data[0]
+    assert list(kv.y) == ["R0", "R1", "R2", "store", "store SSD"]
+    assert max(kv.z[3]) == pytest.approx(100.0)  # the DRAM tier fills up (it is small), and never passes 100 %
+    assert all(0 <= v <= 100 for row in kv.z for v in row) and max(kv.z[4]) > 0
+    queue = fleet_lanes_figure(shared, "queue", num_bins=40).data[0]
+    assert list(queue.y)[-1] == "store loads" and max(queue.z[-1]) >= 1
+    assert list(fleet_lanes_figure(alone, "kv", num_bins=40).data[0].y) == ["R0", "R1", "R2"]
+    ideal = infinite_cache_hits(trace, BS).hit_rate
+    fig = prompt_sources_figure({"alone": alone, "store": shared}, ideal)
+    local, loaded, computed = (bar.y for bar in fig.data)
+    assert loaded[0] == 0 and loaded[1] == pytest.approx(100 * shared.store_hit_rate) and loaded[1] > 0
+    for i in range(2):
+        assert local[i] + loaded[i] + computed[i] == pytest.approx(100.0)
+    assert fig.layout.shapes[0].y0 == pytest.approx(100 * ideal)

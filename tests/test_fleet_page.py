@@ -39,7 +39,7 @@ def test_colocated_then_disaggregated(page):
     captions = [c.value for c in at.caption]
     assert captions[0].startswith("4 x H100 SXM (TP 1), colocated")
     titles = chart_titles(at)
-    assert len(titles) == 4 and sum("lanes" in t for t in titles) == 2
+    assert len(titles) == 5 and sum("lanes" in t for t in titles) == 2
     assert all("modelled: H100 SXM, Llama-3-8B shapes" in t for t in titles[:3])  # the hardware is named
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["KV transfers (mean ms)"].startswith("0 ")
@@ -70,3 +70,28 @@ def test_chinese_and_bad_input(page):
     at.sidebar.selectbox(key="fleet_hw").set_value("l4").run()
     at.sidebar.selectbox(key="fleet_model").set_value("llama-3-70b").run()
     assert not at.exception and "do not fit" in at.error[0].value
+
+
+def test_kv_store_is_one_more_lane(page):
+    """With the fleet KV store (DRAM + SSD) and the conductor router: the store's lanes under the replicas' (DRAM and
+    SSD use, loads in flight), its metrics, and where prompt tokens came from against the window's ideal."""
+    at = page
+    if "mooncake" in at.sidebar.selectbox(key="fleet_trace").options:
+        at.sidebar.selectbox(key="fleet_trace").set_value("mooncake").run()
+    at.sidebar.selectbox(key="fleet_router").set_value("conductor").run()
+    at.sidebar.radio(key="fleet_store").set_value("ssd").run()
+    at.sidebar.number_input(key="fleet_store_gpn").set_value(1).run()  # one node per GPU: loads cross the network
+    at.button(key="fleet_run").click().run()
+    assert not at.exception and not at.error
+    assert "KV store 1 TB DRAM + 4.0 TB SSD per 1-GPU node, 400 Gb/s InfiniBand" in at.caption[0].value
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["served from the KV store"].endswith("%")
+    assert "loaded / written (GB)" in metrics and "loads (declined: recompute cheaper)" in metrics
+    kv, queue = (json.loads(c.proto.spec) for c in at.get("plotly_chart")[:2])
+    assert kv["data"][0]["y"][-2:] == ["store", "store SSD"] and queue["data"][0]["y"][-1] == "store loads"
+    assert len(kv["data"][0]["y"]) == 4 + 2
+    titles = chart_titles(at)
+    assert any(t.startswith("Where prompt tokens came from") for t in titles)
+    at.sidebar.radio(key="fleet_lang").set_value("zh").run()
+    at.button(key="fleet_run").click().run()
+    assert not at.exception and "存储" in json.loads(at.get("plotly_chart")[0].proto.spec)["data"][0]["y"][-2]

@@ -101,20 +101,23 @@ def check_close(name: str, answer, expected: float, rel_tol: float = 0.02, abs_t
     return _fail(name, f"got {value:g}, not {_tolerance(rel_tol, abs_tol)} the measured value", hint)
 
 
-def check_function(name: str, fn, cases, hint: str | None = None) -> Verdict:
-    """Call the learner's function ``fn`` on every ``(args, expected)`` of ``cases`` and compare exactly.
+def check_function(name: str, fn, cases, hint: str | None = None, rel_tol: float | None = None) -> Verdict:
+    """Call the learner's function ``fn`` on every ``(args, expected)`` of ``cases`` and compare.
 
-    One exercise instance can hide a wrong formula (floor and ceiling agree when a length divides), so a
-    formula answered as a function is checked on several inputs, each with its expected value computed by
-    the notebook (from the engine or a trace). Prints PASS, or FAIL naming the first failing input (not its
-    expected value) and returns the result.
+    One exercise instance can hide a wrong formula (floor and ceiling agree when a length divides; two mistakes can
+    cancel on one GPU and not on another), so a formula answered as a function is checked on several inputs, each
+    with its expected value computed by the notebook (from the engine or a trace). Exact comparison, or with
+    ``rel_tol`` (a fraction) every result must be a number within that relative tolerance. Prints PASS, or FAIL
+    naming the first failing input (not its expected value) and returns the result.
 
     Raises:
-        ValueError: ``cases`` is empty.
+        ValueError: ``cases`` is empty; ``rel_tol`` negative.
     """
     cases = list(cases)
     if not cases:
         raise ValueError("check_function needs at least one (args, expected) case")
+    if rel_tol is not None and not rel_tol >= 0:
+        raise ValueError(f"rel_tol must be >= 0, got {rel_tol!r}")
     if fn is None:
         return _unanswered(name)
     if not callable(fn):
@@ -124,7 +127,18 @@ def check_function(name: str, fn, cases, hint: str | None = None) -> Verdict:
         try:
             got = fn(*args)
         except Exception as err:  # the learner's code: report, do not crash the check
-            return _fail(name, f"calling it with {args} raised {type(err).__name__}: {err}", hint)
-        if got != expected:
-            return _fail(name, f"wrong for {args}: got {got!r}", hint)
+            return _fail(name, f"calling it with {_short(args)} raised {type(err).__name__}: {err}", hint)
+        if rel_tol is None:
+            ok = got == expected
+        else:
+            ok = isinstance(got, (int, float)) and not isinstance(got, bool) and math.isclose(got, expected,
+                                                                                             rel_tol=rel_tol)
+        if not ok:
+            return _fail(name, f"wrong for {_short(args)}: got {got!r}", hint)
     return _pass(name, f" ({len(cases)} cases)")
+
+
+def _short(args: tuple) -> str:
+    """The arguments as a learner reads them: objects with a ``name`` (a model shape, a GPU, a link) by name."""
+    parts = [repr(a.name) if hasattr(a, "name") and not isinstance(a, (int, float, str)) else repr(a) for a in args]
+    return "(" + ", ".join(parts) + (",)" if len(parts) == 1 else ")")

@@ -1,6 +1,7 @@
-"""Figures of a fleet run (``minengine.fleet.FleetResult``): replicas as lanes over simulated time, and the load per
-replica. Used by the dashboard's Fleet page and the course's fleet chapter; every axis names its unit and every
-title names the modelled hardware."""
+"""Figures of a fleet run (``minengine.fleet.FleetResult``): replicas as lanes over simulated time (with the fleet's KV
+store as one more lane when it has one), the load per replica, and where prompt tokens came from. Used by the
+dashboard's Fleet page and the course's fleet chapter; every axis names its unit and every title names the modelled
+hardware."""
 
 from __future__ import annotations
 
@@ -21,6 +22,15 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "load_title": ("Load per replica ({label})", "每个副本的负载（{label}）"),
     "busy": ("busy time (s)", "忙碌时间（秒）"),
     "requests": ("requests served", "处理的请求数"),
+    "store_lane": ("store", "存储"),
+    "store_ssd_lane": ("store SSD", "存储 SSD"),
+    "store_loads_lane": ("store loads", "存储加载"),
+    "sources_title": ("Where prompt tokens came from ({label})", "提示词元的来源（{label}）"),
+    "src_local": ("local prefix cache", "本地前缀缓存"),
+    "src_store": ("loaded from the KV store", "从 KV 存储加载"),
+    "src_computed": ("computed", "计算"),
+    "src_ideal": ("infinite-cache ideal", "无限缓存上限"),
+    "share_prompt": ("% of prompt tokens", "提示词元的 %"),
     "mixed": ("R", "R"),
     "prefill": ("P", "P"),
     "decode": ("D", "D"),
@@ -53,6 +63,23 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "router": ("router", "路由器"),
     "decode_router": ("decode router", "解码路由器"),
     "link": ("KV link", "KV 链路"),
+    "store_section": ("KV store (Mooncake)", "KV 存储（Mooncake）"),
+    "store_kind": ("fleet KV store", "集群 KV 存储"),
+    "store_none": ("none: per-replica prefix caches", "无：各副本自己的前缀缓存"),
+    "store_dram": ("DRAM", "DRAM"),
+    "store_ssd": ("DRAM + SSD", "DRAM + SSD"),
+    "store_dram_gb": ("DRAM per node (GB)", "每节点 DRAM（GB）"),
+    "store_ssd_tb": ("SSD per node (TB)", "每节点 SSD（TB）"),
+    "store_gpus_per_node": ("GPUs per node", "每节点 GPU 数"),
+    "store_link": ("link between nodes", "节点间链路"),
+    "m_store_hit": ("served from the KV store", "由 KV 存储提供"),
+    "m_store_bytes": ("loaded / written (GB)", "加载 / 写入（GB）"),
+    "m_store_loads": ("loads (declined: recompute cheaper)", "加载次数（放弃：重算更便宜）"),
+    "cap_sources": ("Green: prompt tokens found in the replica's own prefix cache; blue: loaded from the fleet's KV "
+                    "store (only when the load ends before recomputing them would); grey: computed. The dashed line "
+                    "is the trace window's infinite-cache ideal.",
+                    "绿色：在副本自己的前缀缓存中找到的提示词元；蓝色：从集群 KV 存储加载的"
+                    "（仅当加载比重算更早完成时才加载）；灰色：重新计算的。虚线是该轨迹窗口的无限缓存上限。"),
     "slo": ("SLO (P90, DistServe)", "SLO（P90，DistServe）"),
     "slo_ttft": ("P90 TTFT (ms)", "P90 TTFT（毫秒）"),
     "slo_tpot": ("P90 TPOT (ms)", "P90 TPOT（毫秒）"),
@@ -75,9 +102,11 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     "cap_lanes": ("Each row is one replica; colour is its KV use (top) or its waiting queue (bottom) over simulated "
-                  "time. P = prefill, D = decode, R = colocated replica.",
+                  "time. P = prefill, D = decode, R = colocated replica; with a KV store, its last rows are the "
+                  "store's DRAM (and SSD) use and its loads in flight.",
                   "每一行是一个副本；颜色表示其 KV 占用（上）或等待队列（下）随模拟时间的变化。"
-                  "P = 预填充，D = 解码，R = 混合副本。"),
+                  "P = 预填充，D = 解码，R = 混合副本；"
+                  "有 KV 存储时，最后几行是存储的 DRAM（和 SSD）占用及进行中的加载。"),
 }
 
 
@@ -140,7 +169,9 @@ def resample(times: list[float], values: list[float], grid: list[float]) -> list
 def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: int = 300) -> go.Figure:
     """One lane per replica (rows), simulated time across (s), colour = ``metric``: "kv" (KV blocks held, % of that
     replica's pool), "queue" (waiting requests) or "running" (running requests), from each replica's sampled
-    timeline (``ReplicaStats.times``; one sample per ``FleetConfig.timeline_interval_s`` at most).
+    timeline (``ReplicaStats.times``; one sample per ``FleetConfig.timeline_interval_s`` at most). With a KV store,
+    one more lane below the replicas: for "kv" the store's DRAM use (% of all nodes' DRAM; and its SSD use, if it has
+    an SSD tier), for "queue" its loads in flight; none for "running".
 
     Raises:
         ValueError: an unknown ``metric`` or ``lang``.
@@ -156,10 +187,24 @@ def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: i
         else:
             vals = list(r.waiting if metric == "queue" else r.running)
         z.append(resample(r.times, vals, grid))
+    names = replica_names(result, lang)
+    st = getattr(result, "store", None)
+    if st is not None and metric != "running":
+        if metric == "kv":
+            z.append(resample(st.times, [100.0 * u / (st.num_nodes * st.dram_capacity_blocks) for u in st.dram_blocks],
+                              grid))
+            names.append(ft("store_lane", lang))
+            if st.ssd_capacity_blocks:
+                z.append(resample(st.times, [100.0 * u / (st.num_nodes * st.ssd_capacity_blocks)
+                                             for u in st.ssd_blocks_used], grid))
+                names.append(ft("store_ssd_lane", lang))
+        else:
+            z.append(resample(st.times, list(st.loads_in_flight), grid))
+            names.append(ft("store_loads_lane", lang))
     what = ft({"kv": "kv_use", "queue": "queue", "running": "running"}[metric], lang)
     label = hardware_label(result)
     fig = go.Figure(go.Heatmap(
-        z=z, x=grid, y=replica_names(result, lang), colorscale="Viridis" if metric == "kv" else "Magma",
+        z=z, x=grid, y=names, colorscale="Viridis" if metric == "kv" else "Magma",
         # counts from 0 to at least 1: an all-zero queue is drawn as 0 (black), not as the middle of a -0.5..0.5 scale
         zmin=0, zmax=100 if metric == "kv" else max(1.0, max((max(row, default=0) for row in z), default=0)),
         colorbar={"title": what},
@@ -167,7 +212,27 @@ def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: i
     fig.update_layout(title=ft("lanes_title", lang).format(what=what, label=label),
                       xaxis={"title": ft("sim_time", lang)},
                       yaxis={"title": ft("replica", lang), "autorange": "reversed"},
-                      height=max(260, 28 * len(result.replicas) + 140), margin={"t": 60})
+                      height=max(260, 28 * len(names) + 140), margin={"t": 60})
+    return fig
+
+
+def prompt_sources_figure(results: dict, ideal: float | None = None, lang: str = "en") -> go.Figure:
+    """Stacked bars, one per run (``results``: name -> ``FleetResult``): the share of prompt tokens served by the
+    replicas' own prefix caches, loaded from the KV store, and computed (%), with the trace's infinite-cache ideal
+    (``minengine.fleet.infinite_cache_hits(...).hit_rate``, a fraction) as a dashed line when given."""
+    names = list(results)
+    store = [100 * r.store_hit_rate for r in results.values()]
+    local = [100 * r.prefix_hit_rate - s for r, s in zip(results.values(), store)]
+    computed = [100 - a - b for a, b in zip(local, store)]
+    fig = go.Figure([go.Bar(name=ft("src_local", lang), x=names, y=local, marker_color="#2ca02c"),
+                     go.Bar(name=ft("src_store", lang), x=names, y=store, marker_color="#1f77b4"),
+                     go.Bar(name=ft("src_computed", lang), x=names, y=computed, marker_color="#d3d3d3")])
+    if ideal is not None:
+        fig.add_hline(y=100 * ideal, line_dash="dash", annotation_text=ft("src_ideal", lang))
+    label = hardware_label(next(iter(results.values()))) if results else ""
+    fig.update_layout(barmode="stack", title=ft("sources_title", lang).format(label=label),
+                      yaxis={"title": ft("share_prompt", lang), "range": [0, 100]}, margin={"t": 60},
+                      legend={"orientation": "h", "y": -0.2})
     return fig
 
 

@@ -16,13 +16,15 @@ import plotly.graph_objects as go
 import minengine.viz as viz
 import minengine.viz.fleet_figures as fleet_viz
 from minengine.config import EngineConfig
-from minengine.course import FAST, check, check_close, conclude, pick
+from minengine.course import FAST, check, check_close, check_function, conclude, pick
 from minengine.engine.llm_engine import LLMEngine
-from minengine.fleet import LINKS, ROUTERS, FleetConfig, PercentileSLO, TokenFreeRunner, simulate, token_free_engine
+from minengine.fleet import (LINKS, ROUTERS, FleetConfig, KVLink, KVStoreConfig, PercentileSLO, TokenFreeRunner, infinite_cache_hits,
+                             simulate, token_free_engine)
 from minengine.fleet.planning import max_goodput, min_replicas
 from minengine.sampling_params import SamplingParams
 from minengine.timing import StepCostModel, StepWork
-from minengine.timing.model_shape import LLAMA_3_8B
+from minengine.timing.hardware import HARDWARE
+from minengine.timing.model_shape import LLAMA_3_8B, MODEL_SHAPES
 from minengine.workloads import (Trace, TraceRequest, azure_conv_path, find_data_dir, load_azure_trace, load_mooncake_trace,
                                  mooncake_path, replay, speed_up, synthetic_trace)
 
@@ -33,6 +35,7 @@ CELLS = [
     *header(10, "The fleet: one scheduler, many GPUs", [
         "Explain what a token-free simulation keeps (the real scheduler, KV cache, prefix cache, modelled step times) and drops (the tokens), and why reusing the engine's own scheduler makes a fleet simulation trustworthy.",
         "Route requests across replicas (round-robin, least outstanding tokens, least KV usage, prefix-aware with a load-balance threshold) and measure the prefix-hit rate and the load imbalance.",
+        "Share prefixes across the whole fleet with a KV store in the nodes' DRAM (Mooncake): decide when fetching a prefix beats recomputing it (bytes per token over the link vs FLOPs per token on the GPU), route with Mooncake's conductor, and compare the hit share with the trace's infinite-cache ideal.",
         "Size and time the KV transfer of disaggregated prefill/decode over NVLink, InfiniBand and Ethernet.",
         "Compare colocated and disaggregated fleets at equal GPU count with DistServe's goodput (P90 TTFT and P90 TPOT), find the best prefill:decode split, and plan the GPUs a trace needs.",
     ], ["Zhong et al., *DistServe: Disaggregating Prefill and Decoding for Goodput-optimized LLM Serving*, OSDI 2024",
@@ -40,7 +43,8 @@ CELLS = [
         "Qin et al., *Mooncake: A KVCache-centric Disaggregated Architecture for LLM Serving*, FAST 2025 (and its trace)",
         "Agrawal et al., *Vidur: A Large-Scale Simulation Framework for LLM Inference*, MLSys 2024",
         "SGLang Model Gateway, cache-aware routing policy (`sgl-model-gateway/src/policies/cache_aware.rs`); SGLang v0.4 release notes",
-        "Agrawal et al., *Sarathi-Serve*, OSDI 2024 (chunked prefill)"]),
+        "Agrawal et al., *Sarathi-Serve*, OSDI 2024 (chunked prefill)",
+        "Mooncake Store and Transfer Engine (kvcache-ai/Mooncake); vLLM's KV connector interface"]),
     code(SETUP_FLEET),
     md("""
     ## A serving system is many engines
@@ -168,6 +172,83 @@ CELLS = [
     balance for hits; the load-balance threshold is what keeps a popular prefix from overloading one replica (SGLang's
     reason for it).
 
+    ## One KV cache for the whole fleet: the Mooncake store
+    However well a router places requests, each replica's prefix cache holds only what *that* replica computed, in
+    its own HBM (a few hundred thousand tokens), and a conversation's next turn often lands elsewhere. How much could be
+    served at most? The **infinite-cache ideal** of a trace: walk its requests in arrival order and count the leading
+    blocks of each prompt that some earlier prompt already had (`infinite_cache_hits`, with the engine's 16-token blocks
+    and chained hashes).
+
+    Mooncake (Qin et al., FAST 2025) pools the GPU nodes' idle **CPU DRAM (and SSD)** into one KV store: every
+    replica writes its prompts' full blocks there (over PCIe, into its own node), and a replica that misses a prefix
+    locally can **load** it from the store (from its own node over PCIe, from another node over RDMA) instead of
+    recomputing it, *when the load is cheaper*. The fleet's `KVStoreConfig` models exactly that: capacity per node
+    (LRU per node: DRAM, then an optional SSD tier), the same block hashes as the engine, and link time for every
+    load and write. Loaded blocks enter the replica's prefix cache through its `BlockPool`, so the engine's scheduler
+    admits the request with them as an ordinary local prefix hit.
+
+    Mooncake's **conductor** router then scores each replica by the TTFT it would give: its queueing time plus the
+    prefill of what its cache lacks, or the load of what the store holds (overlapping the queue) plus the prefill
+    of the rest: local hit + store hit - queue, in modelled seconds.
+    """),
+    conclusion("""
+    ideal = infinite_cache_hits(mooncake, 16, FleetConfig().max_model_len)
+    store = KVStoreConfig()  # 1 TB of DRAM per 8-GPU node: the 4 replicas share one node
+    shared = {name: simulate(mooncake, FleetConfig.colocated(4, router=name, kv_store=store)) for name in ("round-robin", "conductor")}
+    runs = {"prefix-aware, per-replica": routers["prefix-aware"], "conductor, per-replica": routers["conductor"],
+            "round-robin + store": shared["round-robin"], "conductor + store": shared["conductor"]}
+    for name, r in runs.items():
+        mean = sum(m.ttft for m in r.request_metrics.values()) / len(r.request_metrics)
+        print(f"{name:27s} hits {r.prefix_hit_rate:6.1%} (from the store {r.store_hit_rate:5.1%}) | mean TTFT {mean * 1000:6.0f} ms, "
+              f"P99 {r.latency('ttft', 99) * 1000:6.0f} ms | loaded {r.store.loaded_bytes / 1e9 if r.store else 0:6.1f} GB")
+    fleet_viz.prompt_sources_figure(runs, ideal.hit_rate).show()
+    fleet_viz.fleet_lanes_figure(shared["conductor"], "kv").show()
+    best = shared["conductor"]
+    def mean_ttft(r):
+        return sum(m.ttft for m in r.request_metrics.values()) / len(r.request_metrics)
+    word = "lower" if mean_ttft(best) < mean_ttft(routers["conductor"]) else "not lower"
+    conclude(f"The window's infinite-cache ideal is **{ideal.hit_rate:.1%}** of prompt tokens. Per-replica caches serve "
+             f"{routers['prefix-aware'].prefix_hit_rate:.1%} (prefix-aware) and {routers['conductor'].prefix_hit_rate:.1%} (conductor); "
+             f"with the store the conductor serves **{best.prefix_hit_rate:.1%}** ({best.prefix_hit_rate / max(ideal.hit_rate, 1e-9):.0%} of the ideal, "
+             f"{best.store_hit_rate:.1%} loaded from the store), and its mean TTFT is {word}: {mean_ttft(best) * 1000:.0f} ms against "
+             f"{mean_ttft(routers['conductor']) * 1000:.0f} ms.",
+             [("no run serves more than the infinite-cache ideal", all(r.prefix_hit_rate <= ideal.hit_rate + 1e-9 for r in runs.values())),
+              ("the store serves at least what the replicas' own caches do", best.prefix_hit_rate >= routers["conductor"].prefix_hit_rate),
+              ("the TTFT word matches the numbers", (word == "lower") == (mean_ttft(best) < mean_ttft(routers["conductor"])))])
+    """),
+    md("""
+    The last rows of the lanes are the store: its DRAM filling up over the run. On this short window there is little
+    to reuse; `python benchmarks/fleet.py --only store` runs the whole Mooncake trace (3,993 requests at full length),
+    where the ideal is about 65 % and the store's share of it is the question, and the Azure trace, which shares no
+    prefix, so the store serves nothing there and only costs its writes.
+
+    **When does fetching beat recomputing?** Recomputing a token of the prefix costs its FLOPs: about 2 FLOPs per
+    weight of the layers, plus attention over the context before it (4 x layers x query heads x head size per key).
+    Fetching it costs its KV bytes over the link. Both are per token, so the answer is a ratio that depends on the
+    model, the GPU, the link and the context, not on the prefix length (the link's latency is paid once per load).
+    """),
+    conclusion("""
+    model = StepCostModel("h100", "llama-3-8b")
+    contexts = [0, 2000, 8000, 32000, 128000]
+    fig = go.Figure()
+    for key in ("nvlink", "ib-400g", "ethernet-100g"):
+        link = LINKS[key]
+        fetch_s = LLAMA_3_8B.kv_bytes_per_token / (link.bandwidth * link.efficiency)
+        fig.add_trace(go.Scatter(x=contexts, y=[model.cost(StepWork.of([(1, c, 0)])).compute_time_s / fetch_s for c in contexts],
+                                 mode="lines+markers", name=link.name))
+    fig.add_hline(y=1, line_dash="dash", annotation_text="break-even")
+    fig.update_layout(title="Recompute time / fetch time of one token's KV (modelled H100, Llama-3-8B)", xaxis_title="context before the token (tokens)",
+                      yaxis_title="x faster to fetch", yaxis_type="log")
+    fig.show()
+    per_token_s = model.cost(StepWork.of([(1, 0, 0)])).compute_time_s
+    breakeven = LLAMA_3_8B.kv_bytes_per_token / per_token_s
+    conclude(f"On an H100 (at its modelled {HARDWARE['h100'].mfu:.0%} MFU) a Llama-3-8B token costs {per_token_s * 1e6:.1f} us of compute at context 0, its "
+             f"{LLAMA_3_8B.kv_bytes_per_token // 1024} KiB of KV {LLAMA_3_8B.kv_bytes_per_token / LINKS['ib-400g'].bandwidth * 1e6:.1f} us over 400 Gb/s "
+             f"InfiniBand: fetching pays on any link faster than **{breakeven / 1e9:.1f} GB/s**, and more so with a longer context (attention grows with it).",
+             [("InfiniBand is faster than the break-even bandwidth", LINKS["ib-400g"].bandwidth > breakeven),
+              ("a longer context makes recomputing dearer", model.cost(StepWork.of([(1, 32000, 0)])).compute_time_s > per_token_s)])
+    """),
+    md("""
     ## Disaggregation: prefill here, decode there
     A long prefill in the same step as other requests' decodes stalls them (chapter 4): prefill-decode **interference**.
     DistServe and Splitwise put prefill and decode on different GPUs, so decodes never wait for a prefill; the price is
@@ -316,17 +397,44 @@ CELLS = [
                     "answer_2 = sum(r.busy_time_s for r in fleet.replicas) / len(fleet.replicas) / max(r.busy_time_s for r in fleet.replicas)  # inverted",
                     "answer_2 = max(r.busy_time_s for r in fleet.replicas) - min(r.busy_time_s for r in fleet.replicas)  # a difference"]),
     *exercise(3, """
-        Which router served the largest share of prompt tokens from the prefix cache on the Mooncake trace? Answer its name
-        as a string (a key of `routers`).
-        """, "Look at `routers[name].prefix_hit_rate`.", "answer_3",
+        Write `fetch_speedup(shape, hardware, link, context)`: how many times faster **fetching** one prompt token's KV
+        over `link` is than **recomputing** it on `hardware`, for the model `shape`, when `context` tokens come before it.
+        Recompute: its FLOPs (2 per weight of the transformer layers, `shape.num_layer_params`, plus attention:
+        4 x `num_layers` x `num_heads` x `head_dim` per key, and it attends to `context + 1` keys) at
+        `hardware.peak_flops x hardware.mfu`. Fetch: its KV bytes at `link.bandwidth x link.efficiency` (bytes/s; the
+        latency is paid once per load, leave it out). The check tries several models, GPUs, links and contexts.
+        """, "A prefix token only runs the layers: no embedding FLOPs and no LM head (it samples nothing). KV bytes per token: K and V, every layer, the KV heads (not the query heads).", "answer_3",
         """
-        answer_3 = max(routers, key=lambda name: routers[name].prefix_hit_rate)
+        def fetch_speedup(shape, hardware, link, context):
+            flops = 2 * shape.num_layer_params + 4 * shape.num_layers * shape.num_heads * shape.head_dim * (context + 1)
+            recompute_s = flops / (hardware.peak_flops * hardware.mfu)
+            kv_bytes = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
+            fetch_s = kv_bytes / (link.bandwidth * link.efficiency)
+            return recompute_s / fetch_s
+
+
+        answer_3 = fetch_speedup
         """,
         """
-        check("Exercise 3: the router with the most prefix hits", answer_3, max(routers, key=lambda name: routers[name].prefix_hit_rate))
-        """, wrong=["answer_3 = min(routers, key=lambda name: routers[name].prefix_hit_rate)  # the fewest hits",
-                    "answer_3 = 'round-robin'  # the default",
-                    "answer_3 = max(routers, key=lambda name: routers[name].prefix_hit_rate).replace('-', ' ')  # misspelt"]),
+        TE = KVLink("Mooncake Transfer Engine, 87 % of 4 x 200 Gb/s", 100e9, efficiency=0.87)
+        CPU_LINK = KVLink("CPU memory", HARDWARE["cpu"].host_link_bandwidth)
+        FETCH_CASES = []
+        for shape, hw, link, context in [("llama-3-8b", "h100", LINKS["ib-400g"], 0), ("llama-3-8b", "h100", LINKS["ib-400g"], 32000),
+                                         ("qwen2.5-7b", "a100", LINKS["ethernet-100g"], 4000), ("llama-3-70b", "h100", TE, 16000),
+                                         ("llama-3-8b", "cpu", CPU_LINK, 1000), ("llama-3-70b", "l4", LINKS["nvlink"], 0)]:
+            recompute_s = StepCostModel(hw, shape).cost(StepWork.of([(1, context, 0)])).compute_time_s  # the engine's cost model
+            fetch_s = MODEL_SHAPES[shape].kv_bytes_per_token / (link.bandwidth * link.efficiency)
+            FETCH_CASES.append(((MODEL_SHAPES[shape], HARDWARE[hw], link, context), recompute_s / fetch_s))
+        check_function("Exercise 3: fetch vs recompute", answer_3, FETCH_CASES, rel_tol=0.02,
+                       hint="layer weights only (no embedding, no LM head), attention over context + 1 keys, the achieved FLOP/s (mfu), KV heads, K and V")
+        """, wrong=[
+            "answer_3 = lambda s, hw, l, c: 2 * s.num_params / (hw.peak_flops * hw.mfu) / (s.kv_bytes_per_token / (l.bandwidth * l.efficiency))  # no attention, embedding + LM head counted",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu) / (2 * s.num_layers * s.num_heads * s.head_dim * s.dtype_bytes / (l.bandwidth * l.efficiency))  # query heads, not KV heads",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / hw.peak_flops / (s.kv_bytes_per_token / 2 / (l.bandwidth * l.efficiency))  # no MFU and K only: they cancel on every GPU at 50 % MFU, not on the CPU",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu) / (s.kv_bytes_per_token / l.bandwidth)  # link efficiency ignored",
+            "answer_3 = lambda s, hw, l, c: (s.kv_bytes_per_token / (l.bandwidth * l.efficiency)) / ((2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu))  # inverted",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu) / (s.kv_bytes_per_token * 8 / (l.bandwidth * l.efficiency))  # bandwidth read as bits/s",
+        ]),
     *exercise(4, """
         DistServe compares systems by goodput **per GPU**. What is the per-GPU goodput (requests/s per GPU) of the
         *disaggregated 2:2* fleet under the tight TPOT SLO? Use `goodputs["tight TPOT", "disaggregated 2:2"]`, whose
@@ -366,6 +474,8 @@ CELLS = [
     *summary([
         "A fleet simulation needs the scheduler, the KV cache and a step-time model, not the tokens: `TokenFreeRunner` + `ModelledClock` turn minengine's own engine into a replica.",
         "A router sees the replicas that can hold a request and their load; SGLang's and Mooncake's cache-aware routing sends a request where its prefix is cached unless the load is imbalanced. Compare routers by prefix-hit rate, TTFT and load imbalance.",
+        "A fleet KV store (Mooncake) keeps every replica's prompt blocks in the nodes' DRAM/SSD under the engine's block hashes; a replica loads a stored prefix when the load ends before recomputing it would, and the loaded blocks become an ordinary local prefix hit. Compare the hit share with the trace's infinite-cache ideal.",
+        "Fetching beats recomputing when KV bytes per token / link bandwidth < FLOPs per token / achieved FLOP/s: the break-even bandwidth is KV bytes per token over compute seconds per token, and a longer context (more attention FLOPs per token) lowers it.",
         "Disaggregation moves prompt_len x KV bytes per token (128 KiB per token for Llama-3-8B) per request, milliseconds over InfiniBand; it removes prefill-decode interference.",
         "Goodput (the highest rate whose P90 TTFT and P90 TPOT meet the SLO) is the figure of merit for colocated vs disaggregated fleets: compare at equal GPUs, for each SLO, and search the P:D split.",
         "Capacity planning is a search over simulated fleets: the fewest GPUs whose run meets the SLO at the planned rate.",
@@ -375,6 +485,9 @@ CELLS = [
         ("router", "路由器", "chooses the replica for each request"),
         ("prefix-aware routing", "前缀感知路由", "send a request where its prefix is cached, unless the load is imbalanced"),
         ("load imbalance", "负载不均衡", "busiest replica's busy time over the mean"),
+        ("KV store", "KV 存储", "a cluster-wide pool of KV blocks in the nodes' DRAM/SSD (Mooncake)"),
+        ("infinite-cache ideal", "无限缓存上限", "the share of prompt tokens an unbounded shared prefix cache would serve"),
+        ("conductor", "Conductor 路由（Mooncake）", "routes to the replica with the smallest estimated TTFT: local hit + store hit - queue"),
         ("disaggregated prefill/decode", "预填充/解码分离", "prefill and decode on different GPUs, KV moved between them"),
         ("KV transfer", "KV 传输", "prompt tokens x KV bytes per token over a link"),
         ("goodput", "有效吞吐", "highest rate whose P90 TTFT and P90 TPOT meet the SLO (DistServe)"),
