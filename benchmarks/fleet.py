@@ -375,7 +375,8 @@ def store_row(trace_name: str, store_name: str, router: str, r, ideal: float) ->
 def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
     n = a.store_gpus
     vocab = FleetConfig(model=a.model).shape.vocab_size
-    mooncake = load_mooncake_trace(mooncake_path(data), vocab_size=vocab, max_requests=a.store_requests)
+    mooncake = load_mooncake_trace(a.mooncake_file or mooncake_path(data), vocab_size=vocab,
+                                   max_requests=a.store_requests)
     azure = load_azure_trace(azure_conv_path(data), max_requests=a.store_azure_requests)
     max_len = FleetConfig().max_model_len
     ideal_m = infinite_cache_hits(mooncake, 16, max_len)
@@ -411,7 +412,8 @@ def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
     best_store = min(with_store.values(), key=mean_ttft)
     best_store_name = next(k[2] for k, v in with_store.items() if v is best_store)
     share = best_store.prefix_hit_rate / ideal_m.hit_rate if ideal_m.hit_rate else math.nan
-    text += (f"\n\n{len(mooncake):,} requests of the Mooncake trace at full length (its recorded arrivals, "
+    text += (f"\n\n{len(mooncake):,} requests of the Mooncake trace ({Path(mooncake.source).name}) at full length "
+             f"(its recorded arrivals, "
              f"{mooncake.mean_rate:.2f} req/s) and {len(azure):,} of the Azure conversation trace, on {n} modelled "
              f"{get_hardware(a.hardware).name}s (one colocated replica each); goodput: requests/s within "
              f"TTFT <= {STORE_SLO.ttft_s:g} s and TPOT <= {STORE_SLO.tpot_s * 1000:g} ms per request. Infinite-cache "
@@ -504,6 +506,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--store-gpus", type=int, default=8, help="GPUs of the KV-store table")
     p.add_argument("--store-requests", type=int, default=None, help="Mooncake requests of the KV-store table")
     p.add_argument("--store-azure-requests", type=int, default=None, help="Azure requests of the KV-store table")
+    p.add_argument("--mooncake-file", default=None,
+                   help="another Mooncake-format trace for the KV-store table (e.g. FAST25-release/traces/"
+                        "conversation_trace.jsonl, 12,031 requests); default: the synthetic trace in shared/data")
     p.add_argument("--write", action="store_true", help="write --out and the README section")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--readme", default=str(README), help="README to fill ('' = leave it alone)")
