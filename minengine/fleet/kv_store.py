@@ -89,9 +89,12 @@ class KVStoreConfig:
         object.__setattr__(self, "link", get_link(self.link))
 
     def describe(self) -> str:
-        """"1.0 TB DRAM (+ 4.0 TB SSD) per 8-GPU node, 400 Gb/s InfiniBand between nodes"."""
+        """"1 TB DRAM + 4.0 TB SSD per 8-GPU node, 400 Gb/s InfiniBand between nodes" (GB below 1 TB)."""
+        def size(b: float) -> str:
+            return f"{b / 1e12:.2g} TB" if b >= 1e12 else f"{b / 1e9:,.3g} GB"
+
         ssd = f" + {self.ssd_bytes_per_node / 1e12:.1f} TB SSD" if self.ssd_bytes_per_node else ""
-        return (f"{self.dram_bytes_per_node / 1e12:.2g} TB DRAM{ssd} per {self.gpus_per_node}-GPU node, "
+        return (f"{size(self.dram_bytes_per_node)} DRAM{ssd} per {self.gpus_per_node}-GPU node, "
                 f"{self.link.name} between nodes")
 
 
