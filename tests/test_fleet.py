@@ -833,46 +833,6 @@ def test_fleet_config_with_a_store_needs_prefix_caching():
         FleetSimulator(FleetConfig(kv_store=KVStoreConfig(dram_bytes_per_node=1e6)), Trace([]))
 
 
-# ---- the fleet package imports one way --------------------------------------------------------------------------
-def test_fleet_modules_import_without_a_cycle():
-    """Every import between minengine.fleet's modules (top level, inside functions and under TYPE_CHECKING alike),
-    the package itself as one node (its __init__ imports them all): the graph has no cycle."""
-    import ast
-    from pathlib import Path
-
-    import minengine.fleet as pkg
-
-    root = Path(pkg.__file__).parent
-    graph: dict[str, set[str]] = {}
-    for path in root.glob("*.py"):
-        name = "minengine.fleet" if path.stem == "__init__" else f"minengine.fleet.{path.stem}"
-        deps = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            for t in targets:
-                if t == "minengine.fleet" or (t.startswith("minengine.fleet.") and (root / f"{t[16:]}.py").exists()):
-                    deps.add(t)
-        graph[name] = deps - {name}
-    assert "minengine.fleet.kv_store" in graph and "minengine.fleet.request" in graph
-    state: dict[str, int] = {}
-
-    def visit(n: str, path: list[str]) -> None:
-        state[n] = 1
-        for m in sorted(graph.get(n, ())):
-            assert state.get(m) != 1, f"import cycle: {' -> '.join(path + [n, m])}"
-            if m not in state:
-                visit(m, path + [n])
-        state[n] = 2
-
-    for n in sorted(graph):
-        if n not in state:
-            visit(n, [])
-
-
 def test_store_lanes_and_prompt_sources_figures():
     """With a store (DRAM + SSD): the KV lanes end with the store's DRAM and SSD use (% of all nodes' capacity), the
     queue lanes with its loads in flight; the sources figure stacks local + store + computed to 100 % per run."""

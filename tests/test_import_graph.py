@@ -16,13 +16,6 @@ from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "minengine"
 
-# Circles that are known and owned by an open issue: package -> why it is allowed for now. Each entry must
-# still hold a circle (``test_known_import_cycles_still_exist``): whoever breaks one removes its entry.
-KNOWN_CYCLES = {
-    "minengine.fleet": "issue 26, fleet bullet (another helper): routers.py imports FleetRequest from "
-                       "simulator.py (TYPE_CHECKING) and config.py imports ROUTERS from routers.py (deferred)",
-}
-
 
 def module_names(package_dir: Path) -> dict[str, Path]:
     """Dotted module name -> file, for every ``.py`` under ``package_dir`` (a package is its ``__init__``)."""
@@ -123,21 +116,10 @@ def _path_through(component: set[str], graph: dict[str, set[str]]) -> list[str]:
     raise AssertionError(f"no circle in {sorted(component)}")  # not strongly connected: a bug above
 
 
-def _inside(cycle: list[str], package: str) -> bool:
-    return all(m == package or m.startswith(package + ".") for m in cycle)
-
-
 def test_no_import_cycles():
-    cycles = [c for c in import_cycles(import_graph()) if not any(_inside(c, p) for p in KNOWN_CYCLES)]
+    cycles = import_cycles(import_graph())
     assert not cycles, "import circles (TYPE_CHECKING and deferred imports count):\n" + "\n".join(
         " -> ".join(c) for c in cycles)
-
-
-def test_known_import_cycles_still_exist():
-    """An allowlist entry whose circle is gone must go, so the list only shrinks."""
-    cycles = import_cycles(import_graph())
-    gone = [p for p in KNOWN_CYCLES if not any(_inside(c, p) for c in cycles)]
-    assert not gone, f"no import circle in {gone} any more: remove them from KNOWN_CYCLES"
 
 
 def test_the_graph_sees_every_kind_of_import(tmp_path):
