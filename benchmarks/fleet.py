@@ -244,9 +244,18 @@ def section_budget(a: argparse.Namespace, data: Path, found: dict | None) -> str
         text += "smaller chunks do not help here: **agrees** with DistServe, **disagrees** with Sarathi-Serve. "
     small = [b for b in results if b < 512]
     if small:
-        text += (f"Budgets below 512 ({', '.join(f'{b:,}: {results[b]:.2f} req/s' for b in small)}) look better still, "
-                 "but the cost model keeps one MFU for every chunk size, while real GEMMs and attention kernels lose "
-                 "efficiency on small chunks: read those rows as an upper bound.")
+        cost = StepCostModel(a.hardware, a.model, tp=a.tp)
+
+        def per_token_us(tokens: int) -> float:  # one prefill chunk from position 0, no sampled row
+            return cost.cost(StepWork.of([(tokens, 0, 0)])).time_s / tokens * 1e6
+
+        smallest = min(small)
+        text += (f"Budgets below 512 ({', '.join(f'{b:,}: {results[b]:.2f} req/s' for b in small)}) look better still. "
+                 "The cost model prices what small chunks lose in the GEMMs (a soft roofline with per-kernel floors "
+                 f"fitted on Vidur's profiles: a {smallest:,}-token chunk costs {per_token_us(smallest):.1f} us per "
+                 f"token against {per_token_us(default):.1f} us at {default:,}), but prices attention at one "
+                 "efficiency for every chunk size, while a real attention kernel loses efficiency on short query "
+                 "chunks: read those rows as optimistic.")
     return text
 
 

@@ -458,9 +458,20 @@ def test_disable_log_stats_skips_prometheus_only():
 
 
 def test_lanes_figures_resample_each_replica_timeline():
-    from minengine.viz.fleet_figures import fleet_description, fleet_lanes_figure, fleet_load_figure, resample
+    from minengine.viz.fleet_figures import (
+        fleet_description,
+        fleet_lanes_figure,
+        fleet_load_figure,
+        resample,
+        resample_max,
+    )
 
     assert resample([1.0, 2.0, 4.0], [10, 20, 40], [0.5, 1.0, 3.9, 5.0]) == [0, 10, 20, 40]
+    # a load in flight from 1.2 s to 1.25 s, between two bin centres (1 s, 2 s): the bin max sees it, a centre not
+    times, loads, grid = [0.0, 1.2, 1.25, 2.6], [0, 1, 0, 2], [1.0, 2.0, 3.0, 4.0]
+    assert resample(times, loads, grid) == [0, 0, 2, 2]
+    assert resample_max(times, loads, grid) == [1, 0, 2, 2]
+    assert resample_max([2.0], [5], [1.0, 2.0]) == [0, 5] and resample_max([], [], [1.0]) == [0]
     result = simulate(make_trace(60, seed=9, rate=60.0), FleetConfig.disaggregated(2, 2, timeline_interval_s=0.0,
                                                                                   **SMALL))
     fig = fleet_lanes_figure(result, "kv", num_bins=50)

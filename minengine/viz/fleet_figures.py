@@ -6,6 +6,7 @@ hardware."""
 from __future__ import annotations
 
 import bisect
+import math
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -166,12 +167,25 @@ def resample(times: list[float], values: list[float], grid: list[float]) -> list
     return out
 
 
+def resample_max(times: list[float], values: list[float], grid: list[float]) -> list:
+    """The largest of ``values`` (a step function sampled at ``times``) over each bin of ``grid`` (bin centres,
+    equally spaced: bin i covers ``grid[i] +- half a spacing``), 0 before the first sample. Unlike ``resample``,
+    a value that holds for less than a bin (a KV-store load of a few milliseconds) is still seen."""
+    half = (grid[1] - grid[0]) / 2 if len(grid) > 1 else math.inf
+    out = []
+    for t in grid:
+        lo = bisect.bisect_right(times, t - half) - 1  # the value in force at the bin's start
+        hi = bisect.bisect_left(times, t + half)  # samples up to the bin's end (exclusive)
+        out.append(max((values[i] for i in range(max(lo, 0), hi)), default=0) if hi > 0 else 0)
+    return out
+
+
 def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: int = 300) -> go.Figure:
     """One lane per replica (rows), simulated time across (s), colour = ``metric``: "kv" (KV blocks held, % of that
     replica's pool), "queue" (waiting requests) or "running" (running requests), from each replica's sampled
     timeline (``ReplicaStats.times``; one sample per ``FleetConfig.timeline_interval_s`` at most). With a KV store,
     one more lane below the replicas: for "kv" the store's DRAM use (% of all nodes' DRAM; and its SSD use, if it has
-    an SSD tier), for "queue" its loads in flight; none for "running".
+    an SSD tier), for "queue" its loads in flight (the most at once in each bin); none for "running".
 
     Raises:
         ValueError: an unknown ``metric`` or ``lang``.
@@ -199,7 +213,8 @@ def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: i
                                              for u in st.ssd_blocks_used], grid))
                 names.append(ft("store_ssd_lane", lang))
         else:
-            z.append(resample(st.times, list(st.loads_in_flight), grid))
+            # loads last milliseconds: the most in flight during each bin, or a bin's centre would miss them
+            z.append(resample_max(st.times, list(st.loads_in_flight), grid))
             names.append(ft("store_loads_lane", lang))
     what = ft({"kv": "kv_use", "queue": "queue", "running": "running"}[metric], lang)
     label = hardware_label(result)
