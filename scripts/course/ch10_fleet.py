@@ -223,8 +223,9 @@ CELLS = [
     prefix, so the store serves nothing there and only costs its writes.
 
     **When does fetching beat recomputing?** Recomputing a token of the prefix costs its FLOPs: about 2 FLOPs per
-    weight of the layers, plus attention over the context before it (4 x layers x query heads x head size per key).
-    Fetching it costs its KV bytes over the link. Both are per token, so the answer is a ratio that depends on the
+    weight of the layers, plus attention over the context before it (4 x layers x query heads x head size per key),
+    which the cost model runs at its own, lower efficiency (`attention_efficiency`, FlashAttention-2's share of the
+    peak). Fetching it costs its KV bytes over the link. Both are per token, so the answer is a ratio that depends on the
     model, the GPU, the link and the context, not on the prefix length (the link's latency is paid once per load).
     """),
     conclusion("""
@@ -399,15 +400,18 @@ CELLS = [
     *exercise(3, """
         Write `fetch_speedup(shape, hardware, link, context)`: how many times faster **fetching** one prompt token's KV
         over `link` is than **recomputing** it on `hardware`, for the model `shape`, when `context` tokens come before it.
-        Recompute: its FLOPs (2 per weight of the transformer layers, `shape.num_layer_params`, plus attention:
-        4 x `num_layers` x `num_heads` x `head_dim` per key, and it attends to `context + 1` keys) at
-        `hardware.peak_flops x hardware.mfu`. Fetch: its KV bytes at `link.bandwidth x link.efficiency` (bytes/s; the
+        Recompute: the layers' FLOPs (2 per weight of the transformer layers, `shape.num_layer_params`) at
+        `hardware.peak_flops x hardware.mfu`, plus attention's (4 x `num_layers` x `num_heads` x `head_dim` per key,
+        and it attends to `context + 1` keys) at `hardware.peak_flops x hardware.attention_efficiency` (a preset
+        without one, the CPU's, runs attention at `mfu` too). Fetch: its KV bytes at `link.bandwidth x link.efficiency` (bytes/s; the
         latency is paid once per load, leave it out). The check tries several models, GPUs, links and contexts.
         """, "A prefix token only runs the layers: no embedding FLOPs and no LM head (it samples nothing). KV bytes per token: K and V, every layer, the KV heads (not the query heads).", "answer_3",
         """
         def fetch_speedup(shape, hardware, link, context):
-            flops = 2 * shape.num_layer_params + 4 * shape.num_layers * shape.num_heads * shape.head_dim * (context + 1)
-            recompute_s = flops / (hardware.peak_flops * hardware.mfu)
+            layer_s = 2 * shape.num_layer_params / (hardware.peak_flops * hardware.mfu)
+            attention_flops = 4 * shape.num_layers * shape.num_heads * shape.head_dim * (context + 1)
+            attention_s = attention_flops / (hardware.peak_flops * (hardware.attention_efficiency or hardware.mfu))
+            recompute_s = layer_s + attention_s
             kv_bytes = 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * shape.dtype_bytes
             fetch_s = kv_bytes / (link.bandwidth * link.efficiency)
             return recompute_s / fetch_s
@@ -426,14 +430,15 @@ CELLS = [
             fetch_s = MODEL_SHAPES[shape].kv_bytes_per_token / (link.bandwidth * link.efficiency)
             FETCH_CASES.append(((MODEL_SHAPES[shape], HARDWARE[hw], link, context), recompute_s / fetch_s))
         check_function("Exercise 3: fetch vs recompute", answer_3, FETCH_CASES, rel_tol=0.02,
-                       hint="layer weights only (no embedding, no LM head), attention over context + 1 keys, the achieved FLOP/s (mfu), KV heads, K and V")
+                       hint="layer weights only (no embedding, no LM head) at mfu, attention over context + 1 keys at attention_efficiency, KV heads, K and V")
         """, wrong=[
             "answer_3 = lambda s, hw, l, c: 2 * s.num_params / (hw.peak_flops * hw.mfu) / (s.kv_bytes_per_token / (l.bandwidth * l.efficiency))  # no attention, embedding + LM head counted",
-            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu) / (2 * s.num_layers * s.num_heads * s.head_dim * s.dtype_bytes / (l.bandwidth * l.efficiency))  # query heads, not KV heads",
-            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / hw.peak_flops / (s.kv_bytes_per_token / 2 / (l.bandwidth * l.efficiency))  # no MFU and K only: they cancel on every GPU at 50 % MFU, not on the CPU",
-            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu) / (s.kv_bytes_per_token / l.bandwidth)  # link efficiency ignored",
-            "answer_3 = lambda s, hw, l, c: (s.kv_bytes_per_token / (l.bandwidth * l.efficiency)) / ((2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu))  # inverted",
-            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu) / (s.kv_bytes_per_token * 8 / (l.bandwidth * l.efficiency))  # bandwidth read as bits/s",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / (hw.peak_flops * hw.mfu) / (s.kv_bytes_per_token / (l.bandwidth * l.efficiency))  # attention at the GEMMs' mfu",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params / (hw.peak_flops * hw.mfu) + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1) / (hw.peak_flops * (hw.attention_efficiency or hw.mfu))) / (2 * s.num_layers * s.num_heads * s.head_dim * s.dtype_bytes / (l.bandwidth * l.efficiency))  # query heads, not KV heads",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1)) / hw.peak_flops / (s.kv_bytes_per_token / 2 / (l.bandwidth * l.efficiency))  # no efficiencies and K only: they would cancel at 50 % on every kernel",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params / (hw.peak_flops * hw.mfu) + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1) / (hw.peak_flops * (hw.attention_efficiency or hw.mfu))) / (s.kv_bytes_per_token / l.bandwidth)  # link efficiency ignored",
+            "answer_3 = lambda s, hw, l, c: (s.kv_bytes_per_token / (l.bandwidth * l.efficiency)) / (2 * s.num_layer_params / (hw.peak_flops * hw.mfu) + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1) / (hw.peak_flops * (hw.attention_efficiency or hw.mfu)))  # inverted",
+            "answer_3 = lambda s, hw, l, c: (2 * s.num_layer_params / (hw.peak_flops * hw.mfu) + 4 * s.num_layers * s.num_heads * s.head_dim * (c + 1) / (hw.peak_flops * (hw.attention_efficiency or hw.mfu))) / (s.kv_bytes_per_token * 8 / (l.bandwidth * l.efficiency))  # bandwidth read as bits/s",
         ]),
     *exercise(4, """
         DistServe compares systems by goodput **per GPU**. What is the per-GPU goodput (requests/s per GPU) of the
