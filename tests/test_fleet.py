@@ -462,6 +462,7 @@ def test_lanes_figures_resample_each_replica_timeline():
         fleet_description,
         fleet_lanes_figure,
         fleet_load_figure,
+        nice_ceiling,
         resample,
         resample_max,
     )
@@ -478,6 +479,11 @@ def test_lanes_figures_resample_each_replica_timeline():
     heat = fig.data[0]
     assert list(heat.y) == ["P0", "P1", "D0", "D1"] and len(heat.z) == 4 and len(heat.z[0]) == 50
     assert all(0 <= v <= 100 for row in heat.z for v in row) and max(max(row) for row in heat.z) > 0
+    # the colour scale fits the data (a 0-100 % scale made every lane alike at ~10 % use) and says so
+    peak = max(max(row) for row in heat.z)
+    assert heat.zmin == 0 and peak <= heat.zmax <= 1.5 * peak and heat.zmax < 100
+    assert f"0-{heat.zmax:g} %" in heat.colorbar.title.text
+    assert [nice_ceiling(x) for x in (0, 0.07, 1, 1.01, 9.9, 10.3, 27, 99)] == [1, 0.08, 1, 1.5, 10, 15, 30, 100]
     assert "modelled: H100 SXM, Llama-3-8B shapes" in fig.layout.title.text
     queue = fleet_lanes_figure(result, "queue", lang="zh", num_bins=20)
     assert "副本泳道" in queue.layout.title.text

@@ -16,6 +16,8 @@ from minengine.viz.i18n import LANGUAGES
 _STRINGS: dict[str, tuple[str, str]] = {
     "lanes_title": ("Replicas as lanes: {what} over time ({label})", "副本泳道：{what}随时间变化（{label}）"),
     "kv_use": ("KV cache use (% of the pool)", "KV 缓存占用（池的 %）"),
+    "kv_scale": ("colour scale 0-{top:g} % (the data's highest: {peak:.1f} %)",
+                 "色标 0-{top:g} %（数据最高 {peak:.1f} %）"),
     "queue": ("waiting requests", "等待中的请求"),
     "running": ("running requests", "运行中的请求"),
     "sim_time": ("simulated time (s)", "模拟时间（秒）"),
@@ -157,6 +159,18 @@ def hardware_label(result) -> str:
     return " / ".join(labels)
 
 
+def nice_ceiling(x: float) -> float:
+    """The smallest of 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8 x 10^k (k an integer) that is >= ``x``; 1.0 for ``x`` <= 0.
+    A colour scale's top: near the data's highest value, and a round number to read off the colour bar."""
+    if not x > 0:
+        return 1.0
+    scale = 10.0 ** math.floor(math.log10(x))
+    for step in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10):
+        if step * scale >= x * (1 - 1e-12):
+            return step * scale
+    return 10 * scale
+
+
 def resample(times: list[float], values: list[float], grid: list[float]) -> list:
     """``values`` (sampled at ``times``, a step function) at each ``grid`` time: the last sample at or before it,
     0 before the first."""
@@ -186,6 +200,8 @@ def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: i
     timeline (``ReplicaStats.times``; one sample per ``FleetConfig.timeline_interval_s`` at most). With a KV store,
     one more lane below the replicas: for "kv" the store's DRAM use (% of all nodes' DRAM; and its SSD use, if it has
     an SSD tier), for "queue" its loads in flight (the most at once in each bin); none for "running".
+    The "kv" colour scale runs from 0 to ``nice_ceiling`` of the highest value of any lane (at most 100 %), and the
+    colour bar's title says so: on a 0-100 % scale lanes at ~10 % use would all look alike.
 
     Raises:
         ValueError: an unknown ``metric`` or ``lang``.
@@ -218,11 +234,17 @@ def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: i
             names.append(ft("store_loads_lane", lang))
     what = ft({"kv": "kv_use", "queue": "queue", "running": "running"}[metric], lang)
     label = hardware_label(result)
+    peak = max((max(row, default=0) for row in z), default=0)
+    if metric == "kv":
+        # scaled to the data, not 0-100 %: lanes at ~10 % use would all be the scale's bottom colour
+        zmax = min(100.0, nice_ceiling(peak))
+        bar_title = f"{what}<br>{ft('kv_scale', lang).format(top=zmax, peak=peak)}"
+    else:
+        # counts from 0 to at least 1: an all-zero queue is drawn as 0 (black), not as the middle of a -0.5..0.5 scale
+        zmax, bar_title = max(1.0, peak), what
     fig = go.Figure(go.Heatmap(
         z=z, x=grid, y=names, colorscale="Viridis" if metric == "kv" else "Magma",
-        # counts from 0 to at least 1: an all-zero queue is drawn as 0 (black), not as the middle of a -0.5..0.5 scale
-        zmin=0, zmax=100 if metric == "kv" else max(1.0, max((max(row, default=0) for row in z), default=0)),
-        colorbar={"title": what},
+        zmin=0, zmax=zmax, colorbar={"title": bar_title},
         hovertemplate="%{y} · %{x:.1f} s<br>%{z:.0f}<extra></extra>"))
     fig.update_layout(title=ft("lanes_title", lang).format(what=what, label=label),
                       xaxis={"title": ft("sim_time", lang)},
