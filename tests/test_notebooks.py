@@ -189,8 +189,14 @@ def test_placeholder_answers_fail(capsys):
     assert not check_function("f", lambda a, b: a // b, cases)  # right on the first case only
     assert not check_function("f", None, cases) and not check_function("f", 3, cases)
     assert not check_function("f", lambda a, b: 1 / 0, cases)  # an exception is a FAIL, not a crash
+    float_cases = [((3, 10), 3 * 0.1)]  # 0.30000000000000004; 3 / 10 rounds to 0.3
+    assert check_function("g", lambda a, b: a / b, float_cases, rel_tol=1e-12)  # rounding, within the tolerance
+    assert not check_function("g", lambda a, b: a / b, float_cases)  # exact without a tolerance
+    assert not check_function("g", lambda a, b: a / b + 1e-9, float_cases, rel_tol=1e-12)
+    with pytest.raises(ValueError, match="rel_tol"):
+        check_function("g", lambda a, b: a / b, float_cases, rel_tol=-1)
     out = capsys.readouterr().out
-    assert out.count("FAIL") == 7 and out.count("PASS") == 3
+    assert out.count("FAIL") == 9 and out.count("PASS") == 4
     assert "wrong for (9, 4): got 2\n" in out  # names the input, not the expected value
 
 

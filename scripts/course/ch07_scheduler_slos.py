@@ -7,8 +7,8 @@ from cells import SETUP, code, conclusion, exercise, glossary, header, md, quest
 CELLS = [
     *header(7, "Scheduler design and SLOs", [
         "Define TTFT, TPOT and ITL and compute their P50/P95/P99 from the engine's per-request records.",
-        "Replay a real trace (Azure LLM conversation trace) online at several arrival rates; define goodput and find the capacity under the SLOs.",
-        "Explain why a busy engine (high utilization) can still serve users badly, and work through \"total tok/s went up but P99 TPOT got worse\": step composition, stalls, slots (`max_num_seqs`), preemptions, fairness, output backlog.",
+        "Replay a real trace (Azure LLM conversation trace) online at several arrival rates; tell goodput (DistServe: the highest request rate that keeps the SLO attainment target) from one run's good-request rate, and find the capacity under the SLOs.",
+        "Explain why utilization cannot tell an engine that keeps up from one that falls behind, and work through \"total tok/s went up but P99 TPOT got worse\": step composition, stalls, slots (`max_num_seqs`), preemptions, fairness, output backlog.",
         "Choose a policy for a business (real-time chat, RAG / batch, multi-tenant), each choice backed by a run; see round-robin stop one long prompt from starving another.",
         "Use priority, cancellation (abort) and timeouts (deadlines).",
         "Schedule shortest-predicted-first with the engine's output-length predictors (oracle, noisy oracle, learned) and measure how good a prediction must be.",
@@ -26,7 +26,7 @@ from collections import Counter
 from minengine.course import TEACHING_CLOCK
 from minengine.metrics.stats import percentile
 from minengine.viz.timeline_figures import token_times
-from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_capacity, find_data_dir, goodput, load_azure_trace,
+from minengine.workloads import (SLO, ServingBenchmark, azure_conv_path, find_capacity, find_data_dir, goodput, load_azure_trace, slo_attainment,
                                  poisson_arrivals, replay_trace, synthetic_trace, with_arrivals)
 from minengine.workloads.traces import Trace
 """),
@@ -71,10 +71,19 @@ from minengine.workloads.traces import Trace
     """),
     md("""
     ## SLOs, goodput and capacity
-    A **SLO** bounds each request's latency; a request *meets* it when all bounds hold. **Goodput** (DistServe) is the
-    rate of requests that met the SLO: throughput that counts only satisfied users. **Capacity** (Sarathi-Serve) is the
-    highest arrival rate at which the system still meets its SLOs. Our SLO is set from the unloaded latencies of this
-    scaled workload (a real deployment takes it from the product: e.g. TTFT <= 1 s, P99 TBT <= 100 ms).
+    A **SLO** bounds each request's latency; a request *meets* it when all bounds hold, and the **SLO attainment** of a
+    run is the fraction of its requests that met it. **Goodput** (DistServe, Zhong et al. 2024) is the **highest request
+    rate at which the SLO attainment stays at or above a target** (90 % here): one number per deployment, workload and
+    SLO, found by searching over arrival rates (below). **Capacity** (Sarathi-Serve) is the same search with one more
+    condition: the median scheduling delay stays bounded.
+
+    One run at one rate gives a different number, its **good-request rate**: the requests per second of that run that
+    met the SLO. minengine's `goodput(metrics, slo)` and the line "Request goodput (req/s)" of vLLM's
+    `benchmark_serving.py` report this per-run rate under the name goodput. In this chapter *goodput* is always
+    DistServe's rate limit, and the per-run number is always the *good-request rate*.
+
+    Our SLO is set from the unloaded latencies of this scaled workload (a real deployment takes it from the product:
+    e.g. TTFT <= 1 s, P99 TBT <= 100 ms).
     """),
     code("""
     slo = SLO(ttft_s=round(5 * s.ttft_p50, 3), tbt_p99_s=round(3 * s.itl_p50, 3))   # whole milliseconds
@@ -84,19 +93,21 @@ from minengine.workloads.traces import Trace
     for rate, run in sweep.items():
         m = run.request_metrics
         busy = sum(t.duration for t in run.steps) / max(run.summary().duration_s, 1e-9)
-        rows.append(dict(rate=rate, goodput=goodput(m, slo), throughput=len(m) / run.summary().duration_s,
+        rows.append(dict(rate=rate, good_rate=goodput(m, slo), attainment=slo_attainment(m, slo), throughput=len(m) / run.summary().duration_s,
                          ttft_p99=run.summary().ttft_p99, itl_p99=run.summary().itl_p99, busy=min(busy, 1.0),
+                         queue_p50=statistics.median(x.time_in_queue for x in m.values()), most_waiting=max(t.num_waiting for t in run.steps),
                          tokens_per_step=statistics.fmean(t.num_scheduled_tokens for t in run.steps)))
     print(f"SLO: {slo}")
     for r in rows:
-        print(f"rate {r['rate']:6.1f}/s | throughput {r['throughput']:6.1f}/s | goodput {r['goodput']:6.1f}/s | TTFT P99 {r['ttft_p99'] * 1000:7.1f} ms | "
-              f"ITL P99 {r['itl_p99'] * 1000:6.1f} ms | busy {r['busy']:.0%}")
+        print(f"rate {r['rate']:6.1f}/s | throughput {r['throughput']:6.1f}/s | good-request rate {r['good_rate']:6.1f}/s | SLO attainment {r['attainment']:4.0%} | "
+              f"TTFT P99 {r['ttft_p99'] * 1000:7.1f} ms | ITL P99 {r['itl_p99'] * 1000:6.1f} ms | busy {r['busy']:.0%} | median queueing {r['queue_p50'] * 1000:5.1f} ms | "
+              f"most waiting {r['most_waiting']}")
     """),
     code("""
     fig = go.Figure([go.Scatter(x=[r["rate"] for r in rows], y=[r["throughput"] for r in rows], name="throughput (req/s)", mode="lines+markers"),
-                     go.Scatter(x=[r["rate"] for r in rows], y=[r["goodput"] for r in rows], name="goodput (req/s)", mode="lines+markers"),
+                     go.Scatter(x=[r["rate"] for r in rows], y=[r["good_rate"] for r in rows], name="good-request rate (req/s)", mode="lines+markers"),
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["ttft_p99"] * 1000 for r in rows], name="P99 TTFT (ms)", yaxis="y2", mode="lines+markers")])
-    titled(fig, "Throughput, goodput and tail TTFT vs arrival rate")
+    titled(fig, "Throughput, good-request rate and tail TTFT vs arrival rate")
     fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right"),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
@@ -105,13 +116,24 @@ from minengine.workloads.traces import Trace
     """),
     conclusion("""
     top, low = rows[-1], rows[0]
-    conclude(f"At {top['rate']:.1f} requests/s the engine is busy **{top['busy']:.0%}** of the time and computes {top['tokens_per_step']:.0f} "
-             f"tokens per step on average (budget 256), yet P99 TTFT is **{top['ttft_p99'] * 1000:.0f} ms** and only {top['goodput']:.1f} of the "
-             f"{top['throughput']:.1f} requests/s served met the SLO: high utilization means a queue, and queueing is latency. "
-             f"At {low['rate']:.1f}/s it was busy {low['busy']:.0%} with P99 TTFT {low['ttft_p99'] * 1000:.0f} ms.",
-             [("the engine is (nearly) always busy at the top rate", top["busy"] > 0.95),
-              ("and the tail TTFT has grown", top["ttft_p99"] > 2 * low["ttft_p99"]),
-              ("goodput falls behind throughput at the top rate", top["goodput"] < 0.9 * top["throughput"])])
+    # the fastest rate below the top at which the engine was (nearly) always busy and every request met the SLO
+    kept = max((r for r in rows[:-1] if r["busy"] > 0.95 and r["attainment"] == 1.0), key=lambda r: r["rate"], default=None)
+    claim("a lower rate kept the engine busy with every SLO met", kept is not None)
+    conclude(f"Utilization cannot tell an engine that keeps up from one that falls behind. At {kept['rate']:.1f} requests/s the engine was "
+             f"busy **{kept['busy']:.0%}** of the time and **every** request met the SLO (median queueing {kept['queue_p50'] * 1000:.1f} ms, at most "
+             f"{kept['most_waiting']} waiting). At {top['rate']:.1f} requests/s it was just as busy (**{top['busy']:.0%}**, {top['tokens_per_step']:.0f} tokens "
+             f"per step on average, budget 256), but requests arrived faster than it completed them ({top['throughput']:.1f} requests/s completed): "
+             f"up to {top['most_waiting']} requests waited at once (against {kept['most_waiting']}), median queueing rose to {top['queue_p50'] * 1000:.1f} ms, "
+             f"P99 TTFT from {kept['ttft_p99'] * 1000:.0f} to **{top['ttft_p99'] * 1000:.0f} ms**, "
+             f"and only **{top['attainment']:.0%}** met the SLO (a good-request rate of {top['good_rate']:.1f} of the {top['throughput']:.1f} requests/s). "
+             f"Busy time was already at its ceiling where the engine kept up, so it cannot rise to warn of the overload: watch the queue and "
+             f"the SLO attainment, not utilization. "
+             f"At {low['rate']:.1f}/s the engine was busy {low['busy']:.0%} with P99 TTFT {low['ttft_p99'] * 1000:.0f} ms.",
+             [("both rates keep the engine (nearly) always busy", kept["busy"] > 0.95 and top["busy"] > 0.95),
+              ("at the top rate arrivals outrun completions", top["rate"] > top["throughput"]),
+              ("the queue grew: more waiting, longer queueing", top["most_waiting"] > kept["most_waiting"] and top["queue_p50"] > kept["queue_p50"]),
+              ("the tail TTFT has grown", top["ttft_p99"] > 1.5 * kept["ttft_p99"] and top["ttft_p99"] > 2 * low["ttft_p99"]),
+              ("fewer than 90 % met the SLO at the top rate", top["attainment"] < 0.9 <= kept["attainment"])])
     """),
     md("""
     `find_capacity` searches the highest Poisson rate at which at least 90 % of requests meet the SLO and the median
@@ -132,10 +154,15 @@ from minengine.workloads.traces import Trace
               f"{capacity.failing_rate / capacity.capacity:.2f}" if bisecting else
               f"{bracketing} probes bracketed it and the limit of {len(capacity.probes)} probes left none to bisect: the bracket is a factor of "
               f"{capacity.failing_rate / capacity.capacity:.1f} wide")
+    queue_decided = [p for p in capacity.probes if p.passed != (p.attainment >= 0.9)]   # passed on attainment, failed on queueing
     conclude(f"Capacity under *{slo}*: **{capacity.describe()}** ({capacity.clock_label}, budget 256, 16 slots), between the highest "
-             f"passing probe and the lowest failing one ({capacity.failing_rate:.1f} req/s): {search}.",
+             f"passing probe and the lowest failing one ({capacity.failing_rate:.1f} req/s): {search}. The queueing bound (median under 2 s) "
+             f"decided no probe (the largest median was {max(p.median_queue_delay_s for p in capacity.probes) * 1000:.1f} ms): each passed or failed "
+             f"on its SLO attainment alone, so the same search gives DistServe's **goodput**, the highest rate keeping the attainment at 90 %: "
+             f"{capacity.capacity:.1f} req/s here too.",
              [("the search found a passing and a failing rate", capacity.bounded),
-              ("the capacity is above the light load", capacity.capacity > 0.25 * r0)])
+              ("the capacity is above the light load", capacity.capacity > 0.25 * r0),
+              ("attainment alone decided every probe, so goodput = capacity", not queue_decided)])
     """),
     md("""
     ## "Total tok/s went up but P99 TPOT got worse: what do you check?"
@@ -482,7 +509,7 @@ from minengine.workloads.traces import Trace
 
     def load_test(rate_multiple=1.0):
         run = at_rate(rate_multiple * r0)
-        print(f"{rate_multiple * r0:.1f} requests/s: goodput {goodput(run.request_metrics, slo):.1f}/s, SLO attainment "
+        print(f"{rate_multiple * r0:.1f} requests/s: good-request rate {goodput(run.request_metrics, slo):.1f}/s, SLO attainment "
               f"{sum(1 for m in run.request_metrics.values() if m.ttft <= slo.ttft_s) / N:.0%} on TTFT")
         titled(viz.latency_cdf_figure(run.request_metrics), f"Latency distribution at {rate_multiple * r0:.1f} requests/s").show()
 
@@ -490,19 +517,26 @@ from minengine.workloads.traces import Trace
     widgets.interact_manual(load_test, rate_multiple=widgets.FloatSlider(value=1.0, min=0.25, max=4.0, step=0.25))
     """),
     *exercise(1, """
-        Compute the P99 TTFT of the light run (`light.request_metrics`) yourself, with linear interpolation between the two
-        nearest ranks (numpy's default). Answer in seconds.
-        """, "Sort the TTFTs; k = (n - 1) x 0.99; interpolate between xs[floor(k)] and xs[ceil(k)].", "answer_1",
+        Write `answer_1(xs)`: the P99 of a list of latencies `xs` (in any order), with linear interpolation between the two
+        nearest ranks (numpy's default, what the engine's summaries report). The check calls it on the TTFTs of the light run
+        (`light.request_metrics`) and of the heaviest run, and on short lists, where the P99 and the largest value differ most.
+        """, "Sort; k = (n - 1) x 0.99; interpolate between xs[floor(k)] and xs[ceil(k)].", "answer_1",
         """
-        xs = sorted(m.ttft for m in light.request_metrics.values())
-        k = (len(xs) - 1) * 0.99
-        answer_1 = xs[math.floor(k)] + (xs[math.ceil(k)] - xs[math.floor(k)]) * (k - math.floor(k))
+        def answer_1(xs):
+            xs = sorted(xs)
+            k = (len(xs) - 1) * 0.99
+            return xs[math.floor(k)] + (xs[math.ceil(k)] - xs[math.floor(k)]) * (k - math.floor(k))
         """,
         """
-        check_close("Exercise 1: P99 TTFT", answer_1, light.summary().ttft_p99, rel_tol=1e-6)
-        """, wrong=["answer_1 = statistics.fmean(m.ttft for m in light.request_metrics.values())  # the mean hides the tail",
-                    "answer_1 = sorted(m.ttft for m in light.request_metrics.values())[int(0.99 * len(light.request_metrics))]  # nearest rank, no interpolation",
-                    "answer_1 = statistics.median(m.ttft for m in light.request_metrics.values())"]),
+        samples = [[0.3, 0.1, 0.2], [0.05, 0.01], [0.4], [0.2, 0.9, 0.1, 0.5, 0.3],
+                   [m.ttft for m in light.request_metrics.values()], [m.ttft for m in heavy.request_metrics.values()]]
+        check_function("Exercise 1: P99", answer_1, [(xs, percentile(xs, 99)) for xs in samples], rel_tol=1e-9)
+        """, wrong=["answer_1 = lambda xs: max(xs)  # the largest value is the P100, not the P99",
+                    "answer_1 = lambda xs: sorted(xs)[int(0.99 * len(xs))]  # nearest rank, no interpolation",
+                    "answer_1 = lambda xs: sorted(xs)[math.ceil((len(xs) - 1) * 0.99)]  # rounds the rank up: the largest value again",
+                    "answer_1 = lambda xs: xs[math.floor((len(xs) - 1) * 0.99)] + (xs[math.ceil((len(xs) - 1) * 0.99)] - xs[math.floor((len(xs) - 1) * 0.99)]) * ((len(xs) - 1) * 0.99 % 1)  # not sorted",
+                    "answer_1 = lambda xs: statistics.fmean(xs)  # the mean hides the tail",
+                    "answer_1 = lambda xs: statistics.median(xs)"]),
     md("""
     For exercise 2, an SLO for the document service set from the budget-1,024 run so that both bounds matter: the TBT
     bound halfway between the smoothest and the roughest request's P99 gap, the TTFT bound at the median TTFT of the
@@ -519,26 +553,48 @@ from minengine.workloads.traces import Trace
     claim("the exercise's SLO separates the right answer from the usual mistakes", fails_ttft > 0 and fails_tbt_only > 0 and fails_ttft + fails_tbt_only < len(big.request_metrics))
     """),
     *exercise(2, """
-        Goodput of the budget-1,024 document run (`big`) under `doc_slo`: requests that met every bound, per second of the run (first
-        arrival -> last finish). Use `m.ttft` and `percentile(m.itls, 99)`; a request with no ITLs has no TBT to check.
-        """, "Count the requests with ttft <= doc_slo.ttft_s and (no itls or P99 of its itls <= doc_slo.tbt_p99_s); divide by the duration.", "answer_2",
+        Write `answer_2(slo)`: the good-request rate of the budget-1,024 document run (`big`) under an SLO with a TTFT bound
+        `slo.ttft_s` and a P99 TBT bound `slo.tbt_p99_s` (what `goodput()` computes): requests that met every bound, per second of
+        the run (first arrival -> last finish). A request meets the TBT bound when the P99 of its own gaps (`percentile(m.itls, 99)`)
+        is within it; a request with no ITLs has no TBT to check. The check calls it with `doc_slo` and with SLOs whose TBT bound lies
+        between some requests' P99 gap and their largest gap.
+        """, "Count the requests with ttft <= slo.ttft_s and (no itls or P99 of its itls <= slo.tbt_p99_s); divide by the duration.", "answer_2",
         """
-        ms = list(big.request_metrics.values())
-        good = sum(1 for m in ms if m.ttft <= doc_slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= doc_slo.tbt_p99_s))
-        answer_2 = good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
+        def answer_2(slo):
+            ms = list(big.request_metrics.values())
+            good = sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= slo.tbt_p99_s))
+            return good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """,
         """
-        check_close("Exercise 2: goodput", answer_2, goodput(big.request_metrics, doc_slo), rel_tol=1e-6)
+        # TBT bounds a request's P99 gap meets and its largest gap does not: the P99 and the maximum give different answers there
+        between = sorted((percentile(m.itls, 99) + max(m.itls)) / 2 for m in big.request_metrics.values() if m.itls and max(m.itls) > percentile(m.itls, 99))
+        no_ttft_bound = 2 * max(m.ttft for m in big.request_metrics.values())
+        slos = [doc_slo, SLO(ttft_s=doc_slo.ttft_s, tbt_p99_s=between[len(between) // 2]), SLO(ttft_s=no_ttft_bound, tbt_p99_s=between[0]),
+                SLO(ttft_s=no_ttft_bound, tbt_p99_s=between[-1])]
+        check_function("Exercise 2: good-request rate", answer_2, [(s_, goodput(big.request_metrics, s_)) for s_ in slos], rel_tol=1e-9)
         """, wrong=["""
-        ms = list(big.request_metrics.values())
-        answer_2 = len(ms) / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))  # throughput counts unhappy users too
+        def answer_2(slo):   # the largest gap where the P99 is asked
+            ms = list(big.request_metrics.values())
+            good = sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or max(m.itls) <= slo.tbt_p99_s))
+            return good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """, """
-        ms = list(big.request_metrics.values())
-        good = sum(1 for m in ms if m.ttft <= doc_slo.ttft_s)   # forgot the TBT bound
-        answer_2 = good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
+        def answer_2(slo):   # the P99 of every request's gaps pooled, not each request's own
+            ms = list(big.request_metrics.values())
+            pooled = percentile([x for m in ms for x in m.itls], 99)
+            good = sum(1 for m in ms if m.ttft <= slo.ttft_s and pooled <= slo.tbt_p99_s)
+            return good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """, """
-        ms = list(big.request_metrics.values())
-        answer_2 = sum(1 for m in ms if m.ttft <= doc_slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= doc_slo.tbt_p99_s)) / len(ms)  # a fraction, not a rate
+        def answer_2(slo):   # throughput counts unhappy users too
+            ms = list(big.request_metrics.values())
+            return len(ms) / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
+        """, """
+        def answer_2(slo):   # forgot the TBT bound
+            ms = list(big.request_metrics.values())
+            return sum(1 for m in ms if m.ttft <= slo.ttft_s) / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
+        """, """
+        def answer_2(slo):   # a fraction (the SLO attainment), not a rate
+            ms = list(big.request_metrics.values())
+            return sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= slo.tbt_p99_s)) / len(ms)
         """]),
     *exercise(3, """
         Interpret the budget experiment: in the budget-1,024 run, find the step that made the worst stall of a chat user and give
@@ -557,15 +613,16 @@ from minengine.workloads.traces import Trace
         check("Exercise 3: who made the worst chat stall", answer_3, culprit)
         """, wrong=["answer_3 = max(stalls, key=lambda s: s['itl_s'])['request_id']  # the victim of the stall, not its cause",
                     'answer_3 = "budget 1024"  # the setting is the reason, a request is the cause']),
-    *question("why does a busy engine serve users badly?", """
-        At the top arrival rate the engine was busy nearly all the time, yet its P99 TTFT had more than doubled
-        and goodput fell behind throughput: fewer requests met the SLO. Why does high utilization go with high latency? What would you watch to see it coming?
+    *question("why can a busy engine serve users well or badly?", """
+        At two arrival rates the engine was busy nearly all the time: at the lower one every request met the SLO, at the top
+        one the P99 TTFT had more than doubled and fewer than 90 % met it. Why can utilization not tell the two apart? What would you watch to see the second coming?
         """, """
         Near saturation, work arrives about as fast as it can be done, so any burst has to wait: the queue grows, and
         queueing delay (counted in TTFT) grows without bound as the arrival rate approaches the service rate (queueing
         theory: the waiting time of an M/G/1 queue grows like 1 / (1 - utilization)). Utilization only says the engine is
-        never idle; it says nothing about who waits. Watch the waiting queue length and time in queue, TTFT P99 and SLO
-        attainment (goodput / throughput); they move before utilization can (it is already ~100 %).
+        never idle, and it stops at 100 % while the arrival rate keeps growing past what the engine completes; it says
+        nothing about who waits. Watch the waiting queue length and time in queue, TTFT P99 and SLO
+        attainment (the good-request rate over the throughput); they move when utilization no longer can (it is already ~100 %).
         """),
     *question("what if you raised the budget and the slots together?", """
         With 16 slots the bigger budget paid less because the batch was slot-bound. What would raising `max_num_seqs` to 64
@@ -579,8 +636,8 @@ from minengine.workloads.traces import Trace
         """),
     *summary([
         "TTFT (queueing + prefill), TPOT (decode pace) and ITL/TBT (every gap) are judged at P99, not on average.",
-        "Goodput counts only requests that met the SLO; capacity is the highest arrival rate that still meets it.",
-        "Near saturation the engine is busy nearly all the time, yet TTFT explodes: the queue grows.",
+        "Goodput (DistServe) is the highest request rate at which the SLO attainment target holds; one run's good-request rate (minengine's `goodput()`, vLLM's \"Request goodput\") is its requests per second within the SLO; capacity (Sarathi-Serve) also bounds the queueing delay.",
+        "Busy time reaches 100 % while the engine still keeps up: a fully busy engine may meet every SLO or fall behind (queue and TTFT grow). Watch the queue and the SLO attainment.",
         "When throughput rises and P99 TPOT worsens: step composition, stalls and their causes, slots (`max_num_seqs`), preemptions, fairness (who gained, who paid), output backlog, workload mix.",
         "Policies serve businesses: decode-first for real-time chat, prefill-first for RAG / batch, priority for a paying tenant, round-robin against one prompt starving another.",
         "Predictive scheduling: shortest-predicted-first lowers mean latency by as much as the predictor ranks requests correctly; a perfect ranking gives shortest-job-first, a poor one can do worse than first come, first served.",
@@ -591,7 +648,9 @@ from minengine.workloads.traces import Trace
         ("TPOT", "每输出词元时间", "(E2E - TTFT) / (n - 1)"),
         ("ITL / TBT", "词元间延迟 / 词元间隔", "gap between two consecutive output tokens"),
         ("SLO", "服务等级目标", "bounds on a request's latencies"),
-        ("goodput", "有效吞吐", "requests per second that met the SLO"),
+        ("goodput", "有效吞吐", "highest request rate at which the SLO attainment target (90 %) holds (DistServe)"),
+        ("good-request rate", "达标请求率", "one run's requests per second that met the SLO (`goodput()`, vLLM's \"Request goodput\")"),
+        ("SLO attainment", "SLO 达成率", "fraction of a run's requests that met the SLO"),
         ("capacity", "容量", "highest arrival rate meeting the SLO"),
         ("P99", "第 99 百分位", "the value 99 % of samples are below"),
         ("priority / aging", "优先级 / 老化", "serve urgent first; waiting improves priority over time"),
