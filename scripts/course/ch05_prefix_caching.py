@@ -129,26 +129,46 @@ CELLS = [
     ### How much could a real service reuse?
     The Mooncake trace (Qin et al., FAST'25) publishes, for each request, ids of its 512-token prompt blocks; equal ids
     at the same leading positions are reusable prefixes. With an infinite cache, a block hits when it and every block
-    before it in that request were seen before:
+    before it in that request were seen before. The answer depends on the window: the first requests meet an empty
+    cache, so a hit rate of "the trace" must say how many requests it read. The whole trace is small, so both modes
+    read all of it and print the hit rate of growing windows and of each window of 1,000 requests on its own:
     """),
     conclusion("""
     mooncake = data / "traces" / "mooncake_fast25" / "synthetic_trace.jsonl" if data else None
     if mooncake is not None and mooncake.exists():
-        seen, hits, total = set(), 0, 0
-        lines = mooncake.read_text().splitlines()[: pick(None, 1000)]
-        for line in lines:
-            key, prefix_hit = 0, True
+        seen, per_request = set(), []   # (prefix-hit blocks, blocks) of each request, in trace order
+        for line in mooncake.read_text().splitlines():
+            key, prefix_hit, hits, total = 0, True, 0, 0
             for block_id in json.loads(line)["hash_ids"]:
                 key = hash((key, block_id))          # chained: names the block and everything before it
                 prefix_hit = prefix_hit and key in seen
                 hits += prefix_hit
                 total += 1
                 seen.add(key)
-        mooncake_text = (f"Mooncake trace, first {len(lines):,} requests: **{hits / total:.1%}** of {total:,} prompt blocks are "
-                         f"prefix hits with an infinite cache.")
+            per_request.append((hits, total))
+
+        def hit_rate(requests):
+            return sum(h for h, _ in requests) / sum(t for _, t in requests)
+
+        n = len(per_request)
+        firsts = [w for w in (250, 1000, 2000) if w < n] + [n]
+        growing = [hit_rate(per_request[:w]) for w in firsts]
+        windows = [(a, min(a + 1000, n)) for a in range(0, n, 1000)]
+        alone = [hit_rate(per_request[a:b]) for a, b in windows]
+        for w, h in zip(firsts, growing):
+            print(f"first {w:5,} requests: {h:6.1%} of their prompt blocks are prefix hits")
+        for (a, b), h in zip(windows, alone):
+            print(f"requests {a:5,}-{b - 1:5,} alone (the cache holding every earlier one): {h:6.1%}")
+        mooncake_text = (
+            f"Mooncake trace, {n:,} requests: with an infinite cache **{growing[-1]:.1%}** of all {sum(t for _, t in per_request):,} prompt "
+            f"blocks are prefix hits, but only **{hit_rate(per_request[:1000]):.1%}** of the first 1,000 requests' blocks: the cache starts "
+            f"empty, and each later window of 1,000 requests finds more of its prefixes already seen ({', '.join(f'{h:.0%}' for h in alone)}). "
+            f"A reuse number is the number of a window: say how many requests it read.")
+        mooncake_checks = [("the hit rate grows with the window", all(a < b for a, b in zip(growing, growing[1:]))),
+                           ("each later window hits more than the one before", all(a < b for a, b in zip(alone, alone[1:])))]
     else:
-        mooncake_text = "Mooncake trace not found (`../shared/data` absent): nothing to measure here."
-    show(mooncake_text)
+        mooncake_text, mooncake_checks = "Mooncake trace not found (`../shared/data` absent): nothing to measure here.", []
+    conclude(mooncake_text, mooncake_checks)
     """),
     md("""
     ## LRU reuse under memory pressure
@@ -215,33 +235,63 @@ CELLS = [
              [("more sharing, more hits", all(a < b for a, b in zip(hit_rates, hit_rates[1:]))),
               ("more hits, lower TTFT", all(a > b for a, b in zip(ttfts, ttfts[1:])))])
     """),
-    *exercise(1, """
-        `block_size = 16`. A 100-token prompt whose first 70 tokens equal a prompt served just before. How many of its tokens
-        are served from the prefix cache?
-        """, "Only full blocks are cached and hit; a block matches only if all blocks before it match.", "answer_1",
-        "answer_1 = (70 // 16) * 16",
-        """
-        e1 = LLMEngine.from_config(model=COURSE_MODEL, block_size=16)
-        base = [(3 * k) % 2000 + 3 for k in range(100)]
-        e1.add_request("first", {"prompt_token_ids": base}, SamplingParams(temperature=0.0, max_tokens=1))
-        run_to_completion(e1)
-        e1.add_request("second", {"prompt_token_ids": base[:70] + [1999 - k for k in range(30)]}, SamplingParams(temperature=0.0, max_tokens=1))
-        run_to_completion(e1)
-        check("Exercise 1: cached tokens", answer_1, e1.request_metrics["second"].num_cached_tokens)
-        """, wrong=["answer_1 = 70  # only full blocks are cached", "answer_1 = 70 // 16  # blocks, not tokens",
-                    "answer_1 = (70 // 16 + 1) * 16  # the fifth block is only partly shared"]),
-    *exercise(2, """
-        The exact same 64-token prompt is sent twice (`block_size = 16`). How many tokens of the second request are served from
-        the cache? (It is not 64.)
-        """, "The step must produce logits for the last prompt token, so at least that token is computed again; it sits in the 4th block.", "answer_2",
-        "answer_2 = ((64 - 1) // 16) * 16",
-        """
-        e2 = LLMEngine.from_config(model=COURSE_MODEL, block_size=16)
+    md("""
+    ## Exercises
+    The cell below runs the engine for the cases exercises 1 and 2 check (once, so a check costs nothing to re-run):
+    """),
+    code("""
+    base = [(3 * k) % 2000 + 3 for k in range(100)]
+
+
+    def engine_cached(shared, block_size):
+        \"\"\"Cached tokens of a 100-token prompt whose first `shared` tokens equal a prompt served just before.\"\"\"
+        eng = modelled_engine(block_size=block_size, trace_block_tables=False)
+        eng.add_request("first", {"prompt_token_ids": base}, SamplingParams(temperature=0.0, max_tokens=1))
+        run_to_completion(eng)
+        other = base[:shared] + [t % 2000 + 4 for t in base[shared:]]   # every later token differs from base's
+        eng.add_request("second", {"prompt_token_ids": other}, SamplingParams(temperature=0.0, max_tokens=1))
+        run_to_completion(eng)
+        return eng.request_metrics["second"].num_cached_tokens
+
+
+    def engine_repeat(n, block_size):
+        \"\"\"Cached tokens of an `n`-token prompt sent a second time.\"\"\"
+        eng = modelled_engine(block_size=block_size, trace_block_tables=False)
         for rid in ("a", "b"):
-            e2.add_request(rid, {"prompt_token_ids": base[:64]}, SamplingParams(temperature=0.0, max_tokens=1))
-            run_to_completion(e2)
-        check("Exercise 2: a fully cached prompt", answer_2, e2.request_metrics["b"].num_cached_tokens)
-        """, wrong=["answer_2 = 64  # the last token must be computed to sample", "answer_2 = 64 - 1  # hits come in whole blocks"]),
+            eng.add_request(rid, {"prompt_token_ids": base[:n]}, SamplingParams(temperature=0.0, max_tokens=1))
+            run_to_completion(eng)
+        return eng.request_metrics["b"].num_cached_tokens
+
+
+    cases_1 = [((shared, bs), engine_cached(shared, bs)) for shared, bs in ((70, 16), (64, 16), (15, 16), (16, 16), (96, 32), (70, 32))]
+    cases_2 = [((n, bs), engine_repeat(n, bs)) for n, bs in ((64, 16), (70, 16), (16, 16), (17, 16), (100, 32), (96, 32))]
+    print(f"{len(cases_1) + len(cases_2)} engine runs ready for the checks")
+    """),
+    *exercise(1, """
+        A 100-token prompt whose first `shared` tokens equal a prompt served just before (the rest differs). Write
+        `answer_1(shared, block_size)`: how many of its tokens are served from the prefix cache? The check compares it with the engine's runs above for
+        several `shared` (some a multiple of the block size, some not) and block sizes 16 and 32.
+        """, "Only full blocks are cached and hit; a block matches only if all blocks before it match.", "answer_1",
+        "answer_1 = lambda shared, block_size: (shared // block_size) * block_size",
+        """
+        check_function("Exercise 1: cached tokens", answer_1, cases_1)
+        """, wrong=["answer_1 = lambda shared, block_size: shared  # only full blocks are cached",
+                    "answer_1 = lambda shared, block_size: shared // block_size  # blocks, not tokens",
+                    "answer_1 = lambda shared, block_size: (shared // block_size + 1) * block_size  # the last block is only partly shared",
+                    "answer_1 = lambda shared, block_size: -(-shared // block_size) * block_size  # rounds a partly shared block up",
+                    "answer_1 = lambda shared, block_size: ((shared - 1) // block_size) * block_size  # the last-token rule applies to a whole prompt hit, not here"]),
+    *exercise(2, """
+        The exact same `n`-token prompt is sent twice. Write `answer_2(n, block_size)`: how many tokens of the second request are
+        served from the cache? (For `n = 64`, `block_size = 16` it is not 64.) The check compares it with the engine's runs above for several `n`, some a
+        multiple of the block size and some not.
+        """, "The step must produce logits for the last prompt token, so at least that token is computed again; whole blocks only.", "answer_2",
+        "answer_2 = lambda n, block_size: ((n - 1) // block_size) * block_size",
+        """
+        check_function("Exercise 2: a fully cached prompt", answer_2, cases_2)
+        """, wrong=["answer_2 = lambda n, block_size: n  # the last token must be computed to sample",
+                    "answer_2 = lambda n, block_size: n - 1  # hits come in whole blocks",
+                    "answer_2 = lambda n, block_size: (n // block_size) * block_size  # right unless the block size divides n",
+                    "answer_2 = lambda n, block_size: (n // block_size - 1) * block_size  # right only when the block size divides n"]),
     *exercise(3, """
         In the shared-system-prompt run, at step `busiest.step`, how many KV blocks did the four requests hold **in all**
         (count each physical block once), and how many would they have held without sharing? Answer `(with_sharing, without)`
