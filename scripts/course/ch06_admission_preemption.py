@@ -400,6 +400,66 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
     claim("both modes give the unpreempted output", all(tokens == roomy_tokens for _, tokens in modes.values()))
     """),
     md("""
+    With 48-token prompts the two modes end within a few milliseconds of each other. Which wins depends on what a victim
+    holds: recomputing its context is a prefill, nearly free while it rides in a memory-bound step and paid in FLOPs once
+    it is long; swapping it moves its KV bytes over PCIe twice (out and back). The same contest with longer victims: four
+    requests with prompts of `L` tokens in a pool holding their prompts and one spare block each, so they preempt each
+    other as they decode (lengths in the table):
+    """),
+    code("""
+    from minengine.timing import StepCostModel
+
+
+    def contest(prompt_len, preemption_mode, n=4, out_len=48):
+        pool = n * -(-prompt_len // 16) + n
+        eng = modelled_engine(block_size=16, num_kv_blocks=pool, max_num_batched_tokens=2048, preemption_mode=preemption_mode,
+                              swap_space_blocks=pool, enable_prefix_caching=False, trace_block_tables=False, max_model_len=4096)
+        for i in range(n):
+            eng.add_request(f"r{i}", {"prompt_token_ids": [(11 * i + k) % 2000 + 3 for k in range(prompt_len)]},
+                            SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True))
+        outs = run_to_completion(eng)
+        return eng, {rid: o.outputs[0].token_ids for rid, o in outs.items()}
+
+
+    LENGTHS = pick([64, 512, 2048], [64, 1024])
+    versus = {}
+    for L in LENGTHS:
+        (rec, rec_out), (swp, swp_out) = contest(L, "recompute"), contest(L, "swap")
+        versus[L] = dict(recompute=rec.summary().duration_s, swap=swp.summary().duration_s, same=rec_out == swp_out,
+                         preemptions=(rec.summary().num_preemptions, swp.summary().num_preemptions),
+                         recomputed=preemption_cost(rec), swapped=swp.summary().num_swapped_out_blocks + swp.summary().num_swapped_in_blocks)
+        v = versus[L]
+        print(f"L = {L:5,}: recompute {v['recompute'] * 1000:6.1f} ms ({v['preemptions'][0]} preemptions, {v['recomputed']:5,} tokens recomputed) | "
+              f"swap {v['swap'] * 1000:6.1f} ms ({v['preemptions'][1]} preemptions, {v['swapped']} blocks moved) | same output {v['same']}")
+    cm = teaching_cost_model()
+    per_token = {"recompute": cm.cost(StepWork.of([(2048, 0, 1)])).time_s / 2048,
+                 "swap": cm.cost(StepWork.of([(1, 2048, 1)], num_swap_out_blocks=128, num_swap_in_blocks=128)).swap_time_s / 2048}
+    print(f"cost model, per token of a 2,048-token victim: recompute {per_token['recompute'] * 1e6:.1f} us (a prefill), "
+          f"swap out and back {per_token['swap'] * 1e6:.1f} us ({cm.label})")
+    """),
+    conclusion("""
+    short, long_ = versus[LENGTHS[0]], versus[LENGTHS[-1]]
+    gap = {L: v["recompute"] - v["swap"] for L, v in versus.items()}
+    small_blocks = StepCostModel(cm.hardware, cm.shape, block_size=8, engine=cm.engine)
+    bytes_only = (small_blocks.cost(StepWork.of([(1, 100, 1)], 8, 8)).swap_time_s == cm.cost(StepWork.of([(1, 100, 1)], 4, 4)).swap_time_s)
+    conclude(f"On the modelled clock **swap won or tied every contest, and its lead grows with the victim's context**: with {LENGTHS[0]}-token prompts the "
+             f"two modes ended {abs(gap[LENGTHS[0]]) * 1000:.1f} ms apart ({short['recompute'] * 1000:.1f} vs {short['swap'] * 1000:.1f} ms, "
+             f"{abs(gap[LENGTHS[0]]) / short['swap']:.1%}); with {LENGTHS[-1]:,}-token prompts recompute took **{gap[LENGTHS[-1]] * 1000:.1f} ms "
+             f"longer** ({long_['recompute'] * 1000:.1f} vs {long_['swap'] * 1000:.1f} ms, {gap[LENGTHS[-1]] / long_['swap']:.1%}), after "
+             f"recomputing {long_['recomputed']:,} tokens. Per token of a 2,048-token victim the cost model charges {per_token['recompute'] * 1e6:.1f} us of "
+             f"compute-bound prefill to recompute it and {per_token['swap'] * 1e6:.1f} us of PCIe to swap it out and back. Both gave the same text. The model charges a swap "
+             f"by its bytes alone (16 blocks of 8 tokens cost what 8 blocks of 16 do), without the per-transfer cost that made small-block "
+             f"swaps lose in PagedAttention's Fig. 19, so it cannot show that half of the paper's result.",
+             [("every contest preempted", all(min(v["preemptions"]) > 0 for v in versus.values())),
+              ("swap is never slower", all(g >= 0 for g in gap.values())),
+              ("short victims: within 1 %", abs(gap[LENGTHS[0]]) < 0.01 * short["swap"]),
+              ("the lead grows with the context", all(a < b for a, b in zip([gap[L] for L in LENGTHS], [gap[L] for L in LENGTHS][1:]))),
+              ("long victims: swap more than 1 % faster", gap[LENGTHS[-1]] > 0.01 * long_["swap"]),
+              ("per token, a long recompute costs more than a swap", per_token["recompute"] > per_token["swap"]),
+              ("same output either way", all(v["same"] for v in versus.values())),
+              ("the model charges swaps by bytes only", bytes_only)])
+    """),
+    md("""
     ## The admission probe
     With `shrink_prefill_chunks=True`, a new prompt whose chunk needs more blocks than are free is admitted with a
     smaller chunk (down to one block) instead of waiting for a whole chunk's worth of memory. Does starting early pay?
@@ -595,17 +655,30 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
                             preemption_mode=widgets.Dropdown(options=["recompute", "swap"]))
     """),
     *exercise(1, """
-        `block_size = 16`. A waiting request has a 100-token prompt and the token budget lets it run in one chunk. How many
-        free KV blocks does its admission need? The check admits it on the engine and reads its block table.
-        """, "ceil(prompt / block_size).", "answer_1",
-        "answer_1 = math.ceil(100 / 16)",
+        A waiting request has a `prompt_len`-token prompt and the token budget lets it run in one chunk. Write
+        `answer_1(prompt_len, block_size)`: how many free KV blocks does its admission need? The check admits prompts of several
+        lengths (some a multiple of the block size, some not) on the engine, with block sizes 16 and 32, and reads their block tables.
+        """, "ceil(prompt / block_size): a partly filled last block is a whole block.", "answer_1",
+        "answer_1 = lambda prompt_len, block_size: math.ceil(prompt_len / block_size)",
         """
-        e1 = modelled_engine(block_size=16, enable_prefix_caching=False, trace_block_tables=True)
-        e1.add_request("x", {"prompt_token_ids": [9] * 100}, SamplingParams(temperature=0.0, max_tokens=1))
-        run_to_completion(e1)
-        check("Exercise 1: blocks to admit", answer_1, len(e1.traces[0].block_tables["x"]))
-        """, wrong=["answer_1 = 100 // 16  # the partly filled last block is a block too", "answer_1 = 100 / 16",
-                    "answer_1 = math.ceil(100 / 16) + 1  # no block is reserved for output tokens not yet generated"]),
+        def admitted_blocks(block_size, lengths):
+            eng = modelled_engine(block_size=block_size, enable_prefix_caching=False, trace_block_tables=True)
+            out = []
+            for n in lengths:
+                eng.add_request(f"x{n}", {"prompt_token_ids": [9] * n}, SamplingParams(temperature=0.0, max_tokens=1))
+                run_to_completion(eng)
+                first = next(t for t in eng.traces if any(c.request_id == f"x{n}" for c in t.chunks))
+                out.append(((n, block_size), len(first.block_tables[f"x{n}"])))
+            return out
+
+
+        cases_1 = admitted_blocks(16, (100, 96, 97, 16, 1)) + admitted_blocks(32, (100, 96, 64, 33))
+        check_function("Exercise 1: blocks to admit", answer_1, cases_1)
+        """, wrong=["answer_1 = lambda prompt_len, block_size: prompt_len // block_size  # the partly filled last block is a block too",
+                    "answer_1 = lambda prompt_len, block_size: prompt_len // block_size + 1  # one too many when the block size divides the prompt",
+                    "answer_1 = lambda prompt_len, block_size: math.ceil((prompt_len + 1) / block_size)  # no slot is reserved for the first output token yet",
+                    "answer_1 = lambda prompt_len, block_size: math.ceil(prompt_len / block_size) + 1  # no block is reserved for output tokens not yet generated",
+                    "answer_1 = lambda prompt_len, block_size: prompt_len / block_size"]),
     *exercise(2, """
         Predict the first victim of the small-pool run **without** reading `preempted_ids`: replay the trace up to the step of
         the first preemption and take the most recently admitted request that is still running. Store its id.
@@ -696,7 +769,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         "The step is a short loop (running first, chunk to the budget, allocate or preempt, admit from the head); vLLM's `Scheduler.schedule` is the same five moves, minengine's `StepBuilder` + `Scheduler.update_from_output`.",
         "Requests move WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED or SWAPPED (waiting again) -> RUNNING; abort and timeout end any unfinished state.",
         "The victim is the newest running request not yet scheduled this step; it is re-queued at the head, so victims come back last-preempted-first, in their original order.",
-        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output. The admission probe shrinks a new chunk to the free blocks.",
+        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output, and on the modelled H100 swap's lead grows with the victim's context. The admission probe shrinks a new chunk to the free blocks.",
         "A request's progress is one number, `num_computed_tokens`, against its tokens: chunked prefill takes pending tokens a budget at a time, a prefix hit sets the number without computing, a decode has one pending token, recompute resets it, and speculative decoding adds guessed tokens that advance it by 1 + the accepted ones.",
     ]),
     *glossary([
