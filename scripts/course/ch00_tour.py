@@ -174,25 +174,35 @@ CELLS = [
         budget_field = next(f.name for f in fields(EngineConfig) if f.name.startswith("max_num_batched"))
         check("Exercise 2: the token budget's name", answer_2, budget_field)
         """, wrong=['answer_2 = "max_num_seqs"', 'answer_2 = "max_model_len"', 'answer_2 = "num_kv_blocks"']),
+    code("""
+    # For exercise 3: the engine's own step counts for one request alone (prompt P tokens, budget B, max_tokens), run once here.
+    def engine_steps(P, B, max_tokens):
+        probe = LLMEngine.from_config(model=COURSE_MODEL, max_num_batched_tokens=B, enable_prefix_caching=False)
+        probe.add_request("p", {"prompt_token_ids": [7] * P}, SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True))
+        run_to_completion(probe)
+        return len(probe.traces)
+
+
+    cases_3 = [((P, B, n), engine_steps(P, B, n)) for P, B, n in ((100, 32, 5), (96, 32, 5), (64, 16, 1), (10, 32, 3), (33, 16, 2))]
+    print(f"{len(cases_3)} runs ready for exercise 3's check")
+    """),
     *exercise(3, """
-        A single request with a prompt of `P = 100` tokens and `max_tokens = 5` runs alone with a token budget of
-        `B = 32` and chunked prefill. How many engine steps does it take? Write a formula in `P`, `B` and
-        `max_tokens`; the check runs the engine and counts the steps.
+        A single request with a prompt of `P` tokens and `max_tokens` output tokens runs alone with a token budget of `B` and
+        chunked prefill. How many engine steps does it take? Write `answer_3(P, B, max_tokens)`; the check compares it with the
+        engine's step counts from the cell above, for `P = 100, B = 32, max_tokens = 5` and a few more (some `P` a multiple of `B`).
         """, """
         The prompt is cut into chunks of at most `B` tokens; only the last chunk samples the first output token.
         Every further output token is one decode step.
         """, "answer_3",
-        "P, B, max_tokens = 100, 32, 5\nanswer_3 = -(-P // B) + (max_tokens - 1)",
+        "answer_3 = lambda P, B, max_tokens: -(-P // B) + (max_tokens - 1)",
         """
-        probe = LLMEngine.from_config(model=COURSE_MODEL, max_num_batched_tokens=32)
-        probe.add_request("p", {"prompt_token_ids": [7] * 100}, SamplingParams(temperature=0.0, max_tokens=5,
-                                                                               ignore_eos=True))
-        run_to_completion(probe)
-        check("Exercise 3: steps for one request", answer_3, len(probe.traces),
-              hint="count the prefill chunks of at most B tokens (is the last one full?), then ask which step samples the first output token")
-        """, wrong=["P, B, max_tokens = 100, 32, 5\nanswer_3 = P // B + max_tokens - 1  # floor drops the last, short chunk",
-                    "P, B, max_tokens = 100, 32, 5\nanswer_3 = -(-P // B) + max_tokens  # the last chunk already samples token 1",
-                    "P, B, max_tokens = 100, 32, 5\nanswer_3 = P / B + max_tokens - 1"]),
+        check_function("Exercise 3: steps for one request", answer_3, cases_3,
+                       hint="count the prefill chunks of at most B tokens (is the last one full?), then ask which step samples the first output token")
+        """, wrong=["answer_3 = lambda P, B, max_tokens: P // B + max_tokens  # two mistakes that cancel at P = 100: floor drops the short chunk, + max_tokens counts the first token twice",
+                    "answer_3 = lambda P, B, max_tokens: P // B + max_tokens - 1  # floor drops the last, short chunk",
+                    "answer_3 = lambda P, B, max_tokens: -(-P // B) + max_tokens  # the last chunk already samples token 1",
+                    "answer_3 = lambda P, B, max_tokens: P // B + 1 + max_tokens - 1  # one chunk too many when B divides P",
+                    "answer_3 = lambda P, B, max_tokens: P / B + max_tokens - 1"]),
     *question("why does the first step cost about what a decode step costs?", """
         Step 0 above computed every prompt token of three requests, the last step one token per request, yet on the
         modelled H100 they took about the same time. Why? And what if the prompts were 4,000 tokens each?

@@ -81,12 +81,26 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     md("""
     ## Cancel a stream, watch the KV blocks come back
     A user who closes the tab leaves a *zombie* request: still decoding, still holding KV blocks, for nobody. The server
-    notices the closed connection and aborts the request before the engine's next step. Below: start a long stream
-    (`ignore_eos`, 400 tokens), read a few chunks, look at `/metrics`, close the stream, and look again.
+    notices the closed connection (its next write fails, or the disconnect message arrives) and queues an abort, which
+    the engine loop applies between two steps: the step after the request's last one no longer has it, and its blocks
+    are already free when that step is scheduled. Below: start a long stream (`ignore_eos`, 400 tokens), read a few
+    chunks, start a second stream (a neighbour, so the engine keeps stepping after the hang-up), look at `/metrics`,
+    close the first stream, and read the server's own steps from the step feed.
     """),
     code("""
     before = read_metrics(server.url)
     total_blocks = int(next(s for s in before["vllm:cache_config_info"].samples).labels["num_gpu_blocks"])
+    steps_before = int(metric(before, "minengine:num_steps"))
+
+
+    def wait_running(n, timeout_s=30):
+        \"\"\"Poll /metrics until n requests are running (or the time is up); returns the last reading.\"\"\"
+        deadline = time.monotonic() + timeout_s
+        while metric(fam := read_metrics(server.url), "vllm:num_requests_running") != n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return fam
+
+
     long_stream = client.completions.create(model=model, prompt=SHAKESPEARE_OPENINGS[0], max_tokens=400, temperature=0, stream=True,
                                             extra_body={"ignore_eos": True})
     received = 0
@@ -94,28 +108,47 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         received += bool(chunk.choices and chunk.choices[0].text)
         if received == 8:
             break
-    mid = read_metrics(server.url)
+    neighbour = threading.Thread(target=lambda: sum(1 for _ in client.completions.create(
+        model=model, prompt=SHAKESPEARE_OPENINGS[1], max_tokens=pick(200, 120), temperature=0, stream=True, extra_body={"ignore_eos": True})))
+    neighbour.start()
+    mid = wait_running(2)
     long_stream.close()                                          # the client hangs up mid-stream
-    deadline = time.monotonic() + 30
-    while metric(read_metrics(server.url), "vllm:num_requests_running") > 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    after = read_metrics(server.url)
-    for label, fam in (("before", before), ("mid-stream", mid), ("after close", after)):
+    wait_running(1)
+    neighbour.join(timeout=120)
+    after = wait_running(0)
+    engine_info, cancel_feed = read_steps(server.url, history=int(metric(after, "minengine:num_steps")) - steps_before)
+    for label, fam in (("before", before), ("mid-stream", mid), ("after both", after)):
         print(f"{label:12s} running {metric(fam, 'vllm:num_requests_running'):.0f} | free KV blocks {metric(fam, 'minengine:num_free_blocks'):.0f} "
               f"of {total_blocks} | KV usage {metric(fam, 'vllm:kv_cache_usage_perc'):.3f} | aborted so far "
               f"{metric(fam, 'vllm:request_success', finished_reason='abort'):.0f}")
+    cancelled, other = list(dict.fromkeys(c.request_id for t in cancel_feed for c in t.chunks))[:2]   # in order of first appearance
+    served = [t.step for t in cancel_feed if any(c.request_id == cancelled for c in t.chunks)]
+    next_step = next((t for t in cancel_feed if t.step == served[-1] + 1), None)
+    for t in cancel_feed:
+        if served[-1] - 2 <= t.step <= served[-1] + 2:
+            print(f"step {t.step}: {['cancelled' if c.request_id == cancelled else 'neighbour' for c in t.chunks]}, running {t.num_running}, "
+                  f"free blocks {t.num_free_blocks}")
     """),
     conclusion("""
     held_mid = total_blocks - metric(mid, "minengine:num_free_blocks")
     aborted = metric(after, "vllm:request_success", finished_reason="abort") - metric(before, "vllm:request_success", finished_reason="abort")
-    generated = metric(after, "vllm:generation_tokens") - metric(before, "vllm:generation_tokens")
-    conclude(f"Mid-stream the request was running and held **{held_mid:.0f} KV blocks**. After the client closed the stream the server "
-             f"counted **{aborted:.0f} aborted request**, nothing was running, and all {total_blocks} blocks were free again; it had "
-             f"generated {generated:.0f} of the 400 tokens asked for, so the rest of the work was never done.",
-             [("the stream held blocks while it ran", metric(mid, "vllm:num_requests_running") == 1 and held_mid > 0),
-              ("closing it aborted the request", aborted == 1 and metric(after, "vllm:num_requests_running") == 0),
-              ("and freed every block", metric(after, "minengine:num_free_blocks") == total_blocks),
-              ("it stopped well short of 400 tokens", generated < 400)])
+    generated = sum(c.sampled for t in cancel_feed for c in t.chunks if c.request_id == cancelled)
+    neighbour_chunk = next((c for c in next_step.chunks if c.request_id == other), None) if next_step else None
+    neighbour_blocks = -(-(neighbour_chunk.start_pos + neighbour_chunk.num_tokens) // engine_info["block_size"]) if neighbour_chunk else None
+    conclude(f"Mid-stream both requests were running and held **{held_mid:.0f} KV blocks**. The client read {received} tokens and hung up; "
+             f"the server had computed the cancelled request in every step from {served[0]} to {served[-1]} ({generated} tokens of the 400) and counted **{aborted:.0f} aborted request**. In the very next step, "
+             f"{served[-1] + 1}, it was gone: the step ran only the neighbour, one request was running, and {next_step.num_free_blocks} of "
+             f"{total_blocks} blocks were free, all but the neighbour's {neighbour_blocks}: the abort was applied before that step was "
+             f"scheduled. Once the neighbour finished, every block was free again.",
+             [("both streams held blocks while they ran", metric(mid, "vllm:num_requests_running") == 2 and held_mid > 0),
+              ("the cancelled request was served every step until it left", served == list(range(served[0], served[-1] + 1))),
+              ("the engine stepped on after it left", next_step is not None and neighbour_chunk is not None),
+              ("the next step had only the neighbour", next_step is not None and {c.request_id for c in next_step.chunks} == {other}
+               and next_step.num_running == 1),
+              ("its blocks were free in that step", next_step is not None and next_step.num_free_blocks == total_blocks - neighbour_blocks),
+              ("closing it aborted the request, well short of 400 tokens", aborted == 1 and received <= generated < 400),
+              ("and every block is free in the end", metric(after, "minengine:num_free_blocks") == total_blocks
+               and metric(after, "vllm:num_requests_running") == 0)])
     """),
     md("""
     ## Read `/metrics`
@@ -326,13 +359,13 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
                     'answer_2 = (BENCH["num_requests"] * BENCH["input_len"], BENCH["num_requests"] * (BENCH["output_len"] - 1))  # the first token counts too',
                     'answer_2 = (BENCH["input_len"], BENCH["output_len"])']),
     *question("why must the server abort a request when its client disconnects?", """
-        The cancelled stream above was aborted as soon as its connection closed. What would happen to a busy server that
+        The cancelled stream above was aborted once the server saw its connection close. What would happen to a busy server that
         kept decoding for clients that had left?
         """, """
         A zombie request keeps its sequence slot and its KV blocks (its whole context stays in the pool) and takes a token
         of every step's budget, for output nobody reads. Under load the pool fills with zombies: new requests wait or get
-        preempted, TTFT grows, and goodput falls although the engine looks busy. Aborting frees the slot and the blocks
-        before the next step, as `/metrics` showed.
+        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy. Aborting frees the slot and
+        the blocks between two steps, as the step feed showed.
         """),
     *question("what if /metrics showed KV usage near 1 and a growing waiting queue?", """
         You are on call. `vllm:kv_cache_usage_perc` sits near 1.0, `vllm:num_requests_waiting` keeps growing and
@@ -401,7 +434,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     """),
     *summary([
         "`python -m minengine serve` is an OpenAI-compatible server around the same `LLMEngine`: the official client works unchanged, and greedy text equals `LLM.generate`.",
-        "A client that hangs up aborts its request before the next step; its KV blocks come back at once (no zombies).",
+        "A client that hangs up aborts its request between two steps: the next step no longer has it, and its KV blocks are already free (no zombies).",
         "`/metrics` speaks Prometheus with vLLM's names: gauges for now (running, waiting, KV usage), counters and histograms for rates and percentiles.",
         "`/v1/engine/steps` streams every `StepTrace`; the course's and the dashboard's figures draw it unchanged, and the dashboard's *live server* source (`ServerFeed`) reads it while the server serves.",
         "`bench-serve --base-url` measures any OpenAI-compatible server from the client side; its counts reconcile with the server's counters.",
