@@ -22,8 +22,6 @@ CELLS = [
 import dataclasses
 import math
 
-import ipywidgets as widgets
-
 from minengine.config import BUNDLED_MODEL
 from minengine.distributed import kv_heads_of_rank
 from minengine.timing import LLAMA_3_8B, LLAMA_3_70B, StepCostModel
@@ -265,6 +263,9 @@ print("text:", TEXT_SOURCE)
     Try other deployments (no engine runs: bytes from the config):
     """),
     code("""
+    import ipywidgets as widgets
+
+
     def gpus_needed(model="Llama-3-70B", weights="bf16", kv="bf16", batch=32, context=8192):
         shape = {"Llama-3-70B": LLAMA_3_70B, "Llama-3-8B": LLAMA_3_8B}[model]
         shape = shape.with_(dtype_bytes=1) if weights == "fp8" else shape_for_engine(shape, "auto", "int8") if weights == "int8" else shape
