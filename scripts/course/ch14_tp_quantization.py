@@ -207,10 +207,11 @@ print("text:", TEXT_SOURCE)
     tps = {name: (min_tp_reference(s, 1, CONTEXT), min_tp_reference(s, 32, CONTEXT)) for name, s in VARIANTS.items()}
     conclude(f"In bf16 the weights alone are **{bf16.weight_bytes / 1e9:.0f} GB**, more than one H100's {H100 / 1e9:.0f} usable GB: "
              f"Llama-3-70B needs TP {tps['bf16'][0]} for one 8k request and **TP {tps['bf16'][1]}** for 32 of them, whose KV "
-             f"({32 * CONTEXT * bf16.kv_bytes_per_token / 1e9:.0f} GB) is most of a GPU more. int8 weights halve only the layers' "
+             f"({32 * CONTEXT * bf16.kv_bytes_per_token / 1e9:.0f} GB) alone is more than one GPU holds. int8 weights halve only the layers' "
              f"weights ({i8.weight_bytes / 1e9:.0f} GB) and leave the KV: still TP {tps['int8 weights, bf16 KV'][1]} at batch 32. "
              f"fp8 weights and KV halve both: **TP {tps['fp8 weights + fp8 KV'][1]}**.",
              [("bf16 weights do not fit one GPU", bf16.weight_bytes > H100),
+              ("the batch-32 KV alone exceeds one GPU", 32 * CONTEXT * bf16.kv_bytes_per_token > H100),
               ("bf16 at batch 32 needs more GPUs than at batch 1", tps["bf16"][1] > tps["bf16"][0]),
               ("int8 weights alone do not lower the batch-32 TP", tps["int8 weights, bf16 KV"][1] == tps["bf16"][1]),
               ("fp8 weights + KV halve the GPUs at batch 32", tps["fp8 weights + fp8 KV"][1] * 2 == tps["bf16"][1])])
@@ -317,11 +318,11 @@ print("text:", TEXT_SOURCE)
     base = quant["float32"]
     worst = max(abs(q["ppl"] / base["ppl"] - 1) for q in quant.values())
     conclude(f"In the same {BUDGET / 2**20:.0f} MiB the engine counts **{quant['fp8 KV']['blocks']} fp8 blocks** against "
-             f"{base['blocks']} float32 ones (4 bytes to 1) and {quant['bfloat16']['blocks']} bfloat16 (2 to 1: the 2x a GPU "
-             f"serving bf16 gets). int8 weights do not change the blocks here (the budget is fixed; on a GPU they free weight "
-             f"memory for KV). Perplexity on {len(windows) * (WINDOW - 1)} tokens moved by at most **{worst:.2%}** over all modes "
+             f"{base['blocks']} float32 ones (4 bytes to 1) and {quant['bfloat16']['blocks']} bfloat16 ones (2 to 1: what a GPU "
+             f"serving bf16 gains). int8 weights do not change the blocks here: the budget is fixed (on a GPU they free weight "
+             f"memory for KV: below). Perplexity on {len(windows) * (WINDOW - 1)} tokens moved by at most **{worst:.2%}** over all modes "
              f"(float32: {base['ppl']:.3f}; fp8 KV + int8: {quant['fp8 KV + int8 weights']['ppl']:.3f}), on this tiny model: "
-             "a 70B model's outliers are another matter, which is why LLM.int8() and fp8 scales exist.",
+             "it says nothing about a large model, whose outlier features are why LLM.int8() keeps some in 16 bits (Dettmers et al., 2022).",
              [("fp8 KV: 4x float32's blocks", quant["fp8 KV"]["blocks"] == 4 * base["blocks"]),
               ("bfloat16: 2x float32's blocks", quant["bfloat16"]["blocks"] == 2 * base["blocks"]),
               ("int8 weights leave the KV blocks", quant["int8 weights"]["blocks"] == base["blocks"]),
@@ -339,19 +340,26 @@ print("text:", TEXT_SOURCE)
     for name, (kv, q) in SETTINGS.items():
         m = StepCostModel("h100", shape_for_engine(LLAMA_3_8B, kv, q))
         one, many = m.cost([(1, 2047, 1)]), m.cost([(1, 2047, 1)] * 64)
-        step[name] = {"1": one.time_s * 1e3, "64": many.time_s * 1e3, "weights": many.weight_bytes / 1e9, "kv": many.kv_bytes / 1e9}
+        fit = memory_fit("h100", m.shape)  # what is left for KV after the weights, per 16-token block
+        blocks = int(fit.kv_bytes_per_device // (16 * m.shape.kv_bytes_per_token))
+        step[name] = {"1": one.time_s * 1e3, "64": many.time_s * 1e3, "weights": many.weight_bytes / 1e9, "kv": many.kv_bytes / 1e9,
+                      "blocks": blocks}
         print(f"{name:14s} weights read {step[name]['weights']:5.2f} GB | KV read {step[name]['kv']:5.2f} GB | "
-              f"step, 1 decode {step[name]['1']:5.2f} ms | 64 decodes {step[name]['64']:5.2f} ms")
+              f"step, 1 decode {step[name]['1']:5.2f} ms | 64 decodes {step[name]['64']:5.2f} ms | KV blocks in 0.9 x 80 GB: {blocks:,}")
     """),
     conclusion("""
     gain = {n: {b: step["bf16"][b] / s[b] for b in ("1", "64")} for n, s in step.items()}
     conclude(f"At **1 decode** the weights dominate: int8 weights cut the modelled step {gain['int8 weights']['1']:.2f}x, fp8 KV only "
              f"{gain['fp8 KV']['1']:.2f}x. At **64 decodes of 2k** the KV read ({step['bf16']['kv']:.1f} GB) outweighs the weights "
              f"({step['bf16']['weights']:.1f} GB) and fp8 KV gains more ({gain['fp8 KV']['64']:.2f}x vs {gain['int8 weights']['64']:.2f}x). "
-             f"Both: {gain['fp8 KV + int8']['64']:.2f}x. (The modelled clock: an H100 roofline model, not a measurement.)",
+             f"Both: {gain['fp8 KV + int8']['64']:.2f}x. (The modelled clock: an H100 roofline model, not a measurement.) In memory, "
+             f"the H100 holds **{step['bf16']['blocks']:,}** KV blocks of Llama-3-8B after bf16 weights, {step['int8 weights']['blocks']:,} "
+             f"after int8 ones (the weights freed), {step['fp8 KV']['blocks']:,} with fp8 KV.",
              [("batch 1: int8 weights beat fp8 KV", gain["int8 weights"]["1"] > gain["fp8 KV"]["1"]),
               ("batch 64: KV read exceeds weights read", step["bf16"]["kv"] > step["bf16"]["weights"]),
               ("batch 64: fp8 KV beats int8 weights", gain["fp8 KV"]["64"] > gain["int8 weights"]["64"]),
+              ("int8 weights free memory for KV", step["int8 weights"]["blocks"] > step["bf16"]["blocks"]),
+              ("fp8 KV doubles the blocks", abs(step["fp8 KV"]["blocks"] - 2 * step["bf16"]["blocks"]) <= 1),
               ("both together beat either", all(gain["fp8 KV + int8"][b] > max(gain["fp8 KV"][b], gain["int8 weights"][b]) for b in ("1", "64")))])
     """),
     *exercise(2, """
