@@ -61,7 +61,7 @@ def _check_bench_flags(a: argparse.Namespace) -> None:
     _check_flag(a, "input_len", 1, 10**6)
     _check_flag(a, "output_len", 1, 10**6)
     _check_flag(a, "range_ratio", 0, 1, high_open=True)
-    _check_flag(a, "capacity_requests", 2, MAX_CLI_REQUESTS)
+    _check_flag(a, "capacity_requests", 2, MAX_CLI_REQUESTS, optional=True)
     _check_flag(a, "capacity_probes", 1, 100)
     for name in ("slo_ttft_ms", "slo_tpot_ms", "slo_tbt_ms"):
         _check_flag(a, name, 0, math.inf, low_open=True, high_open=True, optional=True)
@@ -301,24 +301,30 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
           f"of {s.num_kv_blocks}, wall time {result.wall_time_s:.1f} s")
     cap = None
     if a.capacity:
-        start = a.request_rate or trace.mean_rate  # begin the search at the replayed load
-        start = start if math.isfinite(start) and start > 0 else 1.0
-        cap = find_capacity(slo, config, lengths=list(trace), num_requests=max(2, min(len(trace), a.capacity_requests)),
-                            start_rate=start, max_probes=a.capacity_probes, seed=a.seed, clock=spec)
-        print(f"capacity (Sarathi-Serve: highest Poisson rate with >= 90% of requests within the SLO and median "
-              f"scheduling delay <= 2 s; {spec.label}): {cap.describe()}")
+        cap = find_capacity(slo, config, lengths=list(trace), num_requests=a.capacity_requests,
+                            max_probes=a.capacity_probes, seed=a.seed, clock=spec)
+        print(f"maximum throughput ({cap.num_requests} requests of the trace's lengths all at once, {spec.label}): "
+              f"{cap.max_throughput:,.2f} req/s, up to {cap.peak_running} running at once")
+        print(f"capacity (Sarathi-Serve: highest Poisson rate, at most the maximum throughput, with >= 90% of "
+              f"requests within the SLO and median scheduling delay <= 2 s; {cap.num_requests} requests per probe, "
+              f"the first {cap.warmup_requests} not measured): {cap.describe()}")
         for p in cap.probes:
             print(f"  probe {p.rate:8.2f} req/s: attainment {p.attainment:6.1%}, median queue delay "
-                  f"{p.median_queue_delay_s * 1000:8.1f} ms, goodput {p.goodput:6.2f} req/s  "
-                  f"{'pass' if p.passed else 'fail'}")
-        if not cap.bounded:
+                  f"{p.median_queue_delay_s * 1000:8.1f} ms, goodput {p.goodput:6.2f} req/s, throughput "
+                  f"{p.throughput:6.2f} req/s  {'pass' if p.passed else 'fail'}")
+        if cap.bound == "probes":
             print("  (raise --capacity-probes to search further)")
+        if cap.peak_running and not cap.steady:
+            print("  (raise --capacity-requests for a steady state)")
     if a.result_json:
         with open(a.result_json, "w") as f:
             json.dump({"trace": trace.source, "length_scale": trace.length_scale, "slo": str(slo), "clock": spec.label,
                        "benchmark": dataclasses.asdict(bench), "summary": s.as_dict(),
-                       "capacity": None if cap is None else {"capacity": cap.capacity, "failing_rate": cap.failing_rate,
-                                                             "text": cap.describe()}},
+                       "capacity": None if cap is None else {
+                           "capacity": cap.capacity, "failing_rate": cap.failing_rate, "bound": cap.bound,
+                           "max_throughput": cap.max_throughput, "peak_running": cap.peak_running,
+                           "requests_per_probe": cap.num_requests, "warmup_requests": cap.warmup_requests,
+                           "steady": cap.steady, "text": cap.describe()}},
                       f, indent=2, default=str)
 
 
@@ -360,8 +366,10 @@ def _bench_serve_parser(sub) -> None:
     s.add_argument("--slo-tbt-ms", type=float, default=None, help="per-request P99 time between tokens")
     c = b.add_argument_group("capacity")
     c.add_argument("--capacity", action="store_true", help="also search the highest Poisson rate meeting the SLO")
-    c.add_argument("--capacity-requests", type=int, default=32, help="requests per capacity probe")
-    c.add_argument("--capacity-probes", type=int, default=8, help="most probes (short virtual-clock replays)")
+    c.add_argument("--capacity-requests", type=int, default=None,
+                   help="requests per capacity probe (None: 8 x --max-num-seqs, enough for a steady state)")
+    c.add_argument("--capacity-probes", type=int, default=8,
+                   help="most probes (virtual-clock replays), after one saturating run for the maximum throughput")
     r = b.add_argument_group("remote server (instead of an engine in this process)")
     r.add_argument("--base-url", default=None,
                    help="drive this OpenAI-compatible server (e.g. http://127.0.0.1:8000) in real time; "

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from minengine.config import EngineConfig
 from minengine.workloads import (
@@ -59,33 +61,83 @@ def test_search_reports_when_no_rate_failed():
 
 def test_capacity_result_says_what_it_knows():
     probe = CapacityProbe(4.0, 1.0, 0.01, 4.0, True)
-    assert CapacityResult(8.0, SLO(ttft_s=1), [probe], failing_rate=9.0).describe() == "8 req/s"
-    unbounded = CapacityResult(2560.0, SLO(ttft_s=1), [probe])
-    assert unbounded.describe() == "≥ 2,560 req/s (no failing rate found)" and not unbounded.bounded
-    none = CapacityResult(0.0, SLO(ttft_s=1), [CapacityProbe(0.5, 0.0, 9.0, 0.0, False)], failing_rate=0.5)
-    assert none.describe() == "< 0.5 req/s (no passing rate found)"
+    slo = SLO(ttft_s=1)
+    by_slo = CapacityResult(8.0, slo, [probe], failing_rate=9.0, max_throughput=20.0, peak_running=4,
+                            num_requests=32)
+    assert by_slo.bound == "slo" and by_slo.steady
+    assert by_slo.describe() == "8 req/s (the SLO bounds it: 9 req/s failed)"
+    by_throughput = CapacityResult(20.0, slo, [probe], max_throughput=20.0, peak_running=4, num_requests=32)
+    assert by_throughput.bound == "throughput" and not by_throughput.bounded
+    assert by_throughput.describe().startswith("20 req/s (= the maximum throughput: every rate up to it met the SLO")
+    by_probes = CapacityResult(2560.0, slo, [probe], max_throughput=6000.0, peak_running=4, num_requests=32)
+    assert by_probes.bound == "probes"
+    assert by_probes.describe() == "≥ 2,560 req/s (no failing rate within 1 probes; maximum throughput 6,000 req/s)"
+    none = CapacityResult(0.0, slo, [CapacityProbe(0.5, 0.0, 9.0, 0.0, False)], failing_rate=0.5)
+    assert none.bound == "none" and none.describe() == "< 0.5 req/s (no passing rate found)"
+    # the old flaw: a probe of 64 requests on 64 slots measures a burst absorbed; the text says so
+    burst = CapacityResult(8.0, slo, [probe], failing_rate=9.0, max_throughput=20.0, peak_running=64,
+                           num_requests=64)
+    assert not burst.steady and "64 requests for 64 running at once" in burst.describe()
+    assert "a transient, not a steady state" in burst.describe()
+
+
+def _capacity_config(model, **fields):
+    return EngineConfig(**{**dict(model=model, block_size=16, num_kv_blocks=96, max_num_batched_tokens=64,
+                                  max_num_seqs=4, max_model_len=512), **fields})
 
 
 def test_find_capacity_on_the_modelled_clock_is_deterministic_and_bracketed(random_llama):
-    cfg = EngineConfig(model=random_llama, block_size=16, num_kv_blocks=96, max_num_batched_tokens=64,
-                       max_num_seqs=4, max_model_len=512)
     from minengine.timing import ClockSpec
 
-    kwargs = dict(num_requests=12, start_rate=1.0, rel_tol=0.2, max_probes=12, seed=0,
-                  clock=ClockSpec("modelled", hardware="a100", model="llama-3-8b"))
-    slo = SLO(ttft_s=0.25, tbt_p99_s=0.1)
+    from minengine.workloads import TraceRequest
+
+    cfg = _capacity_config(random_llama, max_num_seqs=2)
+    kwargs = dict(rel_tol=0.2, max_probes=8, seed=0, clock=ClockSpec("modelled", hardware="a100", model="llama-3-8b"),
+                  lengths=[TraceRequest(0.0, 48, 16, None, "r")])
+    slo = SLO(ttft_s=0.05, tbt_p99_s=0.1)
     a = find_capacity(slo, cfg, **kwargs)
     b = find_capacity(slo, cfg, **kwargs)
-    assert a.probes == b.probes and a.capacity == b.capacity  # the same numbers every run
-    assert a.bounded and a.capacity < a.failing_rate <= a.capacity * 1.2
+    assert a.probes == b.probes and a.capacity == b.capacity and a.max_throughput == b.max_throughput  # every run
     assert a.clock_label == "modelled: A100 80GB, Llama-3-8B shapes"
-    rates = [p.rate for p in a.probes]
-    assert rates[:5] == [1.0, 2.0, 4.0, 8.0, 16.0] and not a.probes[4].passed  # grew until a probe failed
-    assert all(lo < r < 16.0 for r, lo in zip(rates[5:], [8.0] * 10))  # then bisected inside the bracket
-    # a generous SLO on a fast GPU within few probes: no failing rate, and the result says so
-    easy = find_capacity(SLO(ttft_s=10.0), cfg, **{**kwargs, "max_probes": 3,
-                                                   "clock": ClockSpec("modelled", hardware="h200")})
-    assert easy.failing_rate == math.inf and easy.describe() == "≥ 4 req/s (no failing rate found)"
+    # a steady state: 8 requests per running slot (2 slots, both filled by the saturating run), a quarter not measured
+    assert a.num_requests == 16 and a.peak_running == 2 and a.steady and a.warmup_requests == 4
+    assert a.bounded and a.bound == "slo" and a.capacity < a.failing_rate <= a.capacity * 1.2
+    assert a.probes[0].rate == pytest.approx(a.max_throughput / 2)  # the search starts at half the maximum
+    assert all(p.rate <= a.max_throughput for p in a.probes)
+    # a generous SLO: every rate up to the maximum throughput passes, and the throughput is what bounds it
+    easy = find_capacity(SLO(ttft_s=10.0), cfg, **{**kwargs, "clock": ClockSpec("modelled", hardware="h200")})
+    assert easy.bound == "throughput" and easy.capacity == easy.max_throughput
+    assert "the engine's throughput bounds it, not the SLO" in easy.describe()
+    # a probe budget too small to reach either: a lower bound, said so
+    short = find_capacity(SLO(ttft_s=10.0), cfg, **{**kwargs, "start_rate": 1.0, "max_probes": 3,
+                                                     "clock": ClockSpec("modelled", hardware="h200")})
+    assert [p.rate for p in short.probes] == [1.0, 2.0, 4.0] and short.bound == "probes"
+    assert short.describe().startswith("≥ 4 req/s (no failing rate within 3 probes; maximum throughput ")
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seqs=st.integers(1, 4), budget=st.sampled_from([32, 64, 128]), prompt=st.integers(4, 48),
+       output=st.integers(2, 12), ttft_ms=st.floats(2, 5000), tbt_ms=st.one_of(st.none(), st.floats(2, 500)),
+       start_rate=st.floats(0.5, 1e5), hardware=st.sampled_from(["h100", "l4"]), seed=st.integers(0, 3))
+def test_capacity_never_exceeds_the_maximum_throughput(random_llama, seqs, budget, prompt, output, ttft_ms, tbt_ms,
+                                                       start_rate, hardware, seed):
+    """Whatever the engine, the SLO and the starting rate: the capacity is at most the requests per second the
+    engine completes when they all arrive at once (measured here, independently of the search)."""
+    from minengine.timing import ClockSpec
+    from minengine.workloads import TraceRequest, replay_trace, with_arrivals
+
+    cfg = _capacity_config(random_llama, max_num_seqs=seqs, max_num_batched_tokens=budget)
+    clock = ClockSpec("modelled", hardware=hardware, model="llama-3-8b")
+    lengths = [TraceRequest(0.0, prompt, output, None, "r")]
+    n = 12
+    cap = find_capacity(SLO(ttft_s=ttft_ms / 1000, tbt_p99_s=None if tbt_ms is None else tbt_ms / 1000), cfg,
+                        lengths=lengths, num_requests=n, start_rate=start_rate, max_probes=4, seed=seed, clock=clock)
+    base = [TraceRequest(0.0, prompt, output, None, f"r#{i}") for i in range(n)]
+    burst = replay_trace(with_arrivals(base, [0.0] * n), cfg, clock=clock, seed=seed)
+    done = [m.finished_time for m in burst.request_metrics.values()]
+    max_throughput = n / (max(done) - min(m.arrival_time for m in burst.request_metrics.values()))
+    assert cap.capacity <= max_throughput * (1 + 1e-9), (cap.capacity, max_throughput, cap.probes)
+    assert cap.max_throughput == pytest.approx(max_throughput)
 
 
 # ---- the serving table ------------------------------------------------------------------------------------------

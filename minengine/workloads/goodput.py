@@ -4,7 +4,9 @@ Throughput counts every token; users only notice requests that came fast enough.
 et al., OSDI 2024) counts the requests per second that meet every SLO; vLLM's serving benchmark reports it as
 "Request goodput". Capacity (Sarathi-Serve, Agrawal et al., OSDI 2024, section 5) is the highest arrival rate
 a system sustains while meeting its latency SLO with the scheduling delay bounded: found here by bisection
-over Poisson arrival rates, each probe a short virtual-clock replay (``minengine.workloads.replay``).
+over Poisson arrival rates at or below the engine's maximum throughput (measured first, in the same search), each
+probe a virtual-clock replay (``minengine.workloads.replay``) of many requests per running slot, its first
+requests (a warm-up) left out of the measurement.
 """
 
 from __future__ import annotations
@@ -196,16 +198,22 @@ class ServingBenchmark:
 
 
 # ---- capacity -----------------------------------------------------------------------------------------------
+STEADY_STATE_FACTOR = 8  # a probe reaches a steady state when it has >= this many requests per running slot
+WARMUP_FRACTION = 0.25  # the first quarter of a probe's requests (by arrival) meet an empty engine: not counted
+
+
 @dataclass(frozen=True)
 class CapacityProbe:
-    """One probed arrival rate: SLO attainment, median scheduling delay (arrival -> first scheduled, s),
-    goodput (req/s), and whether it passed."""
+    """One probed arrival rate (req/s), measured on the probe's requests after its warm-up: SLO attainment,
+    median scheduling delay (arrival -> first scheduled, s), goodput (req/s, whole probe), whether it passed;
+    ``throughput`` is the probe's completed requests per second (first arrival -> last finish)."""
 
     rate: float
     attainment: float
     median_queue_delay_s: float
     goodput: float
     passed: bool
+    throughput: float = math.nan
 
 
 @dataclass
@@ -213,12 +221,19 @@ class CapacityResult:
     """What the capacity search found.
 
     Attributes:
-        capacity: the highest passing rate (req/s); 0.0 when every probed rate failed.
+        capacity: the highest passing rate (req/s); 0.0 when every probed rate failed. Never above
+            ``max_throughput``: an arrival rate the engine cannot complete is not sustained, however the
+            first requests fare.
         slo: the objectives.
         probes: every probe in the order it ran.
-        failing_rate: the lowest rate that failed (req/s); ``inf`` when none did, so the capacity is only a
-            lower bound ("≥ X req/s").
+        failing_rate: the lowest rate that failed (req/s); ``inf`` when none did.
         clock_label: the clock the probes ran on ("modelled: H100 SXM, Llama-3-8B shapes", "measured: CPU time").
+        max_throughput: the engine's maximum throughput measured in the same search (req/s): the probe's requests
+            all at time 0 (a saturating run), completed requests / (first arrival -> last finish). NaN when not
+            measured.
+        peak_running: the most requests that saturating run had running at once (the engine's running slots as
+            this workload fills them: ``max_num_seqs``, or fewer when the KV pool or token budget binds).
+        num_requests: requests per probe; ``warmup_requests`` of them (the first by arrival) are not measured.
     """
 
     capacity: float
@@ -226,20 +241,56 @@ class CapacityResult:
     probes: list[CapacityProbe] = field(default_factory=list)
     failing_rate: float = math.inf
     clock_label: str = ""
+    max_throughput: float = math.nan
+    peak_running: int = 0
+    num_requests: int = 0
+    warmup_requests: int = 0
 
     @property
     def bounded(self) -> bool:
-        """True when a passing and a failing rate bracket the capacity (the number means what it says)."""
+        """True when a passing and a failing rate bracket the capacity (the SLO bounds it, as measured)."""
         return self.capacity > 0 and math.isfinite(self.failing_rate)
 
-    def describe(self) -> str:
-        """"12.3 req/s", "≥ 12.3 req/s (no failing rate found)" or "< 0.5 req/s (no passing rate found)"."""
+    @property
+    def bound(self) -> str:
+        """What bounds the number: ``"slo"`` (a passing and a failing rate bracket it), ``"throughput"`` (every
+        rate up to the measured maximum throughput passed: the engine's throughput bounds it, not the SLO),
+        ``"probes"`` (no failing rate within the probes run: a lower bound), ``"none"`` (no rate passed)."""
         if self.capacity <= 0:
+            return "none"
+        if math.isfinite(self.failing_rate):
+            return "slo"
+        if math.isfinite(self.max_throughput) and self.capacity >= self.max_throughput * (1 - 1e-9):
+            return "throughput"
+        return "probes"
+
+    @property
+    def steady(self) -> bool:
+        """True when each probe had at least ``STEADY_STATE_FACTOR`` requests per running slot
+        (``peak_running``), so the measured requests after the warm-up met a steady state, not a burst."""
+        return self.peak_running > 0 and self.num_requests >= STEADY_STATE_FACTOR * self.peak_running
+
+    def describe(self) -> str:
+        """The capacity and what bounds it, e.g. "12.3 req/s (between a passing and a failing probe)",
+        "250 req/s (= the maximum throughput: every rate up to it met the SLO)", "≥ 12.3 req/s (no failing rate
+        within 8 probes; maximum throughput 250 req/s)", "< 0.5 req/s (no passing rate found)"; then, when the
+        probes were too short for a steady state, what they were."""
+        bound, mu = self.bound, self.max_throughput
+        if bound == "none":
             lowest = min((p.rate for p in self.probes), default=math.nan)
-            return f"< {_rate(lowest)} req/s (no passing rate found)"
-        if not math.isfinite(self.failing_rate):
-            return f"≥ {_rate(self.capacity)} req/s (no failing rate found)"
-        return f"{_rate(self.capacity)} req/s"
+            text = f"< {_rate(lowest)} req/s (no passing rate found)"
+        elif bound == "slo":
+            text = f"{_rate(self.capacity)} req/s (the SLO bounds it: {_rate(self.failing_rate)} req/s failed)"
+        elif bound == "throughput":
+            text = (f"{_rate(self.capacity)} req/s (= the maximum throughput: every rate up to it met the SLO, so "
+                    "the engine's throughput bounds it, not the SLO)")
+        else:
+            most = f"; maximum throughput {_rate(mu)} req/s" if math.isfinite(mu) else ""
+            text = f"≥ {_rate(self.capacity)} req/s (no failing rate within {len(self.probes)} probes{most})"
+        if self.peak_running and not self.steady:
+            text += (f"; probes of {self.num_requests} requests for {self.peak_running} running at once (under "
+                     f"{STEADY_STATE_FACTOR} per slot): a transient, not a steady state")
+        return text
 
 
 def _rate(x: float) -> str:
@@ -304,44 +355,63 @@ def search_highest_passing_rate(passes: Callable[[float], bool], start_rate: flo
 
 
 def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequence[TraceRequest] | None = None,
-                  *, num_requests: int = 32, start_rate: float = 1.0, rel_tol: float = 0.1, max_probes: int = 10,
-                  min_attainment: float = 0.9, max_median_queue_delay_s: float = 2.0, seed: int = 0,
+                  *, num_requests: int | None = None, start_rate: float | None = None, rel_tol: float = 0.1,
+                  max_probes: int = 10, min_attainment: float = 0.9, max_median_queue_delay_s: float = 2.0,
+                  warmup_fraction: float = WARMUP_FRACTION, seed: int = 0,
                   timer: Callable[[], float] = time.perf_counter, step_time_scale: float = 1.0,
                   clock: ClockChoice | None = None, max_rate: float = math.inf, **config_fields) -> CapacityResult:
-    """The highest Poisson arrival rate at which the engine meets ``slo`` (Sarathi-Serve's capacity).
+    """The highest Poisson arrival rate the engine sustains within ``slo`` (Sarathi-Serve's capacity).
 
-    Each probe replays ``num_requests`` requests with Poisson arrivals at the probed rate on a fresh engine with
-    a fresh clock (``clock``: "modelled", "cpu", "perf", a ``ClockSpec`` or a clock factory; default a
-    ``MeasuredClock`` on ``timer``). The search grows the rate until a probe fails, then bisects
-    (``search_rate_bracket``); when none fails up to ``max_rate`` or within ``max_probes``, the result says so
-    (``CapacityResult.failing_rate`` is ``inf``, ``describe()`` gives "≥ X req/s").
+    First a saturating run: the probe's requests all at time 0, on a fresh engine; its completed requests per
+    second is the engine's maximum throughput for this workload (``CapacityResult.max_throughput``), and its most
+    requests running at once are the running slots (``peak_running``). No arrival rate above that throughput can
+    be sustained (the queue grows without end, however well the first requests fare), so the search stays at or
+    below it. Then each probe replays ``num_requests`` requests with Poisson arrivals at the probed rate on a
+    fresh engine with a fresh clock (``clock``: "modelled", "cpu", "perf", a ``ClockSpec`` or a clock factory;
+    default a ``MeasuredClock`` on ``timer``). The first ``warmup_fraction`` of them (by arrival) meet an engine
+    still filling up and are not measured; a probe passes when at least ``min_attainment`` of the others meet
+    every SLO and their median scheduling delay (arrival -> first scheduled) is at most
+    ``max_median_queue_delay_s`` (Sarathi-Serve bounds it at 2 s, so an overloaded system whose queue grows does
+    not count). The search grows the rate from ``start_rate`` until a probe fails, then bisects
+    (``search_rate_bracket``), never above ``min(max_rate, max_throughput)``; ``CapacityResult.bound`` says what
+    bounds the answer (the SLO, the throughput, the probe budget) and ``steady`` whether each probe had at least
+    ``STEADY_STATE_FACTOR`` requests per running slot (``describe()`` says so when not).
+
     The request lengths (and token ids, if any) come from ``lengths`` (e.g. a scaled Azure trace, cycled if
     shorter), else 64-token prompts and 32-token outputs. One seed gives the same arrival pattern at every rate
-    (only compressed), so probes differ only in load. A probe passes when at least
-    ``min_attainment`` of its requests meet every SLO and the median scheduling delay (arrival -> first
-    scheduled) is at most ``max_median_queue_delay_s`` (Sarathi-Serve bounds it at 2 s so an overloaded system
-    whose queue grows without bound does not count). Short probes only approximate a steady state.
+    (only compressed), so probes differ only in load.
 
     Args:
         slo: the latency objectives.
         config / **config_fields: the engine settings (one of the two).
+        num_requests: requests per probe; None: ``STEADY_STATE_FACTOR`` x ``max_num_seqs`` (at least 16).
+        start_rate: the first probed rate (req/s); None: half the maximum throughput.
+        warmup_fraction: the share of each probe's first requests left out of its measurement, in [0, 1).
         timer, step_time_scale: passed to each probe's ``MeasuredClock`` when ``clock`` is None.
-        clock: the clock of every probe (see above).
-        max_rate: the highest rate to probe, req/s.
+        clock: the clock of every run (see above).
+        max_rate: the highest rate to probe, req/s (the maximum throughput caps it too).
 
     Returns:
-        ``CapacityResult`` with the capacity (req/s) and every probe.
+        ``CapacityResult`` with the capacity (req/s), the maximum throughput and every probe.
 
     Raises:
         ValueError: bad arguments (naming them), and as ``replay``.
     """
-    if not isinstance(num_requests, int) or num_requests < 2:
-        raise ValueError(f"num_requests must be an integer >= 2, got {num_requests!r}")
-    if not 0 < min_attainment <= 1:
-        raise ValueError(f"min_attainment must be in (0, 1], got {min_attainment!r}")
     if config is not None and config_fields:
         raise ValueError("pass either config or EngineConfig fields, not both")
     config = config if config is not None else EngineConfig(**config_fields)
+    if num_requests is None:
+        num_requests = max(16, STEADY_STATE_FACTOR * config.max_num_seqs)
+    if not isinstance(num_requests, int) or isinstance(num_requests, bool) or num_requests < 2:
+        raise ValueError(f"num_requests must be an integer >= 2, got {num_requests!r}")
+    if not 0 < min_attainment <= 1:
+        raise ValueError(f"min_attainment must be in (0, 1], got {min_attainment!r}")
+    if not 0 <= warmup_fraction < 1:
+        raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction!r}")
+    if start_rate is not None and not start_rate > 0:
+        raise ValueError(f"start_rate must be > 0 req/s or None, got {start_rate!r}")
+    if not max_rate > 0:
+        raise ValueError(f"max_rate must be > 0 req/s, got {max_rate!r}")
     if lengths:
         base = [lengths[i % len(lengths)] for i in range(num_requests)]
         base = [TraceRequest(0.0, r.prompt_len, r.output_len, r.prompt_token_ids, f"{r.request_id}#{i}")
@@ -353,19 +423,34 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
             return MeasuredClock(timer=timer, step_time_scale=step_time_scale)
     else:
         new_clock = clock_factory(clock)
-    result = CapacityResult(capacity=0.0, slo=slo)
+    warmup = min(num_requests - 1, math.floor(warmup_fraction * num_requests))
+    result = CapacityResult(capacity=0.0, slo=slo, num_requests=num_requests, warmup_requests=warmup)
+
+    # the saturating run: every request at time 0
+    burst = replay_trace(with_arrivals(base, [0.0] * num_requests, source="all at once"), config, clock=new_clock(),
+                         seed=seed)
+    result.clock_label = burst.clock_label
+    result.max_throughput = ServingBenchmark.from_metrics(burst.request_metrics).request_throughput
+    result.peak_running = max((tr.num_running for tr in burst.steps), default=0)
+    if not result.max_throughput > 0:  # nothing finished, or in no time: no rate to search below
+        return result
+    limit = min(max_rate, result.max_throughput)
+    start = min(start_rate if start_rate is not None else result.max_throughput / 2, limit)
 
     def passes(rate: float) -> bool:
-        trace = with_arrivals(base, poisson_arrivals(rate, num_requests, seed), source=f"poisson({rate:g})")
+        arrivals = poisson_arrivals(rate, num_requests, seed)
+        trace = with_arrivals(base, arrivals, source=f"poisson({rate:g})")
         run = replay_trace(trace, config, clock=new_clock(), seed=seed)
-        result.clock_label = run.clock_label
         ms = run.request_metrics
-        delays = [m.time_in_queue for m in ms.values() if m.time_in_queue is not None]
-        attained = slo_attainment(ms, slo)
+        by_arrival = sorted(ms.values(), key=lambda m: m.arrival_time)
+        measured = by_arrival[warmup:]
+        delays = [m.time_in_queue for m in measured if m.time_in_queue is not None]
+        attained = slo_attainment(measured, slo)
         delay = statistics.median(delays) if delays else math.inf
         ok = attained >= min_attainment and delay <= max_median_queue_delay_s
-        result.probes.append(CapacityProbe(rate, attained, delay, goodput(ms, slo), ok))
+        result.probes.append(CapacityProbe(rate, attained, delay, goodput(ms, slo), ok,
+                                           ServingBenchmark.from_metrics(ms).request_throughput))
         return ok
 
-    result.capacity, result.failing_rate = search_rate_bracket(passes, start_rate, rel_tol, max_probes, max_rate)
+    result.capacity, result.failing_rate = search_rate_bracket(passes, start, rel_tol, max_probes, limit)
     return result
