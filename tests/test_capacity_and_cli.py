@@ -88,7 +88,6 @@ def _capacity_config(model, **fields):
 
 def test_find_capacity_on_the_modelled_clock_is_deterministic_and_bracketed(random_llama):
     from minengine.timing import ClockSpec
-
     from minengine.workloads import TraceRequest
 
     cfg = _capacity_config(random_llama, max_num_seqs=2)
