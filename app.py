@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 import streamlit as st
@@ -39,6 +38,7 @@ from minengine.viz import (
     block_pool_animation,
     block_pool_figure,
     block_tables_figure,
+    captions,
     find_stalls,
     itl_figure,
     kv_usage_figure,
@@ -51,6 +51,7 @@ from minengine.viz import (
     step_token_timeline_figure,
     token_timeline_figure,
 )
+from minengine.viz.batch_figure import spec_decode_figure
 from minengine.viz.clock_label import (
     CLOCK_CHOICES,
     DASHBOARD_HARDWARE,
@@ -58,10 +59,13 @@ from minengine.viz.clock_label import (
     clock_label,
     model_choice_label,
 )
+from minengine.viz.compare import ab_request_figure, ab_work_sentence, share_y_range
 from minengine.viz.i18n import t
+from minengine.viz.kernel_note import kernel_note, kernel_state
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
 from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
 from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
+from minengine.viz.step_story import step_sentence, step_sentences
 from minengine.viz.timeline_figures import AUTO_STALL_FACTOR, MAX_STALL_LABELS
 from minengine.viz.workload import Workload
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
@@ -75,6 +79,10 @@ SERVER_WINDOW = 100  # the default: ~0.3 s of steps at ~8 ms each (bundled model
 SERVER_TICK_S = 2.0  # a live server's view redraws seven figures (~0.5 s of plotly on a busy 2-core machine)
 SERVER_IDLE_TICK_S = 6.0  # ... every 6 s once no step came for SERVER_IDLE_AFTER_S (an idle server: ~1/3 the CPU)
 SERVER_IDLE_AFTER_S = 10.0
+PREEMPTION_MODES = ("recompute", "swap")
+KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
+QUANTIZATIONS = (None, "int8")  # EngineConfig.quantization (weight-only int8)
+LIVE_STORY_STEPS = 4  # the live view's last few steps in words
 
 
 # ---- cached heavy work ---------------------------------------------------------------------------------------
@@ -122,6 +130,8 @@ def workload_controls(preset: str, lang: str) -> tuple[Workload | None, list[tup
         n = sb.number_input(t("trace_max_requests", lang), min_value=1, max_value=200, value=40, key="d_n")
         scale = sb.select_slider(t("trace_length_scale", lang), TRACE_SCALES, value=1 / 8, key="d_scale",
                                  format_func=lambda s: f"{s:g}")
+        speedup = sb.select_slider(t("trace_speedup", lang), presets.TRACE_SPEEDUPS, value=presets.TRACE_SPEEDUP,
+                                   key="d_speedup", format_func=lambda s: f"{s:g}×")
         upload = sb.file_uploader(t("trace_upload", lang), type=["csv"], key="d_upload")
         if upload is not None:
             try:
@@ -137,14 +147,14 @@ def workload_controls(preset: str, lang: str) -> tuple[Workload | None, list[tup
                 return None, [("warning", t("trace_missing", lang).format(path=expected))]
             trace = cached_trace(str(path), int(n), scale)
         try:
-            return presets.from_trace(trace, length_scale=scale), messages
+            return presets.from_trace(trace, length_scale=scale, speedup=float(speedup)), messages
         except ValueError as exc:
             return None, [("error", t("trace_bad_upload", lang).format(error=exc))]
     # (e) custom
-    num = sb.number_input(t("num_requests", lang), min_value=1, max_value=64, value=8, key="e_n")
-    p_lo, p_hi = sb.slider(t("prompt_len_range", lang), 1, 1024, (16, 128), key="e_prompt")
-    o_lo, o_hi = sb.slider(t("output_len_range", lang), 1, 256, (8, 32), key="e_output")
-    rate = sb.number_input(t("arrival_rate", lang), min_value=0.0, max_value=100.0, value=4.0, step=0.5,
+    num = sb.number_input(t("num_requests", lang), min_value=1, max_value=64, value=32, key="e_n")
+    p_lo, p_hi = sb.slider(t("prompt_len_range", lang), 1, 1024, (16, 512), key="e_prompt")
+    o_lo, o_hi = sb.slider(t("output_len_range", lang), 1, 256, (8, 64), key="e_output")
+    rate = sb.number_input(t("arrival_rate", lang), min_value=0.0, max_value=1000.0, value=40.0, step=5.0,
                            key="e_rate")
     return presets.custom(int(num), (p_lo, p_hi), (o_lo, o_hi), float(rate)), messages
 
@@ -199,13 +209,20 @@ def engine_controls(preset: str, lang: str, clock: ClockSpec) -> DashboardConfig
                           key=f"{preset}_policy")
     spec_k = sb.number_input(t("num_speculative_tokens", lang), min_value=0, max_value=16,
                              value=d.get("num_speculative_tokens", 0), key=f"{preset}_spec")
+    preemption = sb.selectbox(t("preemption_mode", lang), PREEMPTION_MODES, key=f"{preset}_preemption",
+                              index=PREEMPTION_MODES.index(d.get("preemption_mode", "recompute")),
+                              format_func=lambda m: t(f"preemption_{m}", lang))
+    kv_dtype = sb.selectbox(t("kv_cache_dtype", lang), KV_CACHE_DTYPES, key=f"{preset}_kv_dtype")
+    quantization = sb.selectbox(t("quantization", lang), QUANTIZATIONS, key=f"{preset}_quant",
+                                format_func=lambda q: t("quantization_none", lang) if q is None else q)
     temperature = sb.slider(t("temperature", lang), 0.0, 2.0, 0.0, 0.1, key="temperature")
     return DashboardConfig(max_num_batched_tokens=int(budget), enable_chunked_prefill=bool(chunked),
                            long_prefill_token_threshold=int(threshold), block_size=int(block_size),
                            num_kv_blocks=int(blocks), max_num_seqs=int(seqs), enable_prefix_caching=bool(prefix),
                            scheduling_policy=policy, num_speculative_tokens=int(spec_k),
                            temperature=float(temperature), model=os.environ.get("MINENGINE_MODEL") or None,
-                           clock=clock)
+                           clock=clock, preemption_mode=preemption, kv_cache_dtype=kv_dtype,
+                           quantization=quantization)
 
 
 def live_speed_control(lang: str) -> float:
@@ -230,7 +247,8 @@ def start_run(config: DashboardConfig, workload: Workload, speed: float, lang: s
     st.session_state["submitted"] = (config, workload)
     st.session_state.pop("live", None)
     try:
-        with st.spinner(t("loading_engine", lang)):
+        first = kernel_state().state == "not_started"  # this process's first engine builds or loads the kernel
+        with st.spinner(t("loading_engine_kernel" if first else "loading_engine", lang)):
             run = WorkloadRun(config, workload)
     except ValueError as exc:
         st.session_state["run_error"] = ("bad_input", str(exc))
@@ -275,18 +293,17 @@ def live_view(player: LivePlayer, lang: str, speed: float) -> None:
     frame()
 
 
-def kernel_note(lang: str) -> None:
-    """One caption while the CPU attention kernel is built (or waited for) in the background, or after it fell
-    back to the torch path (``cpu_attention.status()``); nothing once it is ready or where it does not apply."""
-    status = cpu_attention.status()
-    if status.state in (cpu_attention.KernelState.WAITING, cpu_attention.KernelState.BUILDING,
-                        cpu_attention.KernelState.FALLBACK):
-        st.caption(t(f"kernel_{status.state.name.lower()}", lang).format(seconds=status.seconds,
-                                                                          reason=status.reason))
+def show_kernel_note(lang: str) -> None:
+    """One line while the CPU attention kernel is built or waited for, or after it fell back to the torch path
+    (``minengine.viz.kernel_note``); nothing once it is ready."""
+    note = kernel_note(kernel_state(), lang)
+    if note is not None:
+        kind, text = note
+        getattr(st, kind)(text)
 
 
 def draw_live(player: LivePlayer, lang: str) -> None:
-    kernel_note(lang)
+    show_kernel_note(lang)
     traces = player.traces
     run = player.stream
     if not traces:
@@ -302,34 +319,67 @@ def draw_live(player: LivePlayer, lang: str) -> None:
         st.plotly_chart(block_pool_figure(last, lang, request_ids=run_request_ids(traces)), key="live_pool")
     with right:
         st.plotly_chart(batch_composition_figure(traces, lang, min_steps=LIVE_MIN_STEPS), key="live_batch")
+        st.markdown("  \n".join(step_sentence(tr, lang) for tr in traces[-LIVE_STORY_STEPS:]))
     st.plotly_chart(step_token_timeline_figure(traces, lang, clock_label(run.config.clock, lang)),
                     key="live_timeline")
     st.caption(t("cap_live", lang))
 
 
 # ---- views ----------------------------------------------------------------------------------------------------
+def run_figures(res: RunResult, lang: str) -> dict:
+    """Figures of a finished run that do not depend on any widget, built once per (run, language) and kept in the
+    session: a rerun for another widget (the step slider, the A/B choice, a tab's control) redraws nothing here."""
+    key = (id(res), lang)
+    cached = st.session_state.get("run_figures")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    figs = {"features": captions.run_features(res.traces)}
+    st.session_state["run_figures"] = (key, figs)
+    return figs
+
+
 def block_view(res: RunResult, lang: str) -> None:
     traces = res.traces
+    features = run_figures(res, lang)["features"]
     peak = max(range(len(traces)), key=lambda i: traces[i].num_used_blocks)  # open at the fullest step
-    # keyed on the run length, so a shorter run never inherits an out-of-range step from a longer one
-    step = st.slider(t("step_slider", lang), 0, len(traces) - 1, peak, key=f"step_{len(traces)}")
-    left, right = st.columns(2)
-    with left:
-        st.plotly_chart(block_pool_figure(traces[step], lang), key="block_pool")
-        st.caption(t("cap_block_pool", lang).format(hit=t("prefix_cache_hit", lang)))
-    with right:
-        st.plotly_chart(block_tables_figure(traces[step], lang), key="block_tables")
-        st.caption(t("cap_block_tables", lang).format(bt=t("block_table", lang), sm=t("slot_mapping", lang)))
+
+    # A fragment: moving the slider reruns only this (two figures), not the whole page (every tab's figures).
+    @st.fragment
+    def at_step() -> None:
+        # keyed on the run length, so a shorter run never inherits an out-of-range step from a longer one
+        step = st.slider(t("step_slider", lang), 0, len(traces) - 1, peak, key=f"step_{len(traces)}")
+        left, right = st.columns(2)
+        with left:
+            st.plotly_chart(block_pool_figure(traces[step], lang), key="block_pool")
+            st.caption(captions.block_pool_caption(features, lang))
+        with right:
+            st.plotly_chart(block_tables_figure(traces[step], lang), key="block_tables")
+            st.caption(captions.block_tables_caption(features, lang))
+        st.caption(step_sentence(traces[step], lang))
+
+    at_step()
     st.subheader(t("animation", lang))
-    speed = st.slider(t("speed", lang), 1, 20, 4, key="speed")
-    st.plotly_chart(block_pool_animation(traces, lang, frame_ms=round(1000 / speed)), key="block_anim")
-    st.caption(t("cap_animation", lang))
+
+    @st.fragment
+    def animation() -> None:
+        speed = st.slider(t("speed", lang), 1, 20, 4, key="speed")
+        st.plotly_chart(block_pool_animation(traces, lang, frame_ms=round(1000 / speed)), key="block_anim")
+        st.caption(t("cap_animation", lang))
+
+    animation()
 
 
-def batch_view(res: RunResult, lang: str) -> None:
+def batch_view(res: RunResult, lang: str, preset: str) -> None:
+    features = run_figures(res, lang)["features"]
     st.plotly_chart(batch_composition_figure(res.traces, lang), key="batch")
-    st.caption(t("cap_batch", lang).format(pf=t("prefill", lang), tb=t("token_budget", lang),
-                                           adm=t("admission", lang)))
+    st.caption(captions.batch_caption(features, preset, lang))
+    if "spec" in features:  # proposals are a few tokens under a budget-high axis: zoom in on the decodes
+        st.plotly_chart(spec_decode_figure(res.traces, lang), key="spec_decodes")
+        st.caption(t("cap_spec", lang))
+    st.markdown(f"**{t('story_title', lang)}**")
+    st.caption(t("story_caption", lang).format(n=len(res.traces)))
+    with st.container(height=320, key="story"):
+        st.markdown("  \n".join(step_sentences(res.traces, lang)))
 
 
 def tbt_view(res: RunResult, lang: str, threshold_s: float, clock: str) -> None:
@@ -351,6 +401,7 @@ def tbt_view(res: RunResult, lang: str, threshold_s: float, clock: str) -> None:
 
 def metrics_view(res: RunResult, lang: str, clock: str) -> None:
     s = res.summary
+    features = run_figures(res, lang)["features"]
     ms = 1000
     st.caption(t("times_on_clock", lang).format(clock=clock))
     # One number per card: three numbers in one card did not fit its width and were cut ("12.3 / 45.6 / 7…").
@@ -372,59 +423,74 @@ def metrics_view(res: RunResult, lang: str, clock: str) -> None:
     left, right = st.columns(2)
     with left:
         st.plotly_chart(queue_figure(res.traces, lang, clock_label=clock), key="queue")
-        st.caption(t("cap_queue", lang).format(slot=t("sequence_slot", lang), tb=t("token_budget", lang)))
+        st.caption(captions.queue_caption(features, lang))
     with right:
         st.plotly_chart(kv_usage_figure(res.traces, lang, clock_label=clock), key="kv")
-        st.caption(t("cap_kv", lang))
+        st.caption(captions.kv_caption(features, lang))
     st.plotly_chart(latency_cdf_figure(res.request_metrics, lang, clock_label=clock), key="latency")
     st.caption(t("cap_latency", lang))
 
 
-def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s: float) -> None:
-    knobs = {"enable_chunked_prefill": "chunked_prefill", "enable_prefix_caching": "prefix_caching"}
-    # one radio per language (a browser showed the Chinese radio with nothing selected), one shared value
-    chosen = st.session_state.get("ab_choice", "enable_chunked_prefill")
-    field = st.radio(t("ab_knob", lang), list(knobs), horizontal=True, key=f"ab_knob_{lang}",
-                     index=list(knobs).index(chosen), format_func=lambda f: t(knobs[f], lang))
-    st.session_state["ab_choice"] = field
-    knob = t(knobs[field], lang)
-    label_a, label_b = t("ab_config_a", lang).format(knob=knob), t("ab_config_b", lang).format(knob=knob)
+def ab_runs(config_a: DashboardConfig, config_b: DashboardConfig, workload: Workload) -> tuple:
+    """(run A, run B, measured) for the A/B tab. On the modelled clock each comes from this session's live run or
+    the cache shared by sessions (a modelled run is the same wherever and whenever it ran). On a measured clock
+    both run now, back to back, in this session (kept for its reruns): a cached run B measured by another session,
+    or the live run measured minutes ago, may have met another load; ``measured`` says when (time, load)."""
+    if config_a.clock.kind == "modelled":
+        return get_result(config_a, workload), get_result(config_b, workload), None
+    key = (config_a, config_b, workload)
+    kept = st.session_state.setdefault("ab_measured", {})
+    if key not in kept:
+        res_a, res_b = run_workload(config_a, workload), run_workload(config_b, workload)
+        kept.clear()  # one pair per session: a measured run is not reused across settings anyway
+        kept[key] = (res_a, res_b, (time.strftime("%H:%M:%S"), os.getloadavg()[0], os.cpu_count()))
+    return kept[key]
+
+
+def ab_view(config: DashboardConfig, workload: Workload, lang: str, threshold_s: float, preset: str) -> None:
+    names = list(presets.COMPARISONS)
+    # one radio per language (a browser showed the Chinese radio with nothing selected), one shared value per
+    # preset: each preset opens on its own comparison
+    chosen = st.session_state.get(f"ab_choice_{preset}", presets.PRESET_COMPARISON.get(preset, names[0]))
+    name = st.radio(t("ab_knob", lang), names, horizontal=True, key=f"ab_knob_{preset}_{lang}",
+                    index=names.index(chosen), format_func=lambda n: t(f"ab_{n}", lang))
+    st.session_state[f"ab_choice_{preset}"] = name
+    comparison = presets.COMPARISONS[name]
+    label_a, label_b = t(f"ab_{name}_a", lang), t(f"ab_{name}_b", lang)
+    config_a, config_b = comparison.configs(config)
     try:
         with st.spinner(t("running_engine", lang)):
-            res_a = get_result(replace(config, **{field: True}), workload)
-            res_b = get_result(replace(config, **{field: False}), workload)
+            res_a, res_b, measured = ab_runs(config_a, config_b, workload)
     except (ValueError, RuntimeError) as exc:
         st.error(t("run_failed", lang).format(error=exc))
         return
     st.markdown(ab_sentence(res_a.summary, res_b.summary, label_a, label_b, lang))
-    st.caption(t("cap_ab", lang))
-    for name, res in ((label_a, res_a), (label_b, res_b)):
+    st.markdown(ab_work_sentence(res_a.traces, res_b.traces, res_a.summary, res_b.summary, label_a, label_b, lang))
+    st.caption(t("cap_ab", lang) + (" " if lang == "en" else "") + t(f"ab_look_{name}", lang))
+    if measured is not None:
+        when, load, cpus = measured
+        st.info(t("ab_measured", lang).format(when=when, load=load, cpus=cpus))
+    for label, res in ((label_a, res_a), (label_b, res_b)):
         if res.budget_raised:
             note = t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget)
-            st.info(name + ("：" if lang == "zh" else ": ") + note)
-    itl = [itl_figure(res.request_metrics, res.traces, threshold_s, lang, clock_label=clock_label(config.clock, lang))
-           for res in (res_a, res_b)]
-    share_y_axis(itl)  # side by side, the same height means the same ITL
+            st.info(label + ("：" if lang == "zh" else ": ") + note)
+    clock = clock_label(config.clock, lang)
     cols = st.columns(2)
-    for i, (name, res) in enumerate(((label_a, res_a), (label_b, res_b))):
+    for col, kind in zip(cols, ("ttft", "tbt")):
+        col.plotly_chart(ab_request_figure(res_a.request_metrics, res_b.request_metrics, label_a, label_b, kind,
+                                           lang, clock_label=clock), key=f"ab_{kind}")
+    # side by side, the same height means the same ITL: one data top for both label bands, then one y range
+    top_ms = max([threshold_s * 1000] + [g * 1000 for res in (res_a, res_b) for m in res.request_metrics.values()
+                                         for g in m.itls])
+    itl = [itl_figure(res.request_metrics, res.traces, threshold_s, lang, clock_label=clock, y_top_ms=top_ms)
+           for res in (res_a, res_b)]
+    share_y_range(itl)
+    cols = st.columns(2)
+    for i, (label, res) in enumerate(((label_a, res_a), (label_b, res_b))):
         with cols[i]:
-            st.markdown(f"**{name}**")
+            st.markdown(f"**{label}**")
             st.plotly_chart(itl[i], key=f"ab_itl_{i}")
             st.plotly_chart(batch_composition_figure(res.traces, lang), key=f"ab_batch_{i}")
-
-
-def share_y_axis(figs: list) -> None:
-    """Give ``figs`` one y range from 0 to the highest of their tops (a fixed range, e.g. an ITL figure's label
-    band, or else the highest point plus 5 %)."""
-    def top(fig) -> float:
-        if fig.layout.yaxis.range is not None:
-            return fig.layout.yaxis.range[1]
-        ys = [y for tr in fig.data for y in (tr.y or ()) if y is not None]
-        return 1.05 * max(ys, default=1.0)
-
-    high = max(top(f) for f in figs)
-    for f in figs:
-        f.update_yaxes(range=[0, high])
 
 
 # ---- a live server ----------------------------------------------------------------------------------------------
@@ -714,13 +780,13 @@ def main() -> None:
     with tabs[0]:
         block_view(res, lang)
     with tabs[1]:
-        batch_view(res, lang)
+        batch_view(res, lang, workload.name)
     with tabs[2]:
         tbt_view(res, lang, threshold_s, clock)
     with tabs[3]:
         metrics_view(res, lang, clock)
     with tabs[4]:
-        ab_view(config, workload, lang, threshold_s)
+        ab_view(config, workload, lang, threshold_s, workload.name)
 
 
 main()

@@ -22,11 +22,14 @@ pytest.importorskip("plotly")
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from minengine.viz import presets  # noqa: E402
 from minengine.workloads import azure_conv_path, find_data_dir  # noqa: E402
 from tests.dashboard_model import dashboard_model  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
-NUM_FIGURES = 13  # block pool, block tables, animation | batch | timeline, ITL | queue, KV, CDF | 2 x (ITL, batch)
+# block pool, block tables, animation | batch | timeline, ITL | queue, KV, CDF | TTFT, TBT per request, 2 x (ITL,
+# batch); preset (f) adds the zoomed decode view in the batch tab
+NUM_FIGURES = 15
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
@@ -85,9 +88,9 @@ def live_step(at: AppTest) -> tuple[str, int]:
     return m.group(1), int(m.group(2))
 
 
-def check_views(at: AppTest, lang: str) -> dict[str, str]:
+def check_views(at: AppTest, lang: str, num_figures: int = NUM_FIGURES) -> dict[str, str]:
     titles = figure_titles(at)
-    assert len(titles) == NUM_FIGURES, titles
+    assert len(titles) == num_figures, titles
     table_title = "Block tables at step" if lang == "en" else "块表"
     assert any(table_title in x for x in titles), titles
     assert all(bool(CJK.search(x)) == (lang == "zh") for x in titles if x), titles
@@ -110,7 +113,16 @@ def metric(m: dict[str, str], fragment: str) -> str:
     return next(v for k, v in m.items() if fragment in k)
 
 
-EXPECTED_REQUESTS = {"a": 11, "b": 8, "c": 8, "d": 12, "e": 8}
+EXPECTED_REQUESTS = {"a": 11, "b": 8, "c": 8, "d": 12, "e": 32}
+AB_OPENS_ON = {"a": "With A: chunked prefill on instead of B: chunked prefill off",
+               "b": "With A: prefix caching on instead of B: prefix caching off",
+               "c": "With A: preempt by recompute instead of B: preempt by swap",
+               "d": "With A: 16 sequence slots instead of B: 4 sequence slots",
+               "e": "With A: token budget 256 instead of B: token budget 64"}
+
+
+def ab_sentences(at: AppTest) -> list[str]:
+    return [md.value for md in at.markdown if "P99 TBT" in md.value]
 
 
 @pytest.mark.parametrize("preset", ["a", "b", "c", "d", "e"])
@@ -120,6 +132,14 @@ def test_every_preset_in_both_languages(app, preset):
     choose(app, preset)
     run(app)
     m = check_views(app, "en")
+    # the A/B tab opens on the preset's own comparison, and says what each run computed
+    assert app.radio(key=f"ab_knob_{preset}_en").value == presets.PRESET_COMPARISON[preset]
+    assert ab_sentences(app)[0].startswith(AB_OPENS_ON[preset])
+    assert any(md.value.startswith("Work: A: ") for md in app.markdown)
+    # what the scheduler decided, in words: one sentence per step under the batch figure
+    story = next(md.value for md in app.markdown if md.value.startswith("step 0: "))
+    num_steps = int(metric(m, "Requests").split("/")[1])
+    assert len(story.split("  \n")) == num_steps and f"step {num_steps - 1}: " in story
     num_requests, num_steps = (int(x) for x in metric(m, "Requests").split("/"))
     assert num_requests == EXPECTED_REQUESTS[preset] and num_steps >= 2
     if preset == "b":
@@ -129,8 +149,9 @@ def test_every_preset_in_both_languages(app, preset):
         assert int(metric(m, "Preemptions")) > 0
     if preset == "a":
         assert any("500 tokens (8,000 × 0.0625)" in i.value for i in app.info)
-    if preset == "d":
-        assert any("first 12 requests" in i.value for i in app.info)
+    if preset == "d":  # the speed-up is named on screen
+        assert any("first 12 requests" in i.value and "arrivals 128× faster than recorded" in i.value
+                   for i in app.info)
 
     app.radio(key="lang").set_value("zh").run()
     assert not app.exception and not app.error
@@ -138,7 +159,8 @@ def test_every_preset_in_both_languages(app, preset):
     m_zh = check_views(app, "zh")
     # the cached run is reused: the same numbers under the translated labels
     assert sorted(m_zh.values()) == sorted(m.values())
-    assert any("分块预填充" in md.value for md in app.markdown)
+    assert any("第 0 步：" in md.value for md in app.markdown)
+    assert app.radio(key=f"ab_knob_{preset}_zh").value == presets.PRESET_COMPARISON[preset]
 
 
 def step_slider(at: AppTest):
@@ -242,14 +264,16 @@ def test_trace_preset_without_the_file(monkeypatch):
     assert not at.error and not at.exception
 
 
-def test_ab_comparison_of_prefix_caching(app):
+def test_ab_comparison_of_another_setting(app):
+    """The A/B tab offers every comparison on every preset; another choice runs and draws the same figures."""
     choose(app, "b")
     run(app)
-    app.radio(key="ab_knob_en").set_value("enable_prefix_caching").run()
+    app.radio(key="ab_knob_b_en").set_value("chunked_prefill").run()
     assert not app.exception and not app.error
-    sentence = next(md.value for md in app.markdown if "P99 TBT" in md.value)
-    assert sentence.startswith("With A: prefix caching on instead of B: prefix caching off")
+    assert ab_sentences(app)[0].startswith("With A: chunked prefill on instead of B: chunked prefill off")
     assert len(figure_titles(app)) == NUM_FIGURES
+    ab = [t for t in figure_titles(app) if t.startswith(("TTFT of each request", "TBT of each request"))]
+    assert len(ab) == 2  # the TTFT figure beside the TBT one
 
 
 def test_live_run_grows_step_by_step_pauses_and_resumes(app):
@@ -338,19 +362,19 @@ def test_clock_selector(app):
     run(app)
     # default: modelled, named on every figure whose axis is time (timeline, ITL, queue, KV, CDF, A/B ITL x 2)
     h100 = metrics(app)
-    assert subtitles(app).count("modelled: H100 SXM, Llama-3-8B shapes") == 7
+    assert subtitles(app).count("modelled: H100 SXM, Llama-3-8B shapes") == 9  # + the A/B TTFT and TBT figures
     run(app)
     assert metrics(app) == h100  # modelled time: the same numbers, run after run
     assert not app.sidebar.warning  # H100 holds Llama-3-8B
     app.selectbox(key="clock_hardware").set_value("l4").run()
     run(app)
-    assert subtitles(app).count("modelled: L4, Llama-3-8B shapes") == 7
+    assert subtitles(app).count("modelled: L4, Llama-3-8B shapes") == 9
     assert not app.sidebar.warning  # 16.1 GB of weights in 21.6 GB
     tpot = {name: float(metric(m, "TPOT P50").replace(",", "")) for name, m in (("h100", h100), ("l4", metrics(app)))}
     assert tpot["l4"] > 5 * tpot["h100"]  # 300 GB/s vs 3.35 TB/s: decode is memory-bound
     app.selectbox(key="clock_model").set_value(("llama-3-70b", 4)).run()
     run(app)
-    assert subtitles(app).count("modelled: L4, Llama-3-70B shapes, TP 4") == 7
+    assert subtitles(app).count("modelled: L4, Llama-3-70B shapes, TP 4") == 9
     # 70B over 4 L4s: 35.3 GB of weights per GPU, 21.6 GB usable: priced, but flagged as impossible
     assert [w.value for w in app.sidebar.warning if "does not fit L4" in w.value and "35.3 GB" in w.value]
     app.selectbox(key="clock_model").set_value(("llama-3-70b", 8)).run()
@@ -358,9 +382,11 @@ def test_clock_selector(app):
     app.radio(key="clock_kind_en").set_value("cpu").run()
     assert not [s for s in app.selectbox if s.key == "clock_hardware"]  # no GPU to choose for measured time
     run(app)
-    assert subtitles(app).count("measured: CPU time") == 7
+    assert subtitles(app).count("measured: CPU time") == 9
+    # measured: A and B both run now in this session, and the page says so
+    assert any("both run just now" in i.value and "load average" in i.value for i in app.info)
     app.radio(key="lang").set_value("zh").run()
-    assert subtitles(app).count("实测：CPU 时间") == 7
+    assert subtitles(app).count("实测：CPU 时间") == 9
     assert app.radio(key="clock_kind_zh").value == "cpu"
 
 
@@ -378,12 +404,27 @@ def test_speculative_decoding_preset_and_the_policy_list(app):
     assert float(metric(m, "Tokens per drafted decode")) > 1
     num_requests, num_steps = (int(x) for x in metric(m, "Requests").split("/"))
     assert num_requests == 4 and float(metric(m, "Output tokens per step")) == pytest.approx(
-        4 * 48 / num_steps, abs=0.01)
+        4 * 64 / num_steps, abs=0.01)
     batch = next(json.loads(c.proto.spec) for c in app.get("plotly_chart")
                  if "Batch" in str(json.loads(c.proto.spec)["layout"].get("title", "")))
     shapes = {s for d in batch["data"] if d.get("type") == "bar"
               for s in (d.get("marker", {}).get("pattern", {}).get("shape") or [])}
     assert {".", "x"} <= shapes  # accepted (dotted) and rejected (crossed) proposals
+    legend = {d.get("name") for d in batch["data"] if d.get("showlegend", True)}
+    assert {"accepted proposals (dotted)", "rejected proposals (crossed)"} <= legend  # ... with legend entries
+    # the zoomed decode view: the proposals on their own axis, every part in the legend
+    zoom = next(json.loads(c.proto.spec) for c in app.get("plotly_chart")
+                if "Decodes per step, zoomed" in str(json.loads(c.proto.spec)["layout"].get("title", "")))
+    names = [d["name"] for d in zoom["data"]]
+    assert names == ["own token (1 per decode)", "accepted proposals (dotted)", "rejected proposals (crossed)"]
+    top = max(sum(ys) for ys in zip(*(d["y"] for d in zoom["data"])))
+    assert top <= 4 * 5  # 4 requests x (1 + 4 proposals): a decode-sized axis, not the 256-token budget
+    assert len(figure_titles(app)) == NUM_FIGURES + 1
+    # the A/B tab opens on speculation on vs off; fewer steps with it
+    assert app.radio(key="ab_knob_f_en").value == "speculation"
+    assert ab_sentences(app)[0].startswith("With A: 4 speculative tokens instead of B: no speculation")
+    captions = " ".join(c.value for c in app.caption)
+    assert "long prompt" not in captions and "proposals" in captions
 
     policy = app.selectbox(key="f_policy")
     assert "shortest-predicted-first" in policy.options
@@ -392,11 +433,13 @@ def test_speculative_decoding_preset_and_the_policy_list(app):
     run(app)
     m = check_views(app, "en")
     assert int(metric(m, "Requests").split("/")[0]) == 4
+    # no speculation in this run: no caption about proposals (the A/B tab's still compares speculation on vs off)
+    assert "proposals" not in " ".join(c.value for c in app.caption if not c.value.startswith("The same workload"))
 
 
 def test_live_run_says_while_the_cpu_kernel_builds(app, monkeypatch):
     """While the CPU attention kernel is built in the background (``cpu_attention.status()``), the live view says
-    so in both languages; once it is ready the line goes."""
+    so in both languages (an info line); once it is ready the line goes."""
     from minengine.layers import cpu_attention
 
     building = cpu_attention.KernelStatus(cpu_attention.KernelState.BUILDING, seconds=3.0, in_background=True)
@@ -404,10 +447,10 @@ def test_live_run_says_while_the_cpu_kernel_builds(app, monkeypatch):
     choose(app, "c")
     app.select_slider(key="live_speed_en").set_value(1).run()
     start(app)
-    assert any(c.value.startswith("Building the CPU attention kernel (once, ~10 s)") for c in app.caption)
+    assert any(c.value.startswith("Building the CPU attention kernel (once, ~10 s)") for c in app.info)
     app.radio(key="lang").set_value("zh").run()
-    assert any(c.value.startswith("正在构建 CPU 注意力内核") for c in app.caption)
+    assert any(c.value.startswith("正在构建 CPU 注意力内核") for c in app.info)
     ready = cpu_attention.KernelStatus(cpu_attention.KernelState.READY, seconds=11.0, in_background=True)
     monkeypatch.setattr(cpu_attention, "status", lambda: ready)
     app.run()
-    assert not any("注意力内核" in c.value for c in app.caption)
+    assert not any("注意力内核" in c.value for c in app.info)

@@ -28,7 +28,8 @@ def test_the_issue_s_example_in_both_languages():
     tr = step(12, chunks, waiting=4, preempted=["r3"])
     assert step_sentence(tr, "en") == ("step 12: 10 decodes + a 502-token chunk of r10; r3 preempted (no free block; "
                                        "its K/V to be recomputed); 4 waiting")
-    assert step_sentence(tr, "zh") == "第 12 步：10 个解码 + r10 的一个 502 词元分块；r3 被抢占（没有空闲块；其 K/V 之后重算）；4 个等待"
+    assert step_sentence(tr, "zh") == ("第 12 步：10 个解码 + r10 的一个 502 词元分块；"
+                                       "r3 被抢占（没有空闲块；其 K/V 之后重算）；4 个等待")
 
 
 def test_each_kind_of_prefill_chunk():
@@ -42,8 +43,8 @@ def test_each_kind_of_prefill_chunk():
         "256-token prefix-cache hit + a 64-token chunk of d after a 128-token prefix-cache hit; c, d admitted; "
         "1 waiting")
     assert step_sentence(tr, "zh") == (
-        "第 3 步：a 的完整 300 词元预填充 + b 的最后一个 200 词元分块 + c 在前缀缓存命中 256 词元之后的 40 词元预填充 + "
-        "d 在前缀缓存命中 128 词元之后的一个 64 词元分块；c、d 被准入；1 个等待")
+        "第 3 步：a 的完整 300 词元预填充 + b 的最后一个 200 词元分块 + c 在前缀缓存命中 256 词元之后的 40 词元预填充 "
+        "+ d 在前缀缓存命中 128 词元之后的一个 64 词元分块；c、d 被准入；1 个等待")
 
 
 def test_speculation_swaps_finishes_and_timeouts():

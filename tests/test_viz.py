@@ -431,6 +431,33 @@ def test_stall_labels_are_few_and_on_their_own_rows(lang):
     assert [f"{viz.STALL_MARKS[i]} {s['short']}" for i, s in enumerate(marked)] == [a.text for a in labels]
 
 
+def test_side_by_side_stall_labels_keep_their_rows_apart():
+    """An A/B pair on one y range: a run with small stalls beside one with 10x larger ones. Built on one data top,
+    the small run's label rows stay as far apart on the shared axis as the large run's (built apart, they were
+    squeezed into a tenth of the height and overlapped: the measured clock's preset (a))."""
+    from minengine.viz.compare import share_y_range
+
+    small_traces, small = _stall_run(num_requests=6, num_steps=12)
+    big_traces, big = _stall_run(num_requests=6, num_steps=12)
+    for m in big.values():
+        m.itls = [10.0] * len(m.itls)
+    top = 10_000.0  # ms: the larger run's highest ITL
+
+    def row_gaps(figs):
+        share_y_range(figs)
+        gaps = []
+        for fig in figs:
+            rows = sorted(a.ay for a in fig.layout.annotations if a.text[0] in viz.STALL_MARKS)
+            assert len(rows) == 3
+            gaps.append(min(b - a for a, b in zip(rows, rows[1:])) / fig.layout.yaxis.range[1])
+        return gaps
+
+    together = [viz.itl_figure(small, small_traces, 0.5, y_top_ms=top), viz.itl_figure(big, big_traces, 0.5)]
+    assert min(row_gaps(together)) > 0.05  # each row at least 5 % of the plot's height apart
+    apart = [viz.itl_figure(small, small_traces, 0.5), viz.itl_figure(big, big_traces, 0.5)]
+    assert row_gaps(apart)[0] < 0.02  # what the page drew before
+
+
 def test_auto_stall_threshold_is_a_multiple_of_the_median_itl():
     def m(itls):
         return RequestMetrics(arrival_time=0.0, first_token_time=1.0, finished_time=2.0,

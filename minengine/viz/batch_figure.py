@@ -20,6 +20,10 @@ _EVENTS = (  # (StepTrace field, i18n key, marker symbol, colour)
 # Speculative decoding: a verifying decode's bar is its own token (solid), then the accepted proposals (dotted),
 # then the rejected ones (crossed, faded): the budget they used, and what it bought.
 _SPEC_PARTS = (("accepted_proposals", ".", 1.0), ("rejected_proposals", "x", 0.45))
+SPEC_LEGEND_COLOR = "#7f7f7f"  # the legend's pattern swatches: grey, as they stand for every request's colour
+OWN_TOKEN_COLOR = "#1f77b4"
+ACCEPTED_COLOR = "#2ca02c"
+REJECTED_COLOR = "#d62728"
 
 
 def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_steps: int = 0) -> go.Figure:
@@ -68,6 +72,11 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
                               f"{t('proposed', lang)} %{{customdata[0]}}, {t('accepted_proposals', lang)} "
                               f"%{{customdata[1]}}, {t('rejected_proposals', lang)} %{{customdata[2]}}<extra></extra>",
             ))
+    if any(tr.num_spec_tokens for tr in traces):  # legend entries for the two patterns (the bars have none each)
+        for key, shape, opacity in _SPEC_PARTS:
+            fig.add_trace(go.Bar(x=[None], y=[None], name=t(f"proposals_legend_{key.split('_')[0]}", lang),
+                                 marker_color=SPEC_LEGEND_COLOR, marker_opacity=opacity, marker_pattern_shape=shape,
+                                 hoverinfo="skip"))
     fig.add_trace(go.Scatter(x=steps, y=[tr.token_budget for tr in traces], mode="lines",
                              name=t("token_budget", lang), line={"color": BUDGET_COLOR, "dash": "dash"}))
     tops = {tr.step: tr.num_scheduled_tokens for tr in traces}
@@ -90,4 +99,33 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
         yaxis={"title": t("tokens_per_step", lang)},
         legend={"itemsizing": "constant"}, margin={"t": 60},
     )
+    return fig
+
+
+def spec_decode_figure(traces: list[StepTrace], lang: str = "en") -> go.Figure:
+    """Speculative decoding zoomed in: per step, the decodes only, summed over requests, on their own token axis
+    (a few to a few dozen tokens, where the batch figure's axis spans the token budget): the decodes' own tokens
+    (1 each), the accepted proposals (dotted) and the rejected ones (crossed), each a legend entry; the hover
+    gives the counts and the acceptance of the step.
+
+    Args:
+        traces: the engine's ``StepTrace`` list (x = ``step``, y = tokens; ``ScheduledChunk.num_spec_tokens``).
+        lang: "en" or "zh".
+    """
+    steps = [tr.step for tr in traces]
+    decodes = [[c for c in tr.chunks if not c.is_prefill] for tr in traces]
+    own = [len(d) for d in decodes]
+    accepted = [sum(c.num_accepted_tokens for c in d) for d in decodes]
+    rejected = [sum(c.num_rejected_tokens for c in d) for d in decodes]
+    fig = go.Figure()
+    for key, ys, color, shape, opacity in (("own_tokens", own, OWN_TOKEN_COLOR, "", 1.0),
+                                           ("proposals_legend_accepted", accepted, ACCEPTED_COLOR, ".", 1.0),
+                                           ("proposals_legend_rejected", rejected, REJECTED_COLOR, "x", 0.6)):
+        fig.add_trace(go.Bar(x=steps, y=ys, name=t(key, lang), marker_color=color, marker_opacity=opacity,
+                             marker_pattern_shape=shape,
+                             hovertemplate=f"{t('step_axis', lang)} %{{x}}<br>{t(key, lang)}: %{{y}}<extra></extra>"))
+    fig.update_layout(barmode="stack", bargap=0.1, title=t("cap_spec_title", lang),
+                      xaxis={"title": t("step_axis", lang)},
+                      yaxis={"title": t("decode_tokens_axis", lang), "rangemode": "tozero"},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0}, margin={"t": 90})
     return fig

@@ -1,11 +1,19 @@
-"""A/B comparison of two runs of the same workload, stated in one sentence (P99 TBT, P99 TTFT, throughput)."""
+"""A/B comparison of two runs of the same workload: one sentence of latencies (P99 TBT, P99 TTFT, throughput), one
+of work (tokens computed, steps, preemptions, swaps), and each request's TTFT and TBT under both runs."""
 
 from __future__ import annotations
 
 import math
 
-from minengine.metrics.stats import ServingSummary
+import plotly.graph_objects as go
+
+from minengine.metrics.stats import ServingSummary, percentile
+from minengine.metrics.trace import StepTrace
+from minengine.outputs import RequestMetrics
+from minengine.viz.clock_label import TOP_MARGIN, titled
 from minengine.viz.i18n import t
+
+AB_COLORS = ("#1f77b4", "#ff7f0e")  # run A, run B
 
 
 def _pct(a: float, b: float) -> float:
@@ -28,3 +36,67 @@ def ab_sentence(summary_a: ServingSummary, summary_b: ServingSummary, label_a: s
         tput_a=summary_a.output_tok_s, tput_b=summary_b.output_tok_s,
         tput_pct=_pct(summary_a.output_tok_s, summary_b.output_tok_s),
     )
+
+
+def ab_work_sentence(traces_a: list[StepTrace], traces_b: list[StepTrace], summary_a: ServingSummary,
+                     summary_b: ServingSummary, label_a: str, label_b: str, lang: str = "en") -> str:
+    """What each run computed: tokens (prefill + decode + proposals, summed over steps), steps, preemptions and
+    KV blocks swapped out to the CPU. What recompute vs swap, prefix caching and speculation change shows here
+    even where the latencies hardly move."""
+    return t("ab_work", lang).format(
+        a=label_a, b=label_b, tok_a=sum(tr.num_scheduled_tokens for tr in traces_a),
+        tok_b=sum(tr.num_scheduled_tokens for tr in traces_b), steps_a=len(traces_a), steps_b=len(traces_b),
+        pre_a=summary_a.num_preemptions, pre_b=summary_b.num_preemptions,
+        swap_a=summary_a.num_swapped_out_blocks, swap_b=summary_b.num_swapped_out_blocks)
+
+
+def _request_values(metrics: dict[str, RequestMetrics], kind: str) -> dict[str, float]:
+    """Per request, in ms: TTFT, or the P99 of its own inter-token latencies (its TBT; none with < 2 tokens)."""
+    if kind == "ttft":
+        return {rid: m.ttft * 1000 for rid, m in metrics.items() if m.ttft is not None}
+    return {rid: percentile(m.itls, 99) * 1000 for rid, m in metrics.items() if m.itls}
+
+
+def ab_request_figure(metrics_a: dict[str, RequestMetrics], metrics_b: dict[str, RequestMetrics], label_a: str,
+                      label_b: str, kind: str, lang: str = "en", clock_label: str | None = None) -> go.Figure:
+    """Each request's TTFT (``kind="ttft"``) or P99 TBT (``kind="tbt"``: the P99 of its own ITLs), in ms, under
+    run A and run B side by side (grouped bars, requests in arrival order), with each run's P99 over requests as
+    a dashed line in its colour.
+
+    Raises:
+        ValueError: ``kind`` not "ttft" or "tbt".
+    """
+    if kind not in ("ttft", "tbt"):
+        raise ValueError(f"kind must be 'ttft' or 'tbt', got {kind!r}")
+    order = sorted(metrics_a, key=lambda rid: (metrics_a[rid].arrival_time, rid))
+    fig = go.Figure()
+    for label, metrics, color in ((label_a, metrics_a, AB_COLORS[0]), (label_b, metrics_b, AB_COLORS[1])):
+        values = _request_values(metrics, kind)
+        rids = [rid for rid in order if rid in values]
+        fig.add_trace(go.Bar(x=rids, y=[values[r] for r in rids], name=label, marker_color=color,
+                             hovertemplate=f"{label}<br>{t('request', lang)} %{{x}}<br>%{{y:.1f}} ms<extra></extra>"))
+        if values:
+            p99 = percentile(list(values.values()), 99)
+            fig.add_trace(go.Scatter(x=[order[0], order[-1]], y=[p99, p99], mode="lines", showlegend=False,
+                                     line={"color": color, "dash": "dash", "width": 1}, hoverinfo="skip"))
+    fig.update_layout(barmode="group", bargap=0.2, title=titled(t(f"ab_{kind}_title", lang), clock_label),
+                      xaxis={"title": t("request", lang), "type": "category"},
+                      yaxis={"title": t(f"ab_{kind}_axis", lang), "rangemode": "tozero"},
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0}, margin={"t": TOP_MARGIN})
+    return fig
+
+
+def share_y_range(figs: list[go.Figure]) -> None:
+    """Give ``figs`` one y range from 0 to the highest of their tops (a fixed range, e.g. an ITL figure's label
+    band, or else the highest point plus 5 %), so side by side the same height means the same value. ITL figures
+    with stall labels should be built on one data top (``itl_figure(..., y_top_ms=...)``) so their label rows keep
+    their spacing on the shared range."""
+    def top(fig) -> float:
+        if fig.layout.yaxis.range is not None:
+            return fig.layout.yaxis.range[1]
+        ys = [y for tr in fig.data for y in (tr.y or ()) if y is not None]
+        return 1.05 * max(ys, default=1.0)
+
+    high = max(top(f) for f in figs)
+    for f in figs:
+        f.update_yaxes(range=[0, high])

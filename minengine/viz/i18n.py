@@ -166,9 +166,12 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "long_prompt_scale": ("Scale of the 8,000-token prompt", "8,000 词元提示的缩放比例"),
     "scale_note_a": ("Scaled for this CPU: the long prompt has {tokens:,} tokens (8,000 × {scale}).",
                      "为本机 CPU 缩放：长提示为 {tokens:,} 词元（8,000 × {scale}）。"),
-    "scale_note_d": ("Scaled for this CPU: first {n} requests of the trace, token lengths × {scale}, "
-                     "arrival times as recorded.",
-                     "为本机 CPU 缩放：取轨迹前 {n} 个请求，词元长度 × {scale}，到达时间按原记录。"),
+    "scale_note_d": ("Scaled for this CPU: first {n} requests of the trace, token lengths × {scale}; arrivals "
+                     "{speedup:g}× faster than recorded (the trace's {span_s:.1f} s in {span_fast_s:.2f} s).",
+                     "为本机 CPU 缩放：取轨迹前 {n} 个请求，词元长度 × {scale}；到达速度为原记录的 {speedup:g} 倍"
+                     "（轨迹的 {span_s:.1f} 秒压缩到 {span_fast_s:.2f} 秒）。"),
+    "trace_speedup": ("Arrival speed-up (× the recorded rate; 1 = as recorded)",
+                      "到达加速（× 原记录的速率；1 = 按原记录）"),
     "trace_max_requests": ("Requests taken from the trace", "从轨迹中取的请求数"),
     "trace_length_scale": ("Token length scale", "词元长度缩放"),
     "trace_missing": ("The Azure trace file is not here ({path}); preset (d) is skipped. Upload a CSV in the same "
@@ -193,6 +196,12 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "num_kv_blocks": ("KV blocks (num_kv_blocks)", "KV 块数（num_kv_blocks）"),
     "max_num_seqs": ("Sequence slots (max_num_seqs)", "序列槽位（max_num_seqs）"),
     "enable_prefix_caching": ("Prefix caching (enable_prefix_caching)", "前缀缓存（enable_prefix_caching）"),
+    "preemption_mode": ("Preemption (preemption_mode)", "抢占方式（preemption_mode）"),
+    "preemption_recompute": ("recompute (free the blocks, prefill again)", "重算（释放块，之后重新预填充）"),
+    "preemption_swap": ("swap (copy the blocks to the CPU and back)", "换出（把块复制到 CPU 再复制回来）"),
+    "kv_cache_dtype": ("KV cache dtype (kv_cache_dtype)", "KV 缓存数据类型（kv_cache_dtype）"),
+    "quantization": ("Weight quantization (quantization)", "权重量化（quantization）"),
+    "quantization_none": ("none", "无"),
     "temperature": ("Sampling temperature (0 = greedy)", "采样温度（0 = 贪心）"),
     "stall_threshold": ("Stall threshold (ms; 0 = {k:g} × the run's median ITL)",
                         "停顿阈值（毫秒；0 = 本次运行词元间延迟中位数的 {k:g} 倍）"),
@@ -209,6 +218,15 @@ _STRINGS: dict[str, tuple[str, str]] = {
                        "正在等待另一个进程构建完 CPU 注意力内核（已等 {seconds:.0f} 秒）；其间使用 torch 注意力路径。"),
     "kernel_fallback": ("The CPU attention kernel is unavailable, so the torch attention path runs ({reason}).",
                         "CPU 注意力内核不可用，使用 torch 注意力路径（{reason}）。"),
+    "kernel_loading": ("Loading the CPU attention kernel…", "正在加载 CPU 注意力内核…"),
+    "kernel_off": ("The CPU attention kernel is switched off (MINENGINE_CPU_KERNEL=0): the torch attention path "
+                   "runs.", "CPU 注意力内核已关闭（MINENGINE_CPU_KERNEL=0）：使用 torch 注意力路径。"),
+    "kernel_reason_in_log": ("its build failed; the reason is in the server's log", "其构建失败；原因见服务器日志"),
+    "loading_engine_kernel": ("Loading the model and building the engine; the first engine of this process also "
+                              "builds or loads the CPU attention kernel (a compile of ~10 s the first time on this "
+                              "machine)…",
+                              "正在加载模型并构建引擎；本进程的第一个引擎还要构建或加载 CPU 注意力内核"
+                              "（本机第一次需编译约 10 秒）…"),
     "live_pause": ("❚❚ Pause", "❚❚ 暂停"),
     "live_resume": ("▶ Resume", "▶ 继续"),
     "finish_now": ("Finish now", "立即完成"),
@@ -243,25 +261,70 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "play": ("▶ play", "▶ 播放"),
     "pause": ("❚❚ pause", "❚❚ 暂停"),
     "speed": ("Speed (steps/s)", "速度（步/秒）"),
-    "cap_block_pool": ("Each square is one physical KV block, coloured by the request that holds it. Look for "
-                       "dark grey numbered squares: blocks shared by several requests through a {hit} (the number "
-                       "is the ref count), and for pale blue ones: freed blocks that still hold a cached prefix.",
-                       "每个方块是一个物理 KV 块，颜色表示持有它的请求。"
-                       "注意深灰色带数字的方块：多个请求通过{hit}共享的块（数字为引用计数）；"
-                       "浅蓝色方块：已释放但仍保存缓存前缀的块。"),
-    "cap_block_tables": ("Each row is one running request's {bt}: logical block i of the sequence lives in the "
-                         "physical block written in cell i; dark grey cells (id*) are shared with another request. "
-                         "Consecutive logical blocks need not be adjacent physically; the {sm} follows this table.",
-                         "每行是一个运行中请求的{bt}：序列的第 i 个逻辑块存放在第 i 格所写的物理块中；"
-                         "深灰色格子（编号*）与其他请求共享。相邻逻辑块在物理上不必相邻；"
-                         "{sm}依此表计算。"),
+    "cap_pool_base": ("Each square is one physical KV block, coloured by the request that holds it; light grey is "
+                      "free.",
+                      "每个方块是一个物理 KV 块，颜色表示持有它的请求；浅灰色为空闲。"),
+    "cap_pool_shared": ("Look for dark grey numbered squares: blocks shared by several requests through a {hit} (the "
+                        "number is the ref count).",
+                        "注意深灰色带数字的方块：多个请求通过{hit}共享的块（数字为引用计数）。"),
+    "cap_pool_cached": ("Pale blue squares are freed blocks that still hold a cached prefix (evictable, reusable).",
+                        "浅蓝色方块是已释放但仍保存缓存前缀的块（可驱逐，也可复用）。"),
+    "cap_tables_base": ("Each row is one running request's {bt}: logical block i of the sequence lives in the "
+                        "physical block written in cell i. Consecutive logical blocks need not be adjacent "
+                        "physically; the {sm} follows this table.",
+                        "每行是一个运行中请求的{bt}：序列的第 i 个逻辑块存放在第 i 格所写的物理块中。"
+                        "相邻逻辑块在物理上不必相邻；{sm}依此表计算。"),
+    "cap_tables_shared": ("Dark grey cells (id*) are blocks shared with another request.",
+                          "深灰色格子（编号*）是与其他请求共享的块。"),
     "cap_animation": ("Plotly's own player: ▶ plays the steps at the chosen speed, ❚❚ pauses, the slider jumps.",
                       "Plotly 自带播放器：▶ 按所选速度播放，❚❚ 暂停，滑块跳转。"),
-    "cap_batch": ("Each bar is one step; each colour one request. Watch the long prompt's hatched {pf} chunks "
-                  "share steps with the solid decodes under the {tb} line; ▲ marks {adm}, ✖ a preemption, "
-                  "● a finished request.",
-                  "每根柱子是一步，每种颜色是一个请求。观察长提示的斜线{pf}分块如何在{tb}线下与实心解码共享一步；"
-                  "▲ 表示{adm}，✖ 表示抢占，● 表示请求完成。"),
+    "cap_batch_base": ("Each bar is one step; each colour one request: hatched = {pf} chunk, solid = decode, under "
+                       "the {tb} line; ▲ marks {adm}, ● a finished request.",
+                       "每根柱子是一步，每种颜色是一个请求：斜线 = {pf}分块，实心 = 解码，位于{tb}线之下；"
+                       "▲ 表示{adm}，● 表示请求完成。"),
+    "cap_batch_a_chunked": ("Watch the long prompt's hatched chunks share steps with the solid decodes: no step "
+                            "is much longer than the others, so no decode stalls ({hol} avoided).",
+                            "观察长提示的斜线分块如何与实心解码同处每一步：没有哪一步特别长，解码不会停顿"
+                            "（避免了{hol}）。"),
+    "cap_batch_a_whole": ("The long prompt is one tall hatched bar: that one step computes all of it and every "
+                          "decode waits for it ({hol}).",
+                          "长提示是一根很高的斜线柱：这一步计算它的全部，所有解码都等它（{hol}）。"),
+    "cap_batch_chunked": ("Prompts longer than what is left of the budget are split over several steps ({cp}).",
+                          "超过剩余预算的提示被拆到多步中完成（{cp}）。"),
+    "cap_batch_prefix": ("A request whose prompt starts with blocks already in the cache prefills only the rest "
+                         "(a {hit}): its hatched bar is short.",
+                         "提示开头的块已在缓存中的请求只预填充其余部分（{hit}）：它的斜线柱很短。"),
+    "cap_batch_preempted": ("✖ marks a preemption: no free KV block was left, the victim's blocks were freed, and "
+                            "it comes back later as a hatched re-prefill of its prompt and output so far "
+                            "(recompute).",
+                            "✖ 表示抢占：没有空闲 KV 块了，牺牲者的块被释放，之后它以斜线柱重新预填充"
+                            "其提示和已生成部分（重算）。"),
+    "cap_batch_swapped": ("✖ marks a preemption: no free KV block was left; the victim's blocks were copied to the "
+                          "CPU (swap) and copied back when it resumed (a request's blocks that found no room in the "
+                          "swap space are recomputed instead).",
+                          "✖ 表示抢占：没有空闲 KV 块了；牺牲者的块被复制到 CPU（换出），恢复时再复制回来"
+                          "（换出空间放不下的请求改为重算）。"),
+    "cap_batch_spec": ("A verifying decode's bar carries 1 + k tokens: its own token (solid), the accepted proposals "
+                       "(dotted) and the rejected ones (crossed, faded); the figure below zooms in on the decodes.",
+                       "一个验证中的解码柱携带 1 + k 个词元：自身词元（实心）、被接受的提议（点状）和被拒绝的提议"
+                       "（叉状、淡色）；下图放大显示解码部分。"),
+    "cap_batch_waiting": ("While every {slot} or the budget is taken, new requests wait: they join the bars only "
+                          "when admitted (▲).",
+                          "当所有{slot}或预算都被占用时，新请求只能等待：被准入（▲）后才出现在柱中。"),
+    "cap_spec_title": ("Decodes per step, zoomed: own tokens, accepted and rejected proposals",
+                       "每步的解码（放大）：自身词元、被接受与被拒绝的提议"),
+    "cap_spec": ("Only the decodes of each step, summed over requests, on their own scale: each verifying decode "
+                 "computes its own token plus k proposals; the model accepts a prefix of them (dotted) and the rest "
+                 "(crossed) were computed for nothing. Steps with more dotted than crossed tokens paid off.",
+                 "只画每步的解码（各请求相加），用其自己的刻度：每个验证中的解码计算自身词元加 k 个提议；"
+                 "模型接受其中的前缀（点状），其余（叉状）白算了。点状多于叉状的步骤是划算的。"),
+    "own_tokens": ("own token (1 per decode)", "自身词元（每个解码 1 个）"),
+    "proposals_legend_accepted": ("accepted proposals (dotted)", "被接受的提议（点状）"),
+    "proposals_legend_rejected": ("rejected proposals (crossed)", "被拒绝的提议（叉状）"),
+    "decode_tokens_axis": ("decode tokens in the step (tokens)", "本步解码词元数（词元）"),
+    "story_title": ("What the scheduler decided, step by step", "调度器每一步的决定"),
+    "story_caption": ("One sentence per step, from the engine's step trace ({n} steps).",
+                      "每步一句话，来自引擎的步骤轨迹（共 {n} 步）。"),
     "cap_timeline": ("One row per request; each tick is an output token, ○ the request's arrival (or first "
                      "scheduling), ◆ its first token. Gaps in a row are stalls: the request waited while another "
                      "step ran.",
@@ -280,11 +343,17 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "col_cause": ("caused by", "原因"),
     "tokens_unit": ("tokens", "词元"),
     "no_stalls": ("No ITL above {threshold_ms:.1f} ms.", "没有超过 {threshold_ms:.1f} 毫秒的词元间延迟。"),
-    "cap_queue": ("Running requests are bounded by {slot}s; waiting grows when the {tb} or the KV pool is full.",
-                  "运行中的请求数受{slot}限制；当{tb}或 KV 池满时，等待数增加。"),
-    "cap_kv": ("Used blocks climb as prompts are prefilled; cached-but-free blocks are prefixes kept for later "
-               "hits; when free reaches zero the scheduler must preempt.",
-               "预填充时已用块上升；已缓存但空闲的块是留给之后命中的前缀；空闲降为零时调度器必须抢占。"),
+    "cap_queue": ("Running requests are bounded by {slot}s; waiting grows when the slots, the {tb} or the KV pool "
+                  "are full.",
+                  "运行中的请求数受{slot}限制；当槽位、{tb}或 KV 池满时，等待数增加。"),
+    "cap_queue_none": ("Nothing waited in this run: every request was admitted the step it arrived (running is "
+                       "bounded by {slot}s, the {tb} and the KV pool).",
+                       "本次运行中没有请求等待：每个请求到达当步即被准入（运行数受{slot}、{tb}和 KV 池限制）。"),
+    "cap_kv_base": ("Used blocks climb as prompts are prefilled and decodes grow, and fall as requests finish.",
+                    "已用块随预填充和解码增长而上升，随请求完成而下降。"),
+    "cap_kv_cached": ("Cached-but-free blocks are prefixes kept for later hits.",
+                      "已缓存但空闲的块是留给之后命中的前缀。"),
+    "cap_kv_preempted": ("Where free reached zero the scheduler had to preempt.", "空闲降为零之处调度器只能抢占。"),
     "cap_latency": ("The further right a curve, the slower. TTFT includes queueing and every prefill chunk; "
                     "TPOT is the mean gap after the first token.",
                     "曲线越靠右越慢。TTFT 包括排队和所有预填充分块；TPOT 是首词元之后的平均间隔。"),
@@ -302,18 +371,68 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "scheduling_policy": ("Scheduling policy (scheduling_policy)", "调度策略（scheduling_policy）"),
     "num_speculative_tokens": ("Speculative tokens per decode (num_speculative_tokens, n-gram; 0 = off)",
                                "每次解码的投机词元数（num_speculative_tokens，n-gram；0 = 关闭）"),
-    "ab_knob": ("Setting to compare (A = on, B = off)", "对比的设置（A = 开启，B = 关闭）"),
+    "ab_knob": ("Setting to compare (each preset opens on its own)", "对比的设置（每个预设默认打开自己的那一项）"),
     "prefix_caching": ("prefix caching", "前缀缓存"),
-    "ab_config_a": ("A: {knob} on", "A：开启{knob}"),
-    "ab_config_b": ("B: {knob} off", "B：关闭{knob}"),
     "ab_sentence": ("With {a} instead of {b}, P99 TBT is {itl_ms_a:.1f} ms vs {itl_ms_b:.1f} ms ({itl_pct:+.0f}%), "
                     "P99 TTFT {ttft_ms_a:.1f} ms vs {ttft_ms_b:.1f} ms ({ttft_pct:+.0f}%), and output throughput "
                     "{tput_a:.1f} vs {tput_b:.1f} tok/s ({tput_pct:+.0f}%).",
                     "{a}相对于{b}：P99 TBT 为 {itl_ms_a:.1f} 毫秒对 {itl_ms_b:.1f} 毫秒（{itl_pct:+.0f}%），"
                     "P99 TTFT 为 {ttft_ms_a:.1f} 毫秒对 {ttft_ms_b:.1f} 毫秒（{ttft_pct:+.0f}%），"
                     "输出吞吐为 {tput_a:.1f} 对 {tput_b:.1f} 词元/秒（{tput_pct:+.0f}%）。"),
-    "cap_ab": ("The same workload under both configs; compare the ITL spikes and the batch shapes.",
-               "同一负载在两种配置下运行；比较词元间延迟的尖峰和批次形状。"),
+    "ab_work": ("Work: {a} computed {tok_a:,} tokens in {steps_a:,} steps ({pre_a} preemptions, {swap_a:,} KV blocks "
+                "swapped out to the CPU); {b} {tok_b:,} tokens in {steps_b:,} steps ({pre_b} preemptions, {swap_b:,} "
+                "blocks swapped out).",
+                "计算量：{a}在 {steps_a:,} 步中计算了 {tok_a:,} 个词元"
+                "（{pre_a} 次抢占，{swap_a:,} 个 KV 块换出到 CPU）；"
+                "{b}在 {steps_b:,} 步中计算了 {tok_b:,} 个词元（{pre_b} 次抢占，{swap_b:,} 个块换出）。"),
+    "ab_ttft_title": ("TTFT of each request, A vs B (dashed: P99 over requests)",
+                      "每个请求的 TTFT，A 对 B（虚线：各请求的 P99）"),
+    "ab_tbt_title": ("TBT of each request (P99 of its own ITLs), A vs B (dashed: P99 over requests)",
+                     "每个请求的 TBT（其自身词元间延迟的 P99），A 对 B（虚线：各请求的 P99）"),
+    "ab_ttft_axis": ("TTFT (ms)", "TTFT（毫秒）"),
+    "ab_tbt_axis": ("P99 TBT of the request (ms)", "该请求的 P99 TBT（毫秒）"),
+    "ab_chunked_prefill_a": ("A: chunked prefill on", "A：开启分块预填充"),
+    "ab_chunked_prefill_b": ("B: chunked prefill off", "B：关闭分块预填充"),
+    "ab_prefix_caching_a": ("A: prefix caching on", "A：开启前缀缓存"),
+    "ab_prefix_caching_b": ("B: prefix caching off", "B：关闭前缀缓存"),
+    "ab_preemption_mode_a": ("A: preempt by recompute", "A：抢占后重算"),
+    "ab_preemption_mode_b": ("B: preempt by swap", "B：抢占后换出"),
+    "ab_max_num_seqs_a": ("A: 16 sequence slots", "A：16 个序列槽位"),
+    "ab_max_num_seqs_b": ("B: 4 sequence slots", "B：4 个序列槽位"),
+    "ab_token_budget_a": ("A: token budget 256", "A：词元预算 256"),
+    "ab_token_budget_b": ("B: token budget 64", "B：词元预算 64"),
+    "ab_speculation_a": ("A: 4 speculative tokens", "A：4 个投机词元"),
+    "ab_speculation_b": ("B: no speculation", "B：不投机"),
+    "ab_chunked_prefill": ("chunked prefill", "分块预填充"),
+    "ab_prefix_caching": ("prefix caching", "前缀缓存"),
+    "ab_preemption_mode": ("recompute vs swap", "重算 对 换出"),
+    "ab_max_num_seqs": ("sequence slots", "序列槽位"),
+    "ab_token_budget": ("token budget", "词元预算"),
+    "ab_speculation": ("speculation", "投机解码"),
+    "ab_look_chunked_prefill": ("Look at the TBT: without chunking, a prompt's whole prefill is one step, and every "
+                                "decode in that step waits for it.",
+                                "看 TBT：不分块时，一个提示的整个预填充是一步，这一步里的每个解码都要等它。"),
+    "ab_look_prefix_caching": ("Look at the TTFT and the tokens computed: with the cache, a request whose prompt "
+                               "starts like an earlier one prefills only the rest.",
+                               "看 TTFT 和计算的词元数：有缓存时，提示开头与之前请求相同的请求只需预填充其余部分。"),
+    "ab_look_preemption_mode": ("Look at the work: recompute prefills a victim again (more tokens computed), swap "
+                                "copies its blocks to the CPU and back (blocks swapped, priced on the host link).",
+                                "看计算量：重算会重新预填充牺牲者（计算更多词元），换出则把它的块复制到 CPU 再复制回来"
+                                "（换出的块，按主机链路计价）。"),
+    "ab_look_max_num_seqs": ("Look at the TTFT: with fewer sequence slots, arrivals queue before their first step.",
+                             "看 TTFT：序列槽位越少，新到的请求在第一步之前排队越久。"),
+    "ab_look_token_budget": ("Look at TTFT against TBT: a bigger budget admits prompts sooner, and each step that "
+                             "carries them lasts longer for the decodes beside them.",
+                             "比较 TTFT 与 TBT：预算越大，提示越早被处理，而带着它们的那一步对旁边的解码来说也越长。"),
+    "ab_look_speculation": ("Look at the steps and the TBT: accepted proposals give a request several tokens in one "
+                            "step.",
+                            "看步数和 TBT：被接受的提议让一个请求在一步中得到多个词元。"),
+    "ab_measured": ("Measured clock: A and B were both run just now, back to back in this session ({when}, load "
+                    "average {load:.1f} on {cpus} CPUs), not taken from the live run or another session's cache.",
+                    "实测时钟：A 和 B 都是刚才在本会话中先后运行的（{when}，{cpus} 个 CPU 上的平均负载 {load:.1f}），"
+                    "不取自实时运行或其他会话的缓存。"),
+    "cap_ab": ("The same workload under both settings, everything else as in the sidebar.",
+               "同一负载在两种设置下运行，其余设置与侧栏相同。"),
     "run_time": ("The engine took {seconds:.1f} s of real time on this machine (model loading included, pauses "
                  "not) for {steps} steps; the times in the figures are on the clock {clock}.",
                  "引擎在本机用了 {seconds:.1f} 秒实际时间（含模型加载，不含暂停），共 {steps} 步；"

@@ -37,7 +37,9 @@ class DashboardConfig:
     shape would run). ``clock`` is a ``minengine.timing.ClockSpec`` (hashable, so it keys the cache): default
     modelled, H100 SXM, Llama-3-8B shapes. ``kv_cache_dtype`` ("auto", "fp8") and ``quantization`` (None,
     "int8") are the engine's (``EngineConfig``) and the modelled clock prices them on the target shape.
-    ``max_model_len`` is not a knob: the runner sets it to the workload's longest request.
+    ``preemption_mode`` "recompute" or "swap" (a CPU swap space as large as the KV pool; the modelled clock
+    prices each swap as a transfer over the hardware's host link). ``max_model_len`` is not a knob: the runner
+    sets it to the workload's longest request.
     """
 
     max_num_batched_tokens: int = 256
@@ -55,6 +57,7 @@ class DashboardConfig:
     clock: ClockSpec = field(default=DEFAULT_CLOCK)
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    preemption_mode: str = "recompute"
 
     def make_clock(self):
         """A fresh clock for one run (a modelled one costs KV swaps with this config's ``block_size``, and KV and
@@ -124,7 +127,8 @@ class DashboardConfig:
                             enable_prefix_caching=self.enable_prefix_caching, seed=self.seed,
                             scheduling_policy=self.scheduling_policy,
                             speculative_config=self.speculative_config(), trace_block_tables=True,
-                            kv_cache_dtype=self.kv_cache_dtype, quantization=self.quantization)
+                            kv_cache_dtype=self.kv_cache_dtype, quantization=self.quantization,
+                            preemption_mode=self.preemption_mode)
 
     def speculative_config(self) -> dict | None:
         """vLLM's ``speculative_config`` dict for ``num_speculative_tokens`` (None when 0: off)."""

@@ -234,7 +234,7 @@ def labelled_stalls(stalls: list[dict], max_labels: int = MAX_STALL_LABELS) -> l
 
 def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrace], threshold_s: float,
                lang: str = "en", max_labels: int = MAX_STALL_LABELS, clock_label: str | None = None,
-               origin: float | None = None) -> go.Figure:
+               origin: float | None = None, y_top_ms: float | None = None) -> go.Figure:
     """Every ITL (ms) against the time its token came out (s since the first arrival, or since ``origin``); stalls above
     ``threshold_s`` in red, the threshold as a dashed line, and the ``max_labels`` largest stalls
     (``labelled_stalls``) named by the step that caused them.
@@ -247,6 +247,9 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
         clock_label: the clock the times are on, shown as the subtitle.
         origin: time zero of the x axis (s, engine clock): default the first arrival; a live view of a step
             stream (``step_request_metrics``) passes its first step's start, and the axis says "since first step".
+        y_top_ms: build the label band on at least this data top (ms): figures shown side by side on one y range
+            (an A/B pair) pass their common top, so each one's label rows keep their spacing on the shared axis
+            (rows sized on a lower top were squeezed together, and overlapped, once the axis grew).
 
     Raises:
         ValueError: negative threshold; ``max_labels`` outside [0, 10].
@@ -266,7 +269,7 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
                                marker={"size": 5, "color": "#1f77b4", "opacity": 0.6},
                                hovertemplate="%{text}<br>%{x:.3f} s<br>%{y:.1f} ms<extra></extra>"))
     threshold_ms = threshold_s * 1000
-    y_top = max(ys + [threshold_ms, 1e-3])
+    y_top = max(ys + [threshold_ms, 1e-3] + ([y_top_ms] if y_top_ms is not None else []))
     x_lo, x_hi = min(xs + [0.0]), max(xs + [1e-3])
     x_pad = (x_hi - x_lo) * 0.03 or 1e-3
     yaxis = {"title": t("itl_axis", lang), "rangemode": "tozero"}
