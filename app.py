@@ -773,6 +773,7 @@ def main() -> None:
     st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces), clock=clock))
     if res.budget_raised:
         st.info(t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget))
+    show_kernel_note(lang)  # a fallback to the torch path stays true after the run
 
     # 0 = auto, from the run on screen; the A/B tab uses the same threshold for both of its runs
     threshold_s = threshold_ms / 1000 if threshold_ms > 0 else auto_stall_threshold(res.request_metrics)

@@ -31,7 +31,8 @@ from tests.dashboard_model import dashboard_model
 REPO = Path(__file__).resolve().parents[1]
 SCREENS = Path(os.environ.get("MINENGINE_SCREENSHOTS", "/tmp/minengine_screens"))
 TAB_NAMES = ("blocks", "batch", "tbt", "metrics", "ab")
-FIGURES_PER_TAB = {"blocks": 3, "batch": 1, "tbt": 2, "metrics": 3, "ab": 4}
+FIGURES_PER_TAB = {"blocks": 3, "batch": 1, "tbt": 2, "metrics": 3, "ab": 6}
+TAB_LABELS_EN = ["Block tables", "Batch composition", "TBT timeline", "Metrics", "A/B comparison"]
 
 sync_api = pytest.importorskip("playwright.sync_api")
 pytest.importorskip("streamlit")
@@ -59,6 +60,25 @@ _CUT_METRICS_JS = """
 () => Array.from(document.querySelectorAll('[data-testid="stMetricValue"]')).filter(m => m.offsetParent !== null)
   .filter(m => [m, ...m.querySelectorAll('*')].some(e => e.scrollWidth > e.clientWidth + 1))
   .map(m => m.textContent)
+"""
+
+
+# Legends that do not fit their figure: plotly then draws a scroll bar in the legend (entries below the fold).
+_CUT_LEGENDS_JS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null)
+  .filter(p => Array.from(p.querySelectorAll('g.legend rect.scrollbar'))
+                    .some(r => +(r.getAttribute('height') || 0) > 0 && +(r.getAttribute('width') || 0) > 0))
+  .map(p => (p.querySelector('.gtitle') || {}).textContent || '?')
+"""
+
+# Text cut off in the sidebar's select boxes (the chosen value) and in an open dropdown's options.
+_CUT_SELECT_JS = """
+() => Array.from(document.querySelectorAll(
+        '[data-testid="stSidebar"] [data-testid="stSelectbox"] [data-baseweb="select"] div, [role="option"], '
+        + '[role="option"] *'))
+  .filter(e => e.offsetParent !== null && e.children.length === 0 && e.textContent.trim())
+  .filter(e => e.scrollWidth > e.clientWidth + 1)
+  .map(e => e.textContent)
 """
 
 
@@ -198,8 +218,36 @@ def check_tabs(page, lang: str, tab_labels: list[str]) -> dict:
         assert not bad, f"{lang} tab {name}: {bad}"
         cut = settled(page, _CUT_METRICS_JS)
         assert not cut, f"{lang} tab {name}: metric values cut off: {cut}"
+        cut = settled(page, _CUT_LEGENDS_JS)
+        assert not cut, f"{lang} tab {name}: legends cut off (scrolling): {cut}"
         seen[name] = figures
     return seen
+
+
+def choose_preset(page, label: str) -> None:
+    """Pick a preset in the sidebar's dropdown (checking, while it is open, that no option's name is cut)."""
+    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
+    page.get_by_role("option").first.wait_for(timeout=30_000)
+    cut = page.evaluate(_CUT_SELECT_JS)
+    assert not cut, f"preset names cut off in the dropdown: {cut}"
+    page.get_by_role("option", name=label).click()
+    page.get_by_role("button", name="Run", exact=True).wait_for(timeout=60_000)
+    page.wait_for_timeout(800)
+
+
+def run_to_the_end(page, tab: str = "Block tables") -> None:
+    page.get_by_role("button", name="Run", exact=True).click()
+    page.get_by_role("button", name="Finish now").click(timeout=120_000)
+    page.get_by_role("tab", name=tab).wait_for(timeout=240_000)
+
+
+def ab_tab(page) -> str:
+    """Open the A/B tab; its latency sentence once both runs are drawn."""
+    page.get_by_role("tab", name="A/B comparison").click()
+    sentence = page.locator("[data-testid='stMarkdownContainer']", has_text="P99 TBT").first
+    sentence.wait_for(timeout=240_000)
+    wait_for_figures(page, FIGURES_PER_TAB["ab"])
+    return sentence.text_content()
 
 
 def test_dashboard_live_run_and_every_tab_in_both_languages(server):
@@ -214,6 +262,8 @@ def test_dashboard_live_run_and_every_tab_in_both_languages(server):
             page.goto(url, wait_until="domcontentloaded", timeout=60_000)
             run = page.get_by_role("button", name="Run", exact=True)
             run.wait_for(state="visible", timeout=90_000)
+            cut = page.evaluate(_CUT_SELECT_JS)
+            assert not cut, f"sidebar choices cut off: {cut}"
             # 1 step/s, so that pausing surely happens mid-run however fast this machine is
             speed = page.locator("[data-testid='stSlider']", has_text="Speed while it runs").get_by_role("slider")
             speed.focus()
@@ -245,8 +295,12 @@ def test_dashboard_live_run_and_every_tab_in_both_languages(server):
             page.get_by_role("button", name="Finish now").click()
 
             page.get_by_role("tab", name="Block tables").wait_for(timeout=240_000)
-            en = check_tabs(page, "en", ["Block tables", "Batch composition", "TBT timeline", "Metrics",
-                                         "A/B comparison"])
+            en = check_tabs(page, "en", TAB_LABELS_EN)
+            # what the scheduler decided, in words, under the batch figure
+            page.get_by_role("tab", name="Batch composition").click()
+            story = page.locator("[data-testid='stMarkdownContainer']", has_text="step 0: ").first
+            sync_api.expect(story).to_be_visible(timeout=30_000)
+            assert re.search(r"step \d+: 10 decodes \+ a [\d,]+-token chunk of r10", story.text_content())
             # the metric cards: one number each, every one readable
             page.get_by_role("tab", name="Metrics").click()
             values = page.locator("[data-testid='stMetricValue']").all_text_contents()
@@ -281,3 +335,109 @@ def test_dashboard_live_run_and_every_tab_in_both_languages(server):
     assert not page_errors, page_errors
     log = log_path.read_text()
     assert "Inotify queue overflowed" not in log and "Traceback" not in log, log[-2000:]
+
+
+# What each preset's A/B tab opens on, and what its batch tab must show.
+PRESETS = {  # label in the dropdown: (A/B sentence start, extra figure in the batch tab, text on the page)
+    "(b) shared system prompt": ("With A: prefix caching on instead of B: prefix caching off", 0, None),
+    "(c) memory pressure": ("With A: preempt by recompute instead of B: preempt by swap", 0,
+                            "preempted (no free block"),
+    "(d) Azure trace replay": ("With A: 16 sequence slots instead of B: 4 sequence slots", 0, "arrivals 128× faster"),
+    "(e) custom": ("With A: token budget 256 instead of B: token budget 64", 0, None),
+    "(f) speculative decoding": ("With A: 4 speculative tokens instead of B: no speculation", 1, "proposals"),
+}
+
+
+def test_every_preset_opens_its_own_lesson(server):
+    """Presets (b)-(f) in English: the A/B tab opens on the preset's own comparison (its sentence), the batch tab
+    has its figures (preset (f): the zoomed decode view, whose legend names accepted and rejected proposals), no
+    label overlaps and no legend is cut (preset (d): 40 requests) in the batch and A/B tabs."""
+    url, _, log_path = server
+    SCREENS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 3000})
+            page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+            page.get_by_role("button", name="Run", exact=True).wait_for(timeout=90_000)
+            for label, (sentence, extra, text) in PRESETS.items():
+                letter = label[1]
+                choose_preset(page, label)
+                run_to_the_end(page)
+                page.get_by_role("tab", name="Batch composition").click()
+                wait_for_figures(page, FIGURES_PER_TAB["batch"] + extra)
+                check_page(page, f"({letter}) batch")
+                if text is not None:
+                    sync_api.expect(page.get_by_text(text).first).to_be_attached(timeout=30_000)
+                if extra:
+                    legend = page.locator(".js-plotly-plot", has_text="Decodes per step, zoomed").locator(".legendtext")
+                    names = legend.all_text_contents()
+                    assert "accepted proposals (dotted)" in names and "rejected proposals (crossed)" in names, names
+                assert not overlapping_labels(page), letter
+                assert not settled(page, _CUT_LEGENDS_JS), f"({letter}) batch: a legend is cut"
+                page.screenshot(path=str(SCREENS / f"preset_{letter}_batch.png"), full_page=True)
+                assert ab_tab(page).startswith(sentence), letter
+                check_page(page, f"({letter}) A/B")
+                assert not overlapping_labels(page), letter
+                assert not settled(page, _CUT_LEGENDS_JS), f"({letter}) A/B: a legend is cut"
+                page.screenshot(path=str(SCREENS / f"preset_{letter}_ab.png"), full_page=True)
+        finally:
+            browser.close()
+    assert "Traceback" not in log_path.read_text()
+
+
+def test_measured_clock_labels_and_fresh_ab_runs(server):
+    """Preset (a) on measured CPU time: no two labels overlap in any tab (the A/B pair's stall labels did), and the
+    A/B tab says both runs ran just now, in this session."""
+    url, _, _ = server
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1600, "height": 1200})
+            page.goto(url, wait_until="domcontentloaded", timeout=60_000)
+            page.get_by_role("button", name="Run", exact=True).wait_for(timeout=90_000)
+            page.get_by_text("measured CPU time (this machine)").click()
+            page.wait_for_timeout(1000)
+            run_to_the_end(page)
+            check_tabs(page, "cpu", TAB_LABELS_EN)
+            sync_api.expect(page.get_by_text("both run just now").first).to_be_visible(timeout=30_000)
+        finally:
+            browser.close()
+
+
+def test_the_page_says_when_the_kernel_fell_back(tmp_path):
+    """A dashboard whose CPU attention kernel cannot be built (its cache is under a file, so the build fails): the
+    live view and the finished run say the torch attention path runs, and why."""
+    model = dashboard_model()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), MINENGINE_KERNEL_CACHE="/dev/null/kernels")
+    if model is not None:
+        env["MINENGINE_MODEL"] = model
+    port = free_port()
+    with open(tmp_path / "streamlit.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.port",
+                                 str(port), "--server.address", "127.0.0.1"], cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc, timeout_s=90)
+            with sync_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+                try:
+                    page = browser.new_page(viewport={"width": 1600, "height": 1200})
+                    page.goto(f"http://127.0.0.1:{port}", wait_until="domcontentloaded", timeout=60_000)
+                    page.get_by_role("button", name="Run", exact=True).wait_for(timeout=90_000)
+                    choose_preset(page, "(c) memory pressure")
+                    page.get_by_role("button", name="Run", exact=True).click()
+                    note = page.get_by_text("The CPU attention kernel is unavailable, so the torch attention path runs")
+                    sync_api.expect(note.first).to_be_visible(timeout=120_000)  # in the live view
+                    page.get_by_role("button", name="Finish now").click(timeout=60_000)
+                    page.get_by_role("tab", name="Block tables").wait_for(timeout=240_000)
+                    sync_api.expect(note.first).to_be_visible(timeout=30_000)  # and after the run
+                    check_page(page, "kernel fallback")
+                finally:
+                    browser.close()
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 from minengine.metrics.trace import StepTrace
 from minengine.viz.colors import BUDGET_COLOR, request_color
 from minengine.viz.i18n import t
+from minengine.viz.legend import fit_legend
 
 _EVENTS = (  # (StepTrace field, i18n key, marker symbol, colour)
     ("admitted_ids", "admitted", "triangle-up", "#2ca02c"),
@@ -99,6 +100,7 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
         yaxis={"title": t("tokens_per_step", lang)},
         legend={"itemsizing": "constant"}, margin={"t": 60},
     )
+    fit_legend(fig, sum(1 for d in fig.data if d.showlegend is not False))
     return fig
 
 

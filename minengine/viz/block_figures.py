@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from minengine.metrics.trace import StepTrace
 from minengine.viz.colors import CACHED_FREE_COLOR, FREE_COLOR, SHARED_COLOR, discrete_colorscale, request_color
 from minengine.viz.i18n import t
+from minengine.viz.legend import fit_legend
 
 
 def _require_blocks(trace: StepTrace) -> None:
@@ -147,6 +148,7 @@ def block_pool_figure(trace: StepTrace, lang: str = "en", request_ids: list[str]
     fig = go.Figure(heatmap)
     _add_legend(fig, legend)
     _pool_layout(fig, title, cols, math.ceil(len(trace.block_ref_counts) / cols), lang)
+    fit_legend(fig, len(legend))
     return fig
 
 
@@ -265,4 +267,5 @@ def block_pool_animation(traces: list[StepTrace], lang: str = "en", frame_ms: in
             "prefix": t("step_slider", lang) + " "}}],
         margin={"b": 120, "t": 60},
     )
+    fit_legend(fig, len(legend), below_px=150)  # below the player's buttons and slider
     return fig

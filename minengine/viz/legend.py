@@ -1,0 +1,35 @@
+"""Legends that fit their figure: a vertical legend taller than the plot is cut (plotly scrolls it, and the
+entries below the fold are easy to miss), as with preset (d)'s 40 requests. A figure grows to hold a side legend
+of up to ``MAX_SIDE_ENTRIES`` entries; past that the legend goes below the plot, several entries per row, and the
+figure grows by the rows it needs."""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+
+ENTRY_PX = 30  # px per legend entry (a pattern swatch's row; plain markers take a little less)
+FRAME_PX = 150  # px of a figure that are not plot area: title, margins, the x axis and its title
+MAX_SIDE_ENTRIES = 20  # more than this go below the plot instead of making the figure taller
+ENTRIES_PER_ROW = 4  # entries per row of a legend below the plot, for a half-width column (the narrowest use)
+BASE_HEIGHT = 450  # px: plotly's default figure height
+
+
+def fit_legend(fig: go.Figure, num_entries: int, height: int | None = None, below_px: int = 40) -> None:
+    """Lay out ``fig``'s legend for ``num_entries`` entries so that none is cut: at the side, with the figure
+    ``height`` (default its own, or 450 px) raised to hold them; past ``MAX_SIDE_ENTRIES``, horizontal below the
+    plot (``below_px`` under the plot area, past the x axis title and any player controls), the figure grown by
+    the legend's rows."""
+    base = height or fig.layout.height or BASE_HEIGHT
+    if num_entries <= MAX_SIDE_ENTRIES:
+        need = FRAME_PX + ENTRY_PX * num_entries
+        if need > base:
+            fig.update_layout(height=need)
+        return
+    rows = math.ceil(num_entries / ENTRIES_PER_ROW)
+    plot_px = max(base - FRAME_PX, 200)
+    # y is a fraction of the plot area's height, measured down from its bottom
+    fig.update_layout(height=base + below_px + rows * ENTRY_PX,
+                      legend={"orientation": "h", "yanchor": "top", "xanchor": "left", "x": 0,
+                              "y": -below_px / plot_px, "itemsizing": "constant"})
