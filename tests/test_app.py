@@ -439,18 +439,25 @@ def test_speculative_decoding_preset_and_the_policy_list(app):
 
 def test_live_run_says_while_the_cpu_kernel_builds(app, monkeypatch):
     """While the CPU attention kernel is built in the background (``cpu_attention.status()``), the live view says
-    so in both languages (an info line); once it is ready the line goes."""
+    so in both languages (an info line); a fall back to the torch path is a warning that stays after the run; once
+    the kernel is ready the line goes. (Every state's sentence: test_viz_dashboard's kernel-note tests.)"""
     from minengine.layers import cpu_attention
 
-    building = cpu_attention.KernelStatus(cpu_attention.KernelState.BUILDING, seconds=3.0, in_background=True)
-    monkeypatch.setattr(cpu_attention, "status", lambda: building)
+    def status_is(state, **kw):
+        monkeypatch.setattr(cpu_attention, "status", lambda: cpu_attention.KernelStatus(state, **kw))
+
+    status_is(cpu_attention.KernelState.BUILDING, seconds=3.0, in_background=True)
     choose(app, "c")
     app.select_slider(key="live_speed_en").set_value(1).run()
     start(app)
     assert any(c.value.startswith("Building the CPU attention kernel (once, ~10 s)") for c in app.info)
     app.radio(key="lang").set_value("zh").run()
     assert any(c.value.startswith("正在构建 CPU 注意力内核") for c in app.info)
-    ready = cpu_attention.KernelStatus(cpu_attention.KernelState.READY, seconds=11.0, in_background=True)
-    monkeypatch.setattr(cpu_attention, "status", lambda: ready)
+    app.radio(key="lang").set_value("en").run()
+    status_is(cpu_attention.KernelState.FALLBACK, reason="no g++", seconds=4.0)
+    app.button(key="live_finish").click().run()
+    fallback = "The CPU attention kernel is unavailable, so the torch attention path runs (no g++)."
+    assert any(fallback in m.value for m in app.warning), [m.value for m in app.warning]
+    status_is(cpu_attention.KernelState.READY, seconds=11.0, in_background=True)
     app.run()
-    assert not any("注意力内核" in c.value for c in app.info)
+    assert not any("attention kernel" in m.value for m in [*app.info, *app.warning])

@@ -1,0 +1,153 @@
+"""The dashboard's smaller parts on hand-built inputs: the kernel note (both kinds of kernel API), legends that fit,
+run features for the captions, the A/B request figures, the zoomed decode figure, the (d) speed-up."""
+
+from __future__ import annotations
+
+import enum
+import types
+
+import pytest
+
+pytest.importorskip("plotly")
+
+from minengine.metrics.trace import ScheduledChunk, StepTrace  # noqa: E402
+from minengine.outputs import RequestMetrics  # noqa: E402
+from minengine.viz import captions, kernel_note, presets  # noqa: E402
+from minengine.viz.batch_figure import batch_composition_figure, spec_decode_figure  # noqa: E402
+from minengine.viz.compare import ab_request_figure  # noqa: E402
+from minengine.viz.legend import MAX_SIDE_ENTRIES  # noqa: E402
+
+
+# ---- the kernel note ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_kernel_note_says_what_the_engine_waits_for(lang):
+    KS = kernel_note.KernelState
+    assert kernel_note.kernel_note(KS("ready"), lang) is None
+    assert kernel_note.kernel_note(KS("not_started"), lang) is None
+    kind, text = kernel_note.kernel_note(KS("building", seconds=3.0), lang)
+    assert kind == "info" and ("Building the CPU attention kernel" in text or "正在构建" in text)
+    kind, text = kernel_note.kernel_note(KS("waiting", seconds=42.4), lang)
+    assert kind == "info" and "42" in text
+    kind, text = kernel_note.kernel_note(KS("fallback", reason="TimeoutError: stuck"), lang)
+    assert kind == "warning" and "TimeoutError: stuck" in text
+    kind, text = kernel_note.kernel_note(KS("fallback"), lang)  # no reason known: where to find it
+    assert kind == "warning" and ("log" in text or "日志" in text)
+    assert kernel_note.kernel_note(KS("off"), lang)[0] == "info"
+    with pytest.raises(ValueError, match="state"):
+        kernel_note.kernel_note(KS("exploded"), lang)
+    with pytest.raises(ValueError, match="lang"):
+        kernel_note.kernel_note(KS("ready"), "fr")
+
+
+def test_kernel_state_reads_a_status_api_when_there_is_one(monkeypatch):
+    """A cpu_attention with ``status()`` (the background build): its state, reason and seconds pass through."""
+    State = enum.Enum("State", "NOT_STARTED LOADING WAITING BUILDING READY FALLBACK")
+    fake = types.SimpleNamespace(is_disabled=lambda: False,
+                                 status=lambda: types.SimpleNamespace(state=State.WAITING, reason="", seconds=12.0))
+    monkeypatch.setattr(kernel_note, "cpu_attention", fake)
+    assert kernel_note.kernel_state() == kernel_note.KernelState("waiting", "", 12.0)
+    fake.status = lambda: types.SimpleNamespace(state=State.FALLBACK, reason="no compiler", seconds=1.0)
+    assert kernel_note.kernel_state().state == "fallback" and kernel_note.kernel_state().reason == "no compiler"
+    fake.is_disabled = lambda: True
+    assert kernel_note.kernel_state().state == "off"
+
+
+def test_kernel_state_from_the_once_per_process_build(monkeypatch):
+    """A cpu_attention whose ``get_kernel`` is a cached build (no status API): not started until it ran once, then
+    ready or fallen back."""
+    import functools
+
+    result = {"op": None}
+
+    @functools.cache
+    def get_kernel():
+        return result["op"]
+
+    fake = types.SimpleNamespace(is_disabled=lambda: False, get_kernel=get_kernel)
+    monkeypatch.setattr(kernel_note, "cpu_attention", fake)
+    assert kernel_note.kernel_state().state == "not_started"
+    get_kernel()
+    assert kernel_note.kernel_state().state == "fallback"
+    get_kernel.cache_clear()
+    result["op"] = object()
+    get_kernel()
+    assert kernel_note.kernel_state().state == "ready"
+
+
+# ---- legends that fit ----------------------------------------------------------------------------------------------
+def _steps(num_requests: int) -> list[StepTrace]:
+    chunks = [ScheduledChunk(f"r{i}", 1, 4, False, True) for i in range(num_requests)]
+    return [StepTrace(0, 0.0, 0.01, 64, chunks, num_requests, 0, 10, 0, 10, [], [], [], 0, 0)]
+
+
+@pytest.mark.parametrize("num_requests", [3, 12, 40])
+def test_a_batch_legend_of_any_size_fits(num_requests):
+    fig = batch_composition_figure(_steps(num_requests))
+    entries = sum(1 for d in fig.data if d.showlegend is not False)
+    height = fig.layout.height or 450
+    if entries <= MAX_SIDE_ENTRIES:  # at the side, in a figure tall enough for 30 px per entry
+        assert fig.layout.legend.orientation != "h" and height >= 150 + 30 * entries
+    else:  # below the plot, the figure grown by its rows
+        assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0 and height > 450 + 30 * entries // 4
+
+
+# ---- run features (the captions' facts) ------------------------------------------------------------------------------
+def test_run_features_from_hand_built_steps():
+    base = dict(token_budget=64, num_running=1, num_free_blocks=5, num_total_blocks=10, admitted_ids=[],
+                finished_ids=[], prefix_queried_tokens=0)
+    plain = StepTrace(0, 0.0, 0.01, chunks=[ScheduledChunk("a", 8, 0, True, True)], num_waiting=0,
+                      num_cached_free_blocks=0, preempted_ids=[], prefix_hit_tokens=0, **base)
+    assert captions.run_features([plain]) == frozenset()
+    busy = StepTrace(1, 0.0, 0.01, chunks=[ScheduledChunk("b", 32, 0, True, False),
+                                           ScheduledChunk("c", 5, 7, False, True, 4, 2)],
+                     num_waiting=3, num_cached_free_blocks=2, preempted_ids=["d"], prefix_hit_tokens=16,
+                     block_ref_counts=[2, 1, 0], num_swapped_out_blocks=3, **base)
+    assert captions.run_features([plain, busy]) == frozenset(captions.FEATURES)
+    assert "proposals" in captions.batch_caption(captions.run_features([busy]), "f", "en")
+    assert "proposals" not in captions.batch_caption(captions.run_features([plain]), "f", "en")
+    assert "long prompt" in captions.batch_caption(frozenset(), "a", "en")  # (a)'s lesson, chunked or not
+    assert "long prompt" not in captions.batch_caption(frozenset(), "e", "en")
+
+
+# ---- the A/B figures, the zoomed decodes, the (d) speed-up ---------------------------------------------------------
+def _metrics(ttft: float, itls: list[float], arrival: float = 0.0) -> RequestMetrics:
+    m = RequestMetrics(arrival_time=arrival, first_scheduled_time=arrival, first_token_time=arrival + ttft,
+                       num_output_tokens=len(itls) + 1, itls=itls)
+    m.finished_time = m.first_token_time + sum(itls)
+    return m
+
+
+def test_ab_request_figures_show_each_request_under_both_runs():
+    a = {"r0": _metrics(0.010, [0.01, 0.02]), "r1": _metrics(0.030, [], arrival=1.0)}
+    b = {"r0": _metrics(0.050, [0.01, 0.09]), "r1": _metrics(0.070, [], arrival=1.0)}
+    ttft = ab_request_figure(a, b, "A", "B", "ttft")
+    bars = {d.name: dict(zip(d.x, d.y)) for d in ttft.data if d.type == "bar"}
+    assert bars == {"A": {"r0": pytest.approx(10), "r1": pytest.approx(30)},
+                    "B": {"r0": pytest.approx(50), "r1": pytest.approx(70)}}
+    tbt = ab_request_figure(a, b, "A", "B", "tbt")
+    bars = {d.name: dict(zip(d.x, d.y)) for d in tbt.data if d.type == "bar"}
+    assert set(bars["A"]) == {"r0"} and bars["B"]["r0"] > 80  # r1 has one token: no TBT
+    with pytest.raises(ValueError, match="kind"):
+        ab_request_figure(a, b, "A", "B", "e2e")
+
+
+def test_zoomed_decodes_sum_own_accepted_and_rejected_tokens():
+    chunks = [ScheduledChunk("r0", 5, 40, False, True, 4, 3), ScheduledChunk("r1", 3, 30, False, True, 2, 0),
+              ScheduledChunk("r2", 200, 0, True, False)]
+    tr = StepTrace(7, 0.0, 0.01, 256, chunks, 3, 0, 10, 0, 10, [], [], [], 0, 0)
+    fig = spec_decode_figure([tr])
+    assert [(d.name, list(d.y)) for d in fig.data] == [("own token (1 per decode)", [2]),
+                                                       ("accepted proposals (dotted)", [3]),
+                                                       ("rejected proposals (crossed)", [3])]
+
+
+def test_trace_speedup_divides_the_arrival_times():
+    from minengine.workloads import TraceRequest
+
+    trace = [TraceRequest(0.0, 8, 2, None, "a"), TraceRequest(4.0, 8, 2, None, "b")]
+    w = presets.from_trace(trace, 1 / 8, speedup=16)
+    assert [r.arrival_time for r in w.requests] == [0.0, 0.25]
+    assert dict(w.scale_note[1])["speedup"] == 16 and dict(w.scale_note[1])["span_fast_s"] == 0.25
+    for bad in (0, -1, float("inf")):
+        with pytest.raises(ValueError, match="speedup"):
+            presets.from_trace(trace, 1 / 8, speedup=bad)
