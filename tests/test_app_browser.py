@@ -40,12 +40,13 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium", allow_module_level=True)
 
 # Every text box of every plotly figure on the page, grouped by figure: annotations (stall labels, percentile
-# labels, subplot titles, the threshold label), the title and its subtitle. Hidden figures (other tabs) are
+# labels, subplot titles, the threshold label), the title and its subtitle, the axis titles and the legend. Hidden figures (other tabs) are
 # left out: they have no layout box.
 _TEXT_BOXES_JS = """
 () => Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null).map(p => {
   const boxes = [];
-  for (const el of p.querySelectorAll('g.annotation .annotation-text-g, .gtitle, .gtitle-subtitle')) {
+  for (const el of p.querySelectorAll('g.annotation .annotation-text-g, .gtitle, .gtitle-subtitle, .xtitle, .ytitle, '
+                                      + 'g.legend')) {
     const r = el.getBoundingClientRect();
     if (r.width > 0 && r.height > 0) boxes.push({text: el.textContent, x0: r.left, y0: r.top, x1: r.right,
                                                  y1: r.bottom});
@@ -224,10 +225,22 @@ def check_tabs(page, lang: str, tab_labels: list[str]) -> dict:
     return seen
 
 
+def idle(page) -> None:
+    """Until the page has stopped running (Streamlit's status widget gone)."""
+    page.wait_for_timeout(300)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=240_000)
+
+
 def choose_preset(page, label: str) -> None:
     """Pick a preset in the sidebar's dropdown (checking, while it is open, that no option's name is cut)."""
-    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
-    page.get_by_role("option").first.wait_for(timeout=30_000)
+    for _ in range(3):  # a click during a rerun may land on a select box about to be redrawn: open it again
+        idle(page)
+        page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
+        try:
+            page.get_by_role("option", name=label).wait_for(timeout=10_000)
+            break
+        except sync_api.TimeoutError:
+            page.keyboard.press("Escape")
     cut = page.evaluate(_CUT_SELECT_JS)
     assert not cut, f"preset names cut off in the dropdown: {cut}"
     page.get_by_role("option", name=label).click()
@@ -236,8 +249,11 @@ def choose_preset(page, label: str) -> None:
 
 
 def run_to_the_end(page, tab: str = "Block tables") -> None:
+    """Run, Finish now, and wait for this run's tabs (not the previous run's, still on screen during the live view)."""
     page.get_by_role("button", name="Run", exact=True).click()
-    page.get_by_role("button", name="Finish now").click(timeout=120_000)
+    finish = page.get_by_role("button", name="Finish now")
+    finish.click(timeout=120_000)
+    finish.wait_for(state="detached", timeout=240_000)
     page.get_by_role("tab", name=tab).wait_for(timeout=240_000)
 
 

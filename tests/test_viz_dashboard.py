@@ -88,7 +88,8 @@ def test_a_batch_legend_of_any_size_fits(num_requests):
     if entries <= MAX_SIDE_ENTRIES:  # at the side, in a figure tall enough for 30 px per entry
         assert fig.layout.legend.orientation != "h" and height >= 150 + 30 * entries
     else:  # below the plot, the figure grown by its rows
-        assert fig.layout.legend.orientation == "h" and fig.layout.legend.y < 0 and height > 450 + 30 * entries // 4
+        assert fig.layout.legend.orientation == "h" and fig.layout.legend.yref == "container"
+        assert height >= 450 + 30 * (entries // 4) and fig.layout.margin.b >= 90 + 30 * (entries // 4)
 
 
 # ---- run features (the captions' facts) ------------------------------------------------------------------------------

@@ -129,5 +129,6 @@ def spec_decode_figure(traces: list[StepTrace], lang: str = "en") -> go.Figure:
     fig.update_layout(barmode="stack", bargap=0.1, title=t("cap_spec_title", lang),
                       xaxis={"title": t("step_axis", lang)},
                       yaxis={"title": t("decode_tokens_axis", lang), "rangemode": "tozero"},
-                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0}, margin={"t": 90})
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0, "traceorder": "normal"},
+                      margin={"t": 90})
     return fig

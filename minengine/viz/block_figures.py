@@ -267,5 +267,5 @@ def block_pool_animation(traces: list[StepTrace], lang: str = "en", frame_ms: in
             "prefix": t("step_slider", lang) + " "}}],
         margin={"b": 120, "t": 60},
     )
-    fit_legend(fig, len(legend), below_px=150)  # below the player's buttons and slider
+    fit_legend(fig, len(legend), below_px=170)  # below the player's buttons and slider
     return fig

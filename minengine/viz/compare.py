@@ -82,7 +82,9 @@ def ab_request_figure(metrics_a: dict[str, RequestMetrics], metrics_b: dict[str,
     fig.update_layout(barmode="group", bargap=0.2, title=titled(t(f"ab_{kind}_title", lang), clock_label),
                       xaxis={"title": t("request", lang), "type": "category"},
                       yaxis={"title": t(f"ab_{kind}_axis", lang), "rangemode": "tozero"},
-                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0}, margin={"t": TOP_MARGIN})
+                      # above the plot, under the subtitle: below it, it met the rotated request ids and the axis title
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
+                      margin={"t": TOP_MARGIN + 28})
     return fig
 
 

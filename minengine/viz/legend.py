@@ -16,20 +16,19 @@ ENTRIES_PER_ROW = 4  # entries per row of a legend below the plot, for a half-wi
 BASE_HEIGHT = 450  # px: plotly's default figure height
 
 
-def fit_legend(fig: go.Figure, num_entries: int, height: int | None = None, below_px: int = 40) -> None:
+def fit_legend(fig: go.Figure, num_entries: int, height: int | None = None, below_px: int = 90) -> None:
     """Lay out ``fig``'s legend for ``num_entries`` entries so that none is cut: at the side, with the figure
-    ``height`` (default its own, or 450 px) raised to hold them; past ``MAX_SIDE_ENTRIES``, horizontal below the
-    plot (``below_px`` under the plot area, past the x axis title and any player controls), the figure grown by
-    the legend's rows."""
+    ``height`` (default its own, or 450 px) raised to hold them; past ``MAX_SIDE_ENTRIES``, horizontal at the
+    bottom of the figure, under a bottom margin of ``below_px`` px kept for the x axis (its ticks and title, and any
+    player controls), the figure grown by the legend's rows."""
     base = height or fig.layout.height or BASE_HEIGHT
     if num_entries <= MAX_SIDE_ENTRIES:
         need = FRAME_PX + ENTRY_PX * num_entries
         if need > base:
             fig.update_layout(height=need)
         return
-    rows = math.ceil(num_entries / ENTRIES_PER_ROW)
-    plot_px = max(base - FRAME_PX, 200)
-    # y is a fraction of the plot area's height, measured down from its bottom
-    fig.update_layout(height=base + below_px + rows * ENTRY_PX,
-                      legend={"orientation": "h", "yanchor": "top", "xanchor": "left", "x": 0,
-                              "y": -below_px / plot_px, "itemsizing": "constant"})
+    legend_px = math.ceil(num_entries / ENTRIES_PER_ROW) * ENTRY_PX
+    # anchored to the figure's bottom edge (container coordinates), the plot area kept above it by the margin
+    fig.update_layout(height=base + legend_px, margin={"b": below_px + legend_px},
+                      legend={"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0,
+                              "xanchor": "left", "x": 0, "itemsizing": "constant"})
