@@ -27,7 +27,6 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from minengine.config import BUNDLED_MODEL
 from minengine.core.policies import POLICIES
-from minengine.layers import cpu_attention
 from minengine.timing import ClockSpec, get_hardware
 from minengine.timing.capacity import memory_fit
 from minengine.viz import (

@@ -40,8 +40,8 @@ if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium", allow_module_level=True)
 
 # Every text box of every plotly figure on the page, grouped by figure: annotations (stall labels, percentile
-# labels, subplot titles, the threshold label), the title and its subtitle, the axis titles and the legend. Hidden figures (other tabs) are
-# left out: they have no layout box.
+# labels, subplot titles, the threshold label), the title and its subtitle, the axis titles and the legend. Hidden
+# figures (other tabs) are left out: they have no layout box.
 _TEXT_BOXES_JS = """
 () => Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null).map(p => {
   const boxes = [];

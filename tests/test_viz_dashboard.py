@@ -1,15 +1,13 @@
-"""The dashboard's smaller parts on hand-built inputs: the kernel note (both kinds of kernel API), legends that fit,
-run features for the captions, the A/B request figures, the zoomed decode figure, the (d) speed-up."""
+"""The dashboard's smaller parts on hand-built inputs: the kernel note (every state of cpu_attention.status()),
+legends that fit, run features for the captions, the A/B request figures, the zoomed decode figure, the (d) speed-up."""
 
 from __future__ import annotations
-
-import enum
-import types
 
 import pytest
 
 pytest.importorskip("plotly")
 
+from minengine.layers import cpu_attention  # noqa: E402
 from minengine.metrics.trace import ScheduledChunk, StepTrace  # noqa: E402
 from minengine.outputs import RequestMetrics  # noqa: E402
 from minengine.viz import captions, kernel_note, presets  # noqa: E402
@@ -39,39 +37,19 @@ def test_kernel_note_says_what_the_engine_waits_for(lang):
         kernel_note.kernel_note(KS("ready"), "fr")
 
 
-def test_kernel_state_reads_a_status_api_when_there_is_one(monkeypatch):
-    """A cpu_attention with ``status()`` (the background build): its state, reason and seconds pass through."""
-    State = enum.Enum("State", "NOT_STARTED LOADING WAITING BUILDING READY FALLBACK")
-    fake = types.SimpleNamespace(is_disabled=lambda: False,
-                                 status=lambda: types.SimpleNamespace(state=State.WAITING, reason="", seconds=12.0))
-    monkeypatch.setattr(kernel_note, "cpu_attention", fake)
-    assert kernel_note.kernel_state() == kernel_note.KernelState("waiting", "", 12.0)
-    fake.status = lambda: types.SimpleNamespace(state=State.FALLBACK, reason="no compiler", seconds=1.0)
-    assert kernel_note.kernel_state().state == "fallback" and kernel_note.kernel_state().reason == "no compiler"
-    fake.is_disabled = lambda: True
+@pytest.mark.parametrize("state", list(cpu_attention.KernelState))
+def test_kernel_state_reads_every_state_of_the_status_api(monkeypatch, state):
+    """Every ``cpu_attention.KernelState`` has a note state (so ``kernel_note`` never raises on a real one); its
+    reason and seconds pass through; ``MINENGINE_CPU_KERNEL=0`` reads "off"."""
+    status = cpu_attention.KernelStatus(state, reason="no compiler", seconds=12.0)
+    monkeypatch.setattr(cpu_attention, "status", lambda: status)
+    monkeypatch.setattr(cpu_attention, "is_disabled", lambda: False)
+    got = kernel_note.kernel_state()
+    assert got == kernel_note.KernelState(state.name.lower(), "no compiler", 12.0)
+    note = kernel_note.kernel_note(got, "en")
+    assert (note is None) == (state in (cpu_attention.KernelState.READY, cpu_attention.KernelState.NOT_STARTED))
+    monkeypatch.setattr(cpu_attention, "is_disabled", lambda: True)
     assert kernel_note.kernel_state().state == "off"
-
-
-def test_kernel_state_from_the_once_per_process_build(monkeypatch):
-    """A cpu_attention whose ``get_kernel`` is a cached build (no status API): not started until it ran once, then
-    ready or fallen back."""
-    import functools
-
-    result = {"op": None}
-
-    @functools.cache
-    def get_kernel():
-        return result["op"]
-
-    fake = types.SimpleNamespace(is_disabled=lambda: False, get_kernel=get_kernel)
-    monkeypatch.setattr(kernel_note, "cpu_attention", fake)
-    assert kernel_note.kernel_state().state == "not_started"
-    get_kernel()
-    assert kernel_note.kernel_state().state == "fallback"
-    get_kernel.cache_clear()
-    result["op"] = object()
-    get_kernel()
-    assert kernel_note.kernel_state().state == "ready"
 
 
 # ---- legends that fit ----------------------------------------------------------------------------------------------

@@ -1,13 +1,10 @@
 """What the page says about the CPU attention kernel (``minengine/layers/cpu_attention.py``): while the engine
 builds it or waits for another process's build, and when it fell back to the torch attention path.
 
-``kernel_state()`` reads this process's kernel: ``cpu_attention.status()`` where the module has a status API (a
-build in the background, states loading / waiting / building / ready / fallback), else the once-per-process
-build (``get_kernel``, cached: not started until the first engine starts, then the kernel or None). The page
-passes it to ``kernel_note``, which gives the sentence, or None when there is nothing to say (ready, not
-started).
+``kernel_state()`` reads this process's kernel from ``cpu_attention.status()`` (the background build: states not
+started / loading / waiting / building / ready / fallback) or "off" when ``MINENGINE_CPU_KERNEL=0``. The page passes
+it to ``kernel_note``, which gives the sentence, or None when there is nothing to say (ready, not started).
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,17 +26,11 @@ class KernelState:
 
 
 def kernel_state() -> KernelState:
-    """Where this process's CPU attention kernel stands (see the module docstring). Never raises."""
+    """Where this process's CPU attention kernel stands (``cpu_attention.status()``, or "off"). Never raises."""
     if cpu_attention.is_disabled():
         return KernelState("off")
-    status = getattr(cpu_attention, "status", None)
-    if status is not None:  # the background build's status API
-        s = status()
-        return KernelState(s.state.name.lower(), getattr(s, "reason", ""), getattr(s, "seconds", 0.0))
-    cache_info = getattr(cpu_attention.get_kernel, "cache_info", None)
-    if cache_info is None or not cache_info().currsize:
-        return KernelState("not_started")
-    return KernelState("ready" if cpu_attention.get_kernel() is not None else "fallback")
+    s = cpu_attention.status()
+    return KernelState(s.state.name.lower(), s.reason, s.seconds)
 
 
 def kernel_note(state: KernelState, lang: str) -> tuple[str, str] | None:
