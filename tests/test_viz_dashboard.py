@@ -3,6 +3,8 @@ legends that fit, run features for the captions, the A/B request figures, the zo
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 pytest.importorskip("plotly")
@@ -13,7 +15,7 @@ from minengine.outputs import RequestMetrics  # noqa: E402
 from minengine.viz import captions, kernel_note, presets  # noqa: E402
 from minengine.viz.batch_figure import batch_composition_figure, spec_decode_figure  # noqa: E402
 from minengine.viz.compare import ab_request_figure  # noqa: E402
-from minengine.viz.legend import MAX_SIDE_ENTRIES  # noqa: E402
+from minengine.viz.legend import ENTRIES_PER_ROW, MAX_SIDE_ENTRIES  # noqa: E402
 
 
 # ---- the kernel note ----------------------------------------------------------------------------------------------
@@ -66,8 +68,14 @@ def test_a_batch_legend_of_any_size_fits(num_requests):
     if entries <= MAX_SIDE_ENTRIES:  # at the side, in a figure tall enough for 30 px per entry
         assert fig.layout.legend.orientation != "h" and height >= 150 + 30 * entries
     else:  # below the plot, the figure grown by its rows
-        assert fig.layout.legend.orientation == "h" and fig.layout.legend.yref == "container"
-        assert height >= 450 + 30 * (entries // 4) and fig.layout.margin.b >= 90 + 30 * (entries // 4)
+        rows_px = 30 * math.ceil(entries / ENTRIES_PER_ROW)
+        legend = fig.layout.legend
+        assert legend.orientation == "h" and legend.yref == "container"
+        assert height >= 450 + rows_px and fig.layout.margin.b >= 90 + rows_px
+        # a fixed number of entries per row (a text-wide entry wraps by its names' lengths), and no cap that
+        # scrolls the rows (plotly's default: half the figure)
+        assert legend.entrywidthmode == "fraction" and legend.entrywidth * ENTRIES_PER_ROW <= 1
+        assert legend.maxheight >= rows_px
 
 
 # ---- run features (the captions' facts) ------------------------------------------------------------------------------

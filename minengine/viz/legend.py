@@ -12,7 +12,9 @@ import plotly.graph_objects as go
 ENTRY_PX = 30  # px per legend entry (a pattern swatch's row; plain markers take a little less)
 FRAME_PX = 150  # px of a figure that are not plot area: title, margins, the x axis and its title
 MAX_SIDE_ENTRIES = 20  # more than this go below the plot instead of making the figure taller
-ENTRIES_PER_ROW = 4  # entries per row of a legend below the plot, for a half-width column (the narrowest use)
+ENTRIES_PER_ROW = 3  # entries per row of a legend below the plot, each a third of the plot's width: room for
+# "request azure-39" and its swatch in a half-width column (the narrowest use); a text-wide entry (plotly's default)
+# wrapped to a number of rows that depends on the names, and the figure's rows came out short (cut, scrolled)
 BASE_HEIGHT = 450  # px: plotly's default figure height
 
 
@@ -31,4 +33,7 @@ def fit_legend(fig: go.Figure, num_entries: int, height: int | None = None, belo
     # anchored to the figure's bottom edge (container coordinates), the plot area kept above it by the margin
     fig.update_layout(height=base + legend_px, margin={"b": below_px + legend_px},
                       legend={"orientation": "h", "yref": "container", "yanchor": "bottom", "y": 0,
-                              "xanchor": "left", "x": 0, "itemsizing": "constant"})
+                              "xanchor": "left", "x": 0, "itemsizing": "constant",
+                              "entrywidthmode": "fraction", "entrywidth": 0.95 / ENTRIES_PER_ROW,
+                              # plotly's default caps a horizontal legend at half the figure and scrolls the rest
+                              "maxheight": legend_px + ENTRY_PX})
