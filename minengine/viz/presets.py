@@ -70,7 +70,8 @@ PRESET_COMPARISON = {"a": "chunked_prefill", "b": "prefix_caching", "c": "preemp
                      "e": "token_budget", "f": "speculation"}
 TRACE_SPEEDUPS = (1, 8, 32, 64, 128, 256, 512)  # preset (d): arrival times divided by this
 TRACE_SPEEDUP = 128  # the default: 40 requests of the Azure trace (24 s recorded) in 0.19 s; on the default clock
-# (H100, Llama-3-8B shapes) all 16 sequence slots fill and up to 14 requests wait. At 1x at most 2 ran at once (checked 2026-12-02).
+# (H100, Llama-3-8B shapes) all 16 sequence slots fill and up to 14 requests wait; at 1x at most 2 ran at once
+# (checked 2026-12-02).
 
 
 def _ids(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
