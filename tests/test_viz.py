@@ -712,8 +712,11 @@ def test_batch_bars_mark_accepted_and_rejected_proposals():
               ScheduledChunk("r2", 16, 0, True, False)]
     tr = StepTrace(0, 0.0, 1.0, 32, chunks, 3, 0, 10, 0, 10, [], [], [], 0, 0)
     fig = viz.batch_composition_figure([tr], "en")
-    bars = {(d.name, shape): y for d in fig.data if d.type == "bar"
+    bars = {(d.name, shape): y for d in fig.data if d.type == "bar" and d.y != (None,)
             for y, shape in zip(d.y, d.marker.pattern.shape)}
+    # the two patterns' legend entries: empty bars, one each, with the bars' patterns
+    legend = {d.name: d.marker.pattern.shape for d in fig.data if d.type == "bar" and d.y == (None,)}
+    assert legend == {"accepted proposals (dotted)": ".", "rejected proposals (crossed)": "x"}
     assert bars == {("request r0", ""): 1, ("r0 accepted proposals", "."): 3, ("r0 rejected proposals", "x"): 1,
                     ("request r1", ""): 1, ("request r2", "/"): 16}
     assert sum(bars.values()) == tr.num_scheduled_tokens  # proposals count in the token budget
