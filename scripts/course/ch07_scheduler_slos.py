@@ -136,32 +136,44 @@ from minengine.workloads.traces import Trace
               ("fewer than 90 % met the SLO at the top rate", top["attainment"] < 0.9 <= kept["attainment"])])
     """),
     md("""
-    `find_capacity` searches the highest Poisson rate at which at least 90 % of requests meet the SLO and the median
-    queueing delay stays bounded (Sarathi-Serve's method): it doubles the rate until a probe fails (halves it while they
-    fail), then bisects between the highest passing and the lowest failing rate, within `max_probes` probes in all (8 here;
-    4 in fast mode, which can run out before it bisects; the conclusion says which happened).
+    `find_capacity` first measures the engine's **maximum throughput** on this workload: a probe's requests all at once,
+    completed requests per second. No arrival rate above it can be sustained (the queue grows without end, however well
+    the first requests fare), so the search never goes above it. Then it looks for the highest Poisson rate at which at
+    least 90 % of the measured requests (the first quarter of each probe, a warm-up, is not counted) meet the SLO and
+    their median queueing delay stays bounded (Sarathi-Serve's method): it doubles the rate until a probe fails (halves
+    it while they fail), then bisects, within `max_probes` probes (8 here, 4 in fast mode). A probe measures a steady
+    state only with many requests per running slot (8 per slot by default: 128 requests, full mode); fast mode's probes
+    of 32 requests for 16 slots measure a transient, and the result says so.
     """),
     code("""
-    capacity = find_capacity(slo, lengths=lengths, num_requests=N, start_rate=r0 / 2, max_probes=pick(8, 4), clock=TEACHING_CLOCK, **CONFIG)
+    capacity = find_capacity(slo, lengths=lengths, num_requests=pick(None, N), max_probes=pick(8, 4), clock=TEACHING_CLOCK, **CONFIG)
+    print(f"maximum throughput: {capacity.max_throughput:.1f} requests/s ({capacity.num_requests} requests at once, at most "
+          f"{capacity.peak_running} running); {capacity.warmup_requests} warm-up requests per probe not measured")
     for p in capacity.probes:
-        print(f"probe {p.rate:6.1f}/s: SLO attainment {p.attainment:.0%}, median queue delay {p.median_queue_delay_s * 1000:.1f} ms -> {'pass' if p.passed else 'fail'}")
+        print(f"probe {p.rate:6.1f}/s: SLO attainment {p.attainment:.0%}, median queue delay {p.median_queue_delay_s * 1000:.1f} ms, "
+              f"completed {p.throughput:5.1f}/s -> {'pass' if p.passed else 'fail'}")
     """),
     conclusion("""
-    passed_so_far = [p.passed for p in capacity.probes]
-    bracketing = next((k + 1 for k in range(len(passed_so_far)) if len(set(passed_so_far[: k + 1])) == 2), len(passed_so_far))
-    bisecting = len(capacity.probes) - bracketing
-    search = (f"{bracketing} probes bracketed it, then {bisecting} bisected the bracket to a factor of "
-              f"{capacity.failing_rate / capacity.capacity:.2f}" if bisecting else
-              f"{bracketing} probes bracketed it and the limit of {len(capacity.probes)} probes left none to bisect: the bracket is a factor of "
-              f"{capacity.failing_rate / capacity.capacity:.1f} wide")
+    mu = capacity.max_throughput
+    if capacity.bound == "slo":
+        search = (f"a probe at {capacity.failing_rate:.1f} req/s failed, {capacity.failing_rate / capacity.capacity:.2f}x the capacity, "
+                  f"below the maximum throughput: the SLO, not the throughput, sets it")
+    elif capacity.bound == "throughput":
+        search = ("every probed rate up to the maximum throughput met the SLO, so the engine's throughput sets the number, not "
+                  "the SLO: no faster arrival rate can be sustained")
+    else:
+        search = f"no probe failed within the {len(capacity.probes)} probes: the number is a lower bound"
     queue_decided = [p for p in capacity.probes if p.passed != (p.attainment >= 0.9)]   # passed on attainment, failed on queueing
-    conclude(f"Capacity under *{slo}*: **{capacity.describe()}** ({capacity.clock_label}, budget 256, 16 slots), between the highest "
-             f"passing probe and the lowest failing one ({capacity.failing_rate:.1f} req/s): {search}. The queueing bound (median under 2 s) "
-             f"decided no probe (the largest median was {max(p.median_queue_delay_s for p in capacity.probes) * 1000:.1f} ms): each passed or failed "
-             f"on its SLO attainment alone, so the same search gives DistServe's **goodput**, the highest rate keeping the attainment at 90 %: "
-             f"{capacity.capacity:.1f} req/s here too.",
-             [("the search found a passing and a failing rate", capacity.bounded),
+    conclude(f"Capacity under *{slo}*: **{capacity.describe()}** ({capacity.clock_label}, budget 256, 16 slots). The engine completes "
+             f"at most {mu:.1f} requests/s on this workload, and the capacity is at or below it: {search}. The queueing bound (median "
+             f"under 2 s) decided no probe (the largest median was {max(p.median_queue_delay_s for p in capacity.probes) * 1000:.1f} ms): "
+             f"each passed or failed on its SLO attainment alone, so the same search gives DistServe's **goodput**, the highest rate "
+             f"keeping the attainment at 90 %: {capacity.capacity:.1f} req/s here too.",
+             [("the capacity never exceeds the measured maximum throughput", 0 < capacity.capacity <= mu * (1 + 1e-9)),
               ("the capacity is above the light load", capacity.capacity > 0.25 * r0),
+              ("the SLO or the throughput bounds it", capacity.bound in ("slo", "throughput")),
+              ("a steady state exactly when a probe has 8 requests per running slot",
+               capacity.steady == (capacity.num_requests >= 8 * capacity.peak_running)),
               ("attainment alone decided every probe, so goodput = capacity", not queue_decided)])
     """),
     md("""
