@@ -149,6 +149,22 @@ def test_structure(chapter):
             assert cell.outputs == [] and cell.execution_count is None, "notebooks are committed without outputs"
 
 
+def test_notebooks_are_built_from_their_sources(tmp_path, monkeypatch):
+    """Each committed notebook is byte for byte what ``scripts/build_notebooks.py`` writes from its source
+    ``scripts/course/chNN_*.py`` (so no cell lives only in a notebook), and every source has its notebook."""
+    from scripts import build_notebooks
+
+    monkeypatch.syspath_prepend(str(build_notebooks.COURSE_DIR))
+    assert build_notebooks.CHAPTERS == CHAPTERS, "a chapter source without its notebook, or the reverse"
+    for chapter in CHAPTERS:
+        rebuilt = tmp_path / f"{chapter}.ipynb"
+        nbformat.write(build_notebooks.build(chapter), rebuilt)
+        committed = (NOTEBOOKS_DIR / f"{chapter}.ipynb").read_bytes()
+        assert rebuilt.read_bytes() == committed, (
+            f"notebooks/{chapter}.ipynb differs from its source: edit scripts/course/ch{chapter}.py and run "
+            "python scripts/build_notebooks.py")
+
+
 def test_chinese_terms_follow_the_glossary_rules():
     """令牌 is not the Chinese for token (词元 is, or "token"); chunk is 分块 (块 alone is the KV block)."""
     for chapter in CHAPTERS:
