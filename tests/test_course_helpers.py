@@ -125,3 +125,59 @@ def test_check_function_with_a_tolerance_checks_every_case(capsys):
     assert f"wrong for ('CPU (2 cores, fitted)', 3.0): got {3.0 * h100_only:.5g}" in out and out.count("FAIL") == 3
     with pytest.raises(ValueError, match="rel_tol"):
         check_function("f", abs, cases, rel_tol=-1)
+
+
+# A stand-in for ``python -m minengine serve``: sleeps, optionally prints and exits, then answers /health.
+_FAKE_SERVER = """
+import http.server, sys, time
+argv = sys.argv[1:]
+port = int(argv[argv.index("--port") + 1])
+delay, exit_code = float(argv[0]), int(argv[1])
+print("loading the model", flush=True)
+time.sleep(delay)
+if exit_code:
+    print("boom: no such model", flush=True)
+    sys.exit(exit_code)
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def _fake_server(tmp_path, delay_s: float, exit_code: int = 0, **kwargs):
+    import sys
+
+    from minengine.course.serving import ServerProcess
+
+    script = tmp_path / "fake_server.py"
+    script.write_text(_FAKE_SERVER)
+    return ServerProcess([str(delay_s), str(exit_code)], program=[sys.executable, str(script)], **kwargs)
+
+
+def test_server_process_waits_for_a_slow_start_and_says_so(tmp_path, capsys):
+    server = _fake_server(tmp_path, delay_s=2.5, timeout_s=60, progress_every_s=1.0)
+    try:
+        assert server.running
+        out = capsys.readouterr().out
+        assert "still starting the server" in out and "loading the model" in out  # progress with its last line
+    finally:
+        assert server.stop() is not None and not server.running
+
+
+def test_server_process_fails_with_a_clear_message_not_a_traceback(tmp_path):
+    from minengine.course.serving import ServerStartError
+
+    with pytest.raises(ServerStartError, match=r"did not answer /health within 1 s") as late:
+        _fake_server(tmp_path, delay_s=60, timeout_s=1.0, progress_every_s=100)
+    message = late.value._render_traceback_()  # what IPython shows instead of a traceback
+    assert message[0].startswith("ServerStartError: the server did not answer")
+    assert any("loading the model" in line for line in message) and any("MINENGINE_CPU_KERNEL=0" in line
+                                                                        for line in message)
+    assert not any("Traceback" in line or ".py\", line" in line for line in message)
+    with pytest.raises(ServerStartError, match=r"exited with code 3") as died:
+        _fake_server(tmp_path, delay_s=0, exit_code=3)
+    assert "boom: no such model" in str(died.value)

@@ -35,6 +35,10 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     tokens. Here it runs as a real subprocess on a free port, with the bundled model and a small KV pool so the numbers
     are easy to follow. This chapter's times are **wall-clock** times of this machine (a server lives in real time),
     so its sentences state counts and blocks, never speeds.
+
+    Starting takes a few seconds, longer on a busy machine (the server loads the model and may first build the C++
+    attention kernel): the cell prints its progress every 20 s, and if the server exits or has not answered `/health`
+    within 9 minutes it stops with a message saying why and what to try, not a traceback.
     """),
     code("""
     SERVER_ARGS = ["--max-model-len", "512", "--num-kv-blocks", "256", "--max-num-batched-tokens", "256", "--max-num-seqs", "32"]
