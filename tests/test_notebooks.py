@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ CELL_TIMEOUT_S = 600
 SOLUTION_RE = re.compile(r"```python\n(.*?)\n```", re.S)
 CJK_RE = re.compile(r"[\u4e00-\u9fff]")
 WIDGET_RE = re.compile(r"interact_manual\((\w+)")
+EXECUTED: dict = {}  # chapter -> its executed (instrumented) notebook, for the site test at the end
+SITE_PAGES = ("02_paged_attention", "11_attention_kernels", "13_spec_decode_math")  # opened in the browser
 
 
 def load(chapter: str):
@@ -87,7 +90,8 @@ def instrumented(nb):
             cells.append(nbformat.v4.new_code_cell(solution_of[i], metadata={"tags": ["test-restore"]}))
         match = WIDGET_RE.search(cell.source) if cell.cell_type == "code" else None
         if match:
-            cells.append(nbformat.v4.new_code_cell(f"{match.group(1)}()  # test: the widget's experiment"))
+            cells.append(nbformat.v4.new_code_cell(f"{match.group(1)}()  # test: the widget's experiment",
+                                                   metadata={"tags": ["test-widget-call"]}))
     nb.cells = cells
     return nb
 
@@ -252,6 +256,7 @@ def test_executes_with_solutions_and_rejects_wrong_answers(chapter, monkeypatch)
     nb = instrumented(load(chapter))
     nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOKS_DIR)}}).execute()
+    EXECUTED[chapter] = nb
     outputs = list(all_outputs(nb))
     errors = [o for o in outputs if o.get("output_type") == "error"]
     assert not errors, f"error outputs: {[e.get('ename') + ': ' + e.get('evalue', '') for e in errors]}"
@@ -272,6 +277,43 @@ def test_executes_with_solutions_and_rejects_wrong_answers(chapter, monkeypatch)
             rendered = [o for o in cell.get("outputs", []) if o.get("output_type") in ("display_data", "execute_result")
                         and ("text/markdown" in o.get("data", {}) or "text/html" in o.get("data", {}))]
             assert rendered, f"a conclusion cell rendered nothing: {cell.source[:120]!r}"
+
+
+def test_site_from_executed_notebooks(tmp_path):
+    """The course site (``scripts/build_site.py --fast``) built from the notebooks executed above, without static
+    images; three pages opened in headless Chromium: every figure block drawn by plotly.js (SVG paths present), no
+    JavaScript error, no request outside the site's folder, and every block carries its ``<noscript>`` fallback."""
+    if not EXECUTED:
+        pytest.skip("no chapter was executed in this session")
+    from scripts import build_site
+
+    start = time.perf_counter()
+    pages = {p.stem: p for p in build_site.build_site(dict(EXECUTED), tmp_path, with_images=False)}
+    built_s = time.perf_counter() - start
+    assert set(pages) == set(EXECUTED) and (tmp_path / "index.html").exists()
+    index = (tmp_path / "index.html").read_text()
+    assert all(f'href="{c}.html"' in index for c in pages), "the index links every page"
+    for chapter, page in pages.items():
+        text = page.read_text()
+        assert "cdnjs" not in text and "unpkg.com" not in text, f"{chapter}: a script from a CDN"
+        blocks = text.count('class="minengine-figure"')
+        assert blocks == text.count("<noscript>"), f"{chapter}: a figure without its fallback"
+        assert "test-wrong" not in text and "# test: the widget" not in text
+    print(f"site: {len(pages)} pages in {built_s:.1f} s")
+    pytest.importorskip("playwright.sync_api")
+    from tests.site_checks import CHROMIUM, figures_drawn
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
+    chosen = [c for c in SITE_PAGES if c in pages] or sorted(pages)
+    chosen = (chosen + [c for c in sorted(pages) if c not in chosen])[:3]
+    seen = figures_drawn([pages[c] for c in chosen])
+    for name, page in seen.items():
+        assert page["errors"] == [] and page["outside"] == [], f"{name}: {page['errors']} {page['outside']}"
+        assert page["figures"], f"{name}: no figure"
+        undrawn = [i for i, f in enumerate(page["figures"]) if not (f["drawn"] and f["paths"] > 0)]
+        assert not undrawn, f"{name}: figures {undrawn} not drawn"
+    print("drawn:", {name: len(page["figures"]) for name, page in seen.items()})
 
 
 class _CountdownEngine:

@@ -311,7 +311,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     fig.add_trace(go.Scatter(x=lengths, y=[attention_flops(n_, n_, D, HQ) / H100.peak_flops_16bit * 1e3 for n_ in lengths],
                              name="compute roof alone (FLOPs / peak)", mode="lines", line=dict(dash="dot", color="black")))
     titled(fig, "One layer's attention for a prefill of n tokens: the roofline time of each kernel", clock_label=ROOFLINE)
-    fig.update_layout(xaxis=dict(title="prompt length n (tokens)", type="log"), yaxis=dict(title="ms per layer (roofline bound)", type="log"),
+    fig.update_layout(xaxis=dict(title="prompt length n (tokens)", type="log", tickvals=lengths), yaxis=dict(title="ms per layer (roofline bound)", type="log", dtick=1),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0), height=520)
     fig.show()
     for n_ in (8192,):
@@ -368,7 +368,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
                                  mode="lines+markers", line=dict(dash=dash)))
     titled(fig, "Decode attention per request and layer: split-K fills the SMs at batch 1",
            clock_label=ROOFLINE + "; occupancy model: P programs stream at most P/132 of the bandwidth")
-    fig.update_layout(xaxis=dict(title="context c (tokens)", type="log"), yaxis=dict(title="ms per request per layer", type="log"))
+    fig.update_layout(xaxis=dict(title="context c (tokens)", type="log", tickvals=contexts), yaxis=dict(title="ms per request per layer", type="log", dtick=1))
     fig.show()
     """),
     conclusion("""
@@ -493,7 +493,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
                   f"({'memory' if nbytes / H100.memory_bandwidth > flops / H100.peak_flops_16bit else 'compute'}-bound)")
         fig = go.Figure(go.Bar(x=list(rows), y=[b / 1e9 for b in rows.values()]))
         titled(fig, f"HBM bytes of one layer's attention, prefill of {n:,} tokens", clock_label=ROOFLINE)
-        fig.update_layout(yaxis=dict(title="GB per layer", type="log"))
+        fig.update_layout(yaxis=dict(title="GB per layer", type="log", dtick=1))
         fig.show()
 
 

@@ -251,7 +251,7 @@ torch.set_num_threads(1)   # everything timed here runs on one pinned torch thre
                              mode="lines+markers", line=dict(color="#d62728")))
     titled(fig, "Host time vs device time of one decode step",
            clock_label=f"host: measured on this CPU (1 thread, CPU time, medians, load {load:.1f}); device: modelled H100 SXM, 1,024-token contexts")
-    fig.update_layout(xaxis=dict(title="running decodes B", type="log"), yaxis=dict(title="ms per step", type="log"),
+    fig.update_layout(xaxis=dict(title="running decodes B", type="log", tickvals=BATCHES), yaxis=dict(title="ms per step", type="log", dtick=1),
                       legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0), height=480)
     fig.show()
     """),
@@ -300,7 +300,7 @@ torch.set_num_threads(1)   # everything timed here runs on one pinned torch thre
     step_ms = {p: [models[p].cost(StepWork.of([(1, 1024, 1)] * b)).time_s * 1e3 for b in sweep] for p in PROFILES}
     fig = go.Figure([go.Scatter(x=sweep, y=step_ms[p], name=f'engine "{p}"', mode="lines+markers") for p in PROFILES])
     titled(fig, "Modelled decode step time by engine profile (Llama-3-8B, 1,024-token contexts)", clock_label=models["vllm"].label + ", three engine profiles")
-    fig.update_layout(xaxis=dict(title="running decodes B", type="log"), yaxis=dict(title="ms per step", type="log"))
+    fig.update_layout(xaxis=dict(title="running decodes B", type="log", tickvals=sweep), yaxis=dict(title="ms per step", type="log", dtick="D2"))
     fig.show()
     pair = {f"B={b}, {p}": models[p].cost(StepWork.of([(1, 1024, 1)] * b)) for b in (1, 256) for p in ("vllm", "cuda-graph")}
     titled(roofs_figure(pair), "Compute time, memory time and the modelled step (the gap above both roofs is host time)").show()

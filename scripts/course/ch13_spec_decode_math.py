@@ -233,7 +233,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
     batches = [1, 4, 16, 32, 64, 128, 256, 512]
     fig = go.Figure([go.Scatter(x=batches, y=[break_even_alpha(k, b) for b in batches], name=f"k = {k}", mode="lines+markers") for k in (1, 2, 4, 8)])
     titled(fig, "Break-even acceptance α: speculation pays above the line")
-    fig.update_layout(xaxis=dict(title="running decodes B", type="log"), yaxis=dict(title="break-even α", range=[0, 1]))
+    fig.update_layout(xaxis=dict(title="running decodes B", type="log", tickvals=batches), yaxis=dict(title="break-even α", range=[0, 1]))
     fig.show()
     for b in (1, 64, 256):
         print(f"B = {b:3d}: a 5-token verify step costs {step_s(b, 5) / step_s(b, 1):.2f}x a decode; speedup at α = 0.6, k = 4: {speedup(0.6, 4, b):.2f}x")
