@@ -207,7 +207,7 @@ CELLS = [
 
     kernel = cpu_attention.kernel_for(q, k_cache)  # None without a C++ compiler or with MINENGINE_CPU_KERNEL=0
     if kernel is None:
-        print("no C++ kernel here: the engine attends by the gather + SDPA of the cell above")
+        print(f"no C++ kernel here ({cpu_attention.status().message}): the engine attends by the gather + SDPA of the cell above")
     else:
         in_place = torch.empty_like(q)
         # one request, all seq tokens new (q_len = seq), its block table as one row, its length

@@ -414,7 +414,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     md("""
     ## The real things: the engine's two kernels
     Two kernels of the engine read a paged cache in place:
-    - `minengine/layers/cpu_attention.cpp` (C++, built at first use): per request and KV head, tiles of up to 4 query
+    - `minengine/layers/cpu_attention.cpp` (C++, compiled once per machine, in the background): per request and KV head, tiles of up to 4 query
       rows (the G heads of the KV head times the new tokens); it reads the keys in one pass, keeps the scores in
       per-thread scratch, takes an exact softmax, then reads the values in a second pass. A CPU's contexts are short
       enough to keep a row of scores, so it needs no online rescaling;
@@ -457,7 +457,9 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     triton_error = (triton_out.double() - reference).abs().max().item()
     print(f"Triton kernel (interpreted, {sum(q_lens) * hq} programs, {triton_s:.1f} s wall): max |triton - dense| = {triton_error:.1e}")
 
-    kernel = cpu_attention.kernel_for(query, kc)            # None without a C++ compiler or with MINENGINE_CPU_KERNEL=0
+    # The kernel is compiled once per machine, in the background while engines run the torch path; here we wait for it
+    # (at most 3 minutes). None without a C++ compiler, with MINENGINE_CPU_KERNEL=0, or if its build failed.
+    kernel = cpu_attention.get_kernel(timeout_s=180) if cpu_attention.applies(query.device, query.dtype, hd) else None
     cpp_error = None
     if kernel is not None:
         cpp_out = torch.empty_like(query)
@@ -466,7 +468,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
         cpp_error = (cpp_out.double() - reference).abs().max().item()
         print(f"C++ kernel: max |c++ - dense| = {cpp_error:.1e}")
     else:
-        print("no C++ kernel here (no compiler, or MINENGINE_CPU_KERNEL=0): the engine's CPU path gathers and calls SDPA")
+        print(f"no C++ kernel here ({cpu_attention.status().message}): the engine's CPU path gathers and calls SDPA")
     """),
     conclusion("""
     checks = [("the Triton kernel equals dense attention (float32 rounding)", triton_error < 1e-5)]

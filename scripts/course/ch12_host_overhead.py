@@ -39,7 +39,13 @@ from minengine.timing.model_shape import LLAMA_3_8B
 from minengine.viz.cost_figures import roofs_figure
 from minengine.worker.cuda_graphs import capture_sizes_for, padded_size
 
+from minengine.layers import cpu_attention
+
 torch.set_num_threads(1)   # everything timed here runs on one pinned torch thread
+# The engine's C++ attention kernel is compiled once per machine, in the background (engines run the torch path until
+# it is ready): wait for it, so every measurement and count below runs the same attention path.
+cpu_attention.get_kernel(timeout_s=180)
+print("CPU attention:", cpu_attention.status().message)
 """),
     md("""
     ## Two machines in one step
