@@ -51,9 +51,31 @@ def test_state_recorder_sees_every_transition_and_the_figure_knows_them():
         assert path[0] is RequestStatus.WAITING and path[-1].finished
         assert all((a, b) in known for a, b in zip(path, path[1:]))
     fig = state_machine_figure(rec.pairs())
-    assert {t for t in fig.data[0].text} == {s.name for s in RequestStatus}
+    assert {t.replace("<br>", "_") for t in fig.data[0].text} == {s.name for s in RequestStatus}
     with pytest.raises(ValueError, match="not in the state machine"):
         state_machine_figure([(RequestStatus.FINISHED_LENGTH, RequestStatus.RUNNING)])
+
+
+def test_state_machine_labels_overlap_nothing():
+    """Issue 22: the edge labels overlapped. Every label box (estimated from its text at the figure's fixed size)
+    is clear of every other label and every state, inside the figure, whichever arrows were taken."""
+    from collections import Counter
+
+    from minengine.viz import state_machine as sm
+
+    def overlap(a, b):
+        return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+    pairs = [(a, b) for a, b, _ in sm.REQUEST_TRANSITIONS]
+    for counts in (Counter(), Counter(dict.fromkeys(pairs, 999)), Counter(dict.fromkeys(pairs[::2], 12)),
+                   Counter(dict.fromkeys(pairs[1::3], 7))):
+        boxes, nodes = sm.label_boxes(sm.label_layout(counts)), sm.node_boxes()
+        sx, sy = sm._px_per_unit()
+        for i, box in enumerate(boxes):
+            assert not any(overlap(box, other) for other in boxes[:i]), (i, counts)
+            assert not any(overlap(box, node) for node in nodes), (i, counts)
+            assert sm._X_RANGE[0] * sx <= box[0] and box[2] <= sm._X_RANGE[1] * sx
+            assert sm._Y_RANGE[0] * sy <= box[1] and box[3] <= sm._Y_RANGE[1] * sy
 
 
 def test_cost_figures_place_steps_under_the_roofs():

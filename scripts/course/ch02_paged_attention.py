@@ -267,21 +267,35 @@ CELLS = [
                     "answer_1 = table_of_rid[position // 16] + position % 16  # a block id is not a slot",
                     "answer_1 = table_of_rid[position // 16] * 16  # forgot the offset inside the block"]),
     *exercise(2, """
-        A request has a 100-token prompt and generates 30 tokens (`block_size = 16`). During its **last** step, how many
-        of its tokens have K/V in the cache, and how many blocks does it hold? Answer `(tokens, blocks)`.
+        A request has a `prompt_len`-token prompt and generates `output_len` tokens (`block_size = 16`). During its
+        **last** step, how many of its tokens have K/V in the cache, and how many blocks does it hold? Write a function
+        `answer_2(prompt_len, output_len)` returning `(tokens, blocks)`; it is checked on several lengths (a 100-token
+        prompt with 30 outputs, lengths that fill a block exactly, one output token, ...), each against the engine's run.
         """, """
-        The last step computes the K/V of the 129th token and samples the 130th, whose K/V is never needed.
+        The last step computes the K/V of token `prompt_len + output_len - 1` and samples the last one, whose K/V is never
+        needed. A partly filled block is held whole.
         """, "answer_2",
-        "answer_2 = (100 + 30 - 1, math.ceil((100 + 30 - 1) / 16))",
         """
-        eng2 = LLMEngine.from_config(model=COURSE_MODEL, block_size=16, trace_block_tables=True)
-        eng2.add_request("x", {"prompt_token_ids": [5] * 100}, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
-        run_to_completion(eng2)
-        last = eng2.traces[-1]
-        check("Exercise 2: tokens cached and blocks held in the last step", answer_2,
-              (last.chunks[0].start_pos + last.chunks[0].num_tokens, len(last.block_tables["x"])))
-        """, wrong=["answer_2 = (100 + 30, math.ceil((100 + 30) / 16))  # the 130th token's K/V is never computed",
-                    "answer_2 = (100 + 30 - 1, (100 + 30 - 1) // 16)  # floor: the partly filled last block counts too"]),
+        def answer_2(prompt_len, output_len):
+            cached = prompt_len + output_len - 1
+            return (cached, math.ceil(cached / 16))
+        """,
+        """
+        def last_step_of(prompt_len, output_len):
+            eng2 = LLMEngine.from_config(model=COURSE_MODEL, block_size=16, trace_block_tables=True)
+            eng2.add_request("x", {"prompt_token_ids": [5] * prompt_len}, SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True))
+            run_to_completion(eng2)
+            last = eng2.traces[-1]
+            return (last.chunks[0].start_pos + last.chunks[0].num_tokens, len(last.block_tables["x"]))
+
+        # Lengths where floor and ceiling, "+1" and "-1" disagree: a block filled exactly, one past it, a single output token.
+        lengths = [(100, 30), (16, 1), (16, 2), (17, 16), (32, 17), (5, 12)]
+        check_function("Exercise 2: tokens cached and blocks held in the last step", answer_2,
+                       [((p, o), last_step_of(p, o)) for p, o in lengths])
+        """, wrong=["def answer_2(prompt_len, output_len):  # the last token's K/V is never computed\n    return (prompt_len + output_len, math.ceil((prompt_len + output_len) / 16))",
+                    "def answer_2(prompt_len, output_len):  # floor: the partly filled last block counts too\n    return (prompt_len + output_len - 1, (prompt_len + output_len - 1) // 16)",
+                    "def answer_2(prompt_len, output_len):  # two slips that cancel at 100 + 30: both hold 9 blocks\n    return (prompt_len + output_len - 1, math.ceil((prompt_len + output_len) / 16))",
+                    "def answer_2(prompt_len, output_len):  # a block for the token being sampled\n    return (prompt_len + output_len - 1, (prompt_len + output_len - 1) // 16 + 1)"]),
     *exercise(3, """
         Using `final_lens` (the final lengths of the workload above), what fraction of the slots held by a paged cache
         with `block_size = 64` is wasted? Answer a number between 0 and 1.
