@@ -203,3 +203,29 @@ def test_server_process_fails_with_a_clear_message_not_a_traceback(tmp_path):
     with pytest.raises(ServerStartError, match=r"exited with code 3") as died:
         _fake_server(tmp_path, delay_s=0, exit_code=3)
     assert "boom: no such model" in str(died.value)
+
+
+def test_course_log_axes_label_decades_only():
+    """Issue 22: log axes printed stray minor-tick digits ("2", "5" between decades). Every chapter's setup cell
+    installs the course template, and under it every axis of a new figure (overlaid ones too) has no minor log
+    labels (a kaleido render of such an axis 1-3,000 gives the ticks 1, 10, 100, 1000 and nothing else)."""
+    import json
+    from pathlib import Path
+
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from minengine.viz.template import use_course_template
+
+    before = pio.templates.default
+    try:
+        assert use_course_template() == "plotly+minengine"
+        fig = go.Figure(go.Scatter(x=[1, 3000], y=[1, 2]))
+        fig.update_layout(xaxis={"type": "log"}, yaxis2={"type": "log", "overlaying": "y"})
+        axes = fig.to_dict()["layout"]["template"]["layout"]
+        assert axes["xaxis"]["minorloglabels"] == axes["yaxis"]["minorloglabels"] == "none"
+    finally:
+        pio.templates.default = before
+    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+        assert "use_course_template()" in "".join(cells[0]["source"]), path.name

@@ -93,6 +93,9 @@ import minengine.viz as viz
 from minengine import LLM, EngineConfig, LLMEngine, SamplingParams
 from minengine.course import (CLOCK_LABEL, COURSE_MODEL, FAST, check, check_close, check_function, claim, conclude,
                               modelled_engine, pick, run_to_completion, run_with_arrivals, show, titled)
+from minengine.viz.template import use_course_template
+
+use_course_template()   # log axes label their decades only (no stray "2", "5" between them)
 
 print("fast mode (MINENGINE_FAST=1):", FAST, "| model:", COURSE_MODEL or "bundled tiny Shakespeare Llama",
       "| teaching clock:", CLOCK_LABEL)

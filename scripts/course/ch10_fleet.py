@@ -27,7 +27,9 @@ from minengine.timing.hardware import HARDWARE
 from minengine.timing.model_shape import LLAMA_3_8B, MODEL_SHAPES
 from minengine.workloads import (Trace, TraceRequest, azure_conv_path, find_data_dir, load_azure_trace, load_mooncake_trace,
                                  mooncake_path, replay, speed_up, synthetic_trace)
+from minengine.viz.template import use_course_template
 
+use_course_template()   # log axes label their decades only (no stray "2", "5" between them)
 print("fast mode (MINENGINE_FAST=1):", FAST, "| torch loaded:", "torch" in sys.modules)
 """
 

@@ -306,7 +306,7 @@ print("CPU attention:", cpu_attention.status().message)
     step_ms = {p: [models[p].cost(StepWork.of([(1, 1024, 1)] * b)).time_s * 1e3 for b in sweep] for p in PROFILES}
     fig = go.Figure([go.Scatter(x=sweep, y=step_ms[p], name=f'engine "{p}"', mode="lines+markers") for p in PROFILES])
     titled(fig, "Modelled decode step time by engine profile (Llama-3-8B, 1,024-token contexts)", clock_label=models["vllm"].label + ", three engine profiles")
-    fig.update_layout(xaxis=dict(title="running decodes B", type="log", tickvals=sweep), yaxis=dict(title="ms per step", type="log", dtick="D2"))
+    fig.update_layout(xaxis=dict(title="running decodes B", type="log", tickvals=sweep), yaxis=dict(title="ms per step", type="log"))
     fig.show()
     pair = {f"B={b}, {p}": models[p].cost(StepWork.of([(1, 1024, 1)] * b)) for b in (1, 256) for p in ("vllm", "cuda-graph")}
     titled(roofs_figure(pair), "Compute time, memory time and the modelled step (the gap above both roofs is host time)").show()
