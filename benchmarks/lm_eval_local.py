@@ -30,16 +30,13 @@ import os
 import platform
 import random
 import re
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
-
 from minengine import LLM, SamplingParams, TokensPrompt
 from minengine.config import BUNDLED_MODEL
+from minengine.entrypoints.server_process import ServerProcess
 from minengine.workloads import find_data_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,28 +90,9 @@ def make_tasks(data_dir: Path, num_mc: int, num_speaker: int, seed: int) -> dict
     return docs
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "minengine", "serve", BUNDLED_MODEL, "--port", str(port),
-                             "--max-model-len", str(MAX_MODEL_LEN), "--enable-tokenizer-info-endpoint",
-                             "--uvicorn-log-level", "warning"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"minengine serve exited: {proc.stdout.read()}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.terminate()
-    raise RuntimeError("minengine serve did not come up")
+def start_server() -> ServerProcess:
+    return ServerProcess([BUNDLED_MODEL, "--max-model-len", str(MAX_MODEL_LEN), "--enable-tokenizer-info-endpoint"],
+                         timeout_s=180)
 
 
 def lm_eval_command(port: int, out_dir: Path) -> list[str]:
@@ -236,13 +214,12 @@ def main() -> None:
     if data_dir is None or not (data_dir / "text" / "tinyshakespeare.txt").is_file():
         ap.error("no shared/data/text/tinyshakespeare.txt: pass --data-dir or set MINENGINE_DATA")
     docs = make_tasks(data_dir, a.num_mc, a.num_speaker, a.seed)
-    port = free_port()
-    server = start_server(port)
+    server = start_server()
+    port = server.port
     try:
         results, samples, wall = run_lm_eval(port, RESULTS / "lm_eval_run")
     finally:
-        server.terminate()
-        server.communicate(timeout=60)
+        server.stop(timeout_s=60)
     report = compare(results, samples, offline(docs))
     report.update(lm_eval_version=getattr(lm_eval, "__version__", "0.4.13"), num_mc=a.num_mc,
                   num_speaker=a.num_speaker, seed=a.seed, lm_eval_wall_s=wall, date=time.strftime("%Y-%m-%d"),

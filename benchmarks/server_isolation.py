@@ -13,13 +13,13 @@ import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
+
+from minengine.entrypoints.server_process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results" / "server_isolation.json"
@@ -66,25 +66,15 @@ def refuse_25_mb(url: str) -> dict:
     return {"body_bytes": len(body), "refused_413_median_s": statistics.median(times)}
 
 
-def start(port: int, *flags: str) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "minengine", "serve", "--port", str(port), "--max-model-len",
-                             "4096", "--uvicorn-log-level", "warning", "--num-cpu-threads", "1", *flags],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server did not start")
+def start(*flags: str) -> ServerProcess:
+    return ServerProcess(["--max-model-len", "4096", "--num-cpu-threads", "1", *flags], timeout_s=120,
+                         env={"OMP_NUM_THREADS": "1"})
 
 
-def sigterm_with_a_long_stream(port: int, shutdown_timeout: float) -> dict:
+def sigterm_with_a_long_stream(shutdown_timeout: float) -> dict:
     """Seconds from SIGTERM to the process's exit while a stream of 4,000 tokens runs, and how it ended."""
-    proc = start(port, "--shutdown-timeout", str(shutdown_timeout))
-    url, lines = f"http://127.0.0.1:{port}", []
+    server = start("--shutdown-timeout", str(shutdown_timeout))
+    proc, url, lines = server.process, server.url, []
 
     def stream():
         body = {"prompt": "ROMEO:", "max_tokens": 4000, "ignore_eos": True, "stream": True}
@@ -106,15 +96,12 @@ def sigterm_with_a_long_stream(port: int, shutdown_timeout: float) -> dict:
 
 def main() -> None:
     load = os.getloadavg()
-    port = 18000 + os.getpid() % 1000
-    proc = start(port)
+    server = start()
     try:
-        url = f"http://127.0.0.1:{port}"
-        result = {"health": health_during_huge_prompt(url), "body_25_mb": refuse_25_mb(url)}
+        result = {"health": health_during_huge_prompt(server.url), "body_25_mb": refuse_25_mb(server.url)}
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-    result["sigterm"] = sigterm_with_a_long_stream(port + 1, 1.0)
+        server.stop(timeout_s=60)
+    result["sigterm"] = sigterm_with_a_long_stream(1.0)
     result["load_average_before_after"] = [round(x, 2) for x in (*load, *os.getloadavg())]
     result["machine"] = f"{os.cpu_count()} CPUs"
     OUT.write_text(json.dumps(result, indent=2) + "\n")

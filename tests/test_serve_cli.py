@@ -2,50 +2,32 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 
 from minengine.__main__ import main
+from minengine.entrypoints.server_process import ServerProcess
 from tests.server_helpers import free_socket, running_server
 
 
 def test_serve_command_answers_the_openai_client(bundled_model):
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()  # the server binds it next
     # with the flags a vLLM user passes (vllm serve MODEL --dtype auto ...), which EngineArgs.add_cli_args defines
-    proc = subprocess.Popen([sys.executable, "-m", "minengine", "serve", bundled_model, "--port", str(port),
-                             "--max-model-len", "256", "--served-model-name", "bard", "--uvicorn-log-level",
-                             "warning", "--dtype", "auto", "--tensor-parallel-size", "1", "--enforce-eager",
-                             "--num-gpu-blocks-override", "64", "--generation-config", "vllm", "--api-key", "k3y"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = ServerProcess([bundled_model, "--max-model-len", "256", "--served-model-name", "bard", "--dtype", "auto",
+                            "--tensor-parallel-size", "1", "--enforce-eager", "--num-gpu-blocks-override", "64",
+                            "--generation-config", "vllm", "--api-key", "k3y"], timeout_s=180)
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
-        client = openai.OpenAI(base_url=url + "/v1", api_key="k3y", timeout=60, max_retries=0)
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="k3y", timeout=60, max_retries=0)
         r = client.completions.create(model="bard", prompt="ROMEO:", max_tokens=8, temperature=0)
         assert r.model == "bard" and r.usage.completion_tokens == 8
-        assert httpx.get(url + "/v1/models", timeout=10).status_code == 401  # no key
-        metrics = httpx.get(url + "/metrics", timeout=10).text
+        assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401  # no key
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
         assert 'model_name="bard"' in metrics and 'num_gpu_blocks="64"' in metrics
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=60)
+        server.stop(timeout_s=60)
+    out = server.output_text()
     assert "minengine serving 'bard'" in out and "API key required" in out
 
 

@@ -5,10 +5,7 @@ delivered whole. A real server process, signalled as Kubernetes or Ctrl-C would.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -16,28 +13,8 @@ import httpx
 
 from minengine import LLMEngine
 from minengine.entrypoints.cli_args import FrontendArgs
-from tests.server_helpers import SERVER_CONFIG, RunningServer, free_socket
-
-
-def start_server(model: str, shutdown_timeout: float) -> tuple[subprocess.Popen, str]:
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()  # the server binds it next
-    proc = subprocess.Popen([sys.executable, "-m", "minengine", "serve", model, "--port", str(port),
-                             "--max-model-len", "4096", "--shutdown-timeout", str(shutdown_timeout),
-                             "--uvicorn-log-level", "warning"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        assert proc.poll() is None, proc.stdout.read()
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "server did not come up"
-        time.sleep(0.2)
+from minengine.entrypoints.server_process import ServerProcess
+from tests.server_helpers import SERVER_CONFIG, RunningServer
 
 
 def stream_events(url: str, max_tokens: int, on_second_event) -> list[str]:
@@ -71,18 +48,19 @@ def test_sigterm_drains_the_streams_in_flight_then_exits(bundled_model):
     """4,000 tokens do not finish within a 1 s drain: that stream gets an error chunk (503, the server is
     shutting down) and [DONE], and the process exits soon after."""
     shutdown_timeout = 1.0
-    proc, url = start_server(bundled_model, shutdown_timeout)
+    server = ServerProcess([bundled_model, "--max-model-len", "4096", "--shutdown-timeout", str(shutdown_timeout)],
+                           timeout_s=180)
+    proc = server.process
     signalled = []
     try:
-        events = stream_events(url, 4000, lambda: (proc.send_signal(signal.SIGTERM),
-                                                   signalled.append(time.monotonic())))
+        events = stream_events(server.url, 4000, lambda: (proc.send_signal(signal.SIGTERM),
+                                                          signalled.append(time.monotonic())))
         ended = time.monotonic()
         proc.wait(timeout=60)
         exited = time.monotonic()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        out = proc.stdout.read()
+        server.stop(timeout_s=10)  # kills it only if it is still running
+    out = server.output_text()
     assert events[-1] == "[DONE]", events[-3:]
     chunks = [json.loads(e) for e in events[:-1]]
     error = chunks[-1]["error"]
