@@ -132,6 +132,18 @@ def overlap(host: list[tuple[float, float]], busy: list[tuple[float, float]]) ->
     return covered / total if total > 0 else float("nan")
 
 
+def without_nan(value):
+    """``value`` with every NaN float (no worker spans to measure: the uniprocess rows) as None, JSON's null:
+    ``NaN`` is not JSON, and strict readers (``JSON.parse``, jq) refuse the file."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: without_nan(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [without_nan(v) for v in value]
+    return value
+
+
 def markdown(rows: list[dict], load: str) -> str:
     lines = [f"machine load: {load}", "",
              "| setting | step wall (ms) | host (ms) | forward (ms) | host + forward (ms) | host hidden | "
@@ -181,7 +193,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "async_scheduling.md").write_text(table)
-        (a.out / "async_scheduling.json").write_text(json.dumps({"load": load, "rows": rows, "runs": runs}, indent=2))
+        result = without_nan({"load": load, "rows": rows, "runs": runs})
+        (a.out / "async_scheduling.json").write_text(json.dumps(result, indent=2, allow_nan=False))
     return rows
 
 

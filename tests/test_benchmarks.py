@@ -98,3 +98,17 @@ def test_structured_output_benchmark_tiny(tmp_path):
     assert all(len(v) == 1 and v[0] > 0 for v in result["tokens_per_cpu_s"].values())
     assert result["head_over_base"] > 0 and result["mask_fill_us_median"] > 0
     assert json.loads((tmp_path / "structured_output.json").read_text())["base"] == "HEAD"
+
+
+def test_async_scheduling_benchmark_tiny(tmp_path):
+    """One in-process and one async worker-process setting on 2 requests: the JSON is strict (no NaN: the in-process
+    row has no worker spans, so its overlap is null) and the worker row's overlap is a share."""
+    from benchmarks import async_scheduling
+
+    async_scheduling.main(["--num-requests", "2", "--prompt-len", "8", "--steps", "3", "--warmup", "1",
+                           "--rounds", "1", "--settings", "0,2", "--out", str(tmp_path)])
+    text = (tmp_path / "async_scheduling.json").read_text()
+    rows = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))["rows"]
+    assert [r["setting"] for r in rows] == ["in-process (uni)", "TP 1, 1 worker, async"]
+    assert rows[0]["overlap"] is None and 0.0 <= rows[1]["overlap"] <= 1.0
+    assert all(r["wall_ms"] > 0 and r["host_ms"] > 0 for r in rows)
