@@ -112,3 +112,52 @@ def test_series_of_features_minengine_lacks_stay_at_vllms_idle_values(bundled_mo
     assert _v(engine, "vllm:engine_sleep_state", sleep_state="awake") == 1
     assert _v(engine, "vllm:engine_sleep_state", sleep_state="weights_offloaded") == 0
     assert _v(engine, "vllm:engine_sleep_state", sleep_state="discard_all") == 0
+
+
+def test_a_scrape_never_sees_half_of_a_state_update():
+    """The server's engine loop records from its own thread while /metrics renders in another: ``render`` and every
+    ``record_*`` hold one lock, so KV usage and free blocks of a scrape always come from the same update (chapter
+    9's exercise compares them and once read a torn pair)."""
+    import threading
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from minengine.metrics.prometheus import PrometheusStatLogger
+
+    logger = PrometheusStatLogger("m", 64)
+    total = 64
+
+    def free_and_usage() -> tuple[float, float]:
+        values = {s.name: s.value for f in text_string_to_metric_families(logger.render().decode()) for s in f.samples}
+        return values["minengine:num_free_blocks"], values["vllm:kv_cache_usage_perc"]
+
+    # while a render holds the lock, an update waits for it
+    logger.record_state(0, 0, 0, 10, 0, total)
+    with logger.lock:
+        writer = threading.Thread(target=logger.record_state, args=(0, 0, 0, 20, 0, total))
+        writer.start()
+        writer.join(timeout=0.2)
+        assert writer.is_alive() and logger.free_blocks._value.get() == 10
+    writer.join(timeout=5)
+    assert free_and_usage() == (20, 1 - 20 / total)
+
+    # and under a writer hammering updates, every scrape is one update's pair
+    stop = threading.Event()
+
+    def hammer():
+        i = 0
+        while not stop.is_set():
+            logger.record_state(0, 0, 0, i % (total + 1), 0, total)
+            i += 1
+            time.sleep(0)  # let the scraper in
+
+    writer = threading.Thread(target=hammer)
+    writer.start()
+    try:
+        for _ in range(50):
+            free, usage = free_and_usage()
+            assert usage == 1.0 - free / total, (free, usage)
+    finally:
+        stop.set()
+        writer.join(timeout=5)

@@ -740,7 +740,8 @@ class LLMEngine:
         """
         if not self.log_stats:
             raise RuntimeError("stat logging is disabled (EngineConfig.disable_log_stats=True)")
-        return get_metrics_snapshot(self.stat_logger.registry)
+        with self.stat_logger.lock:  # one consistent snapshot, as /metrics renders it
+            return get_metrics_snapshot(self.stat_logger.registry)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix (vLLM's ``reset_prefix_cache``). Only when no request holds a block

@@ -35,7 +35,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minengine
@@ -690,7 +690,7 @@ def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
 
     @app.get("/metrics")
     async def metrics():
-        return Response(generate_latest(engine.engine.stat_logger.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(engine.engine.stat_logger.render(), media_type=CONTENT_TYPE_LATEST)
 
     # The JSON routes read their bodies themselves (request_body.read_body): byte limit, UTF-8, JSON and nesting
     # errors become OpenAI 400s, and a large body is parsed off the event loop.

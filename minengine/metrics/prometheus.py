@@ -16,9 +16,11 @@ observed only for requests with at least two tokens.
 
 from __future__ import annotations
 
+import functools
+import threading
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestMetrics
@@ -39,6 +41,15 @@ SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # vllm:engine_slee
 ADMISSION_REJECT_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")  # vllm:admission_rejections
 STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 FINISH_REASONS = ("stop", "length", "abort", "timeout")
+
+
+def _locked(method):
+    """Run ``method`` holding the logger's lock, so a scrape (``render``) never sees half of one update."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return wrapper
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -65,11 +76,15 @@ class PrometheusStatLogger:
 
     Attributes:
         registry: the ``CollectorRegistry`` holding every series.
+        lock: held by every ``record_*`` call and by ``render``. The server's engine loop records from its own
+            thread while ``/metrics`` renders in another; without it a scrape between two ``set`` calls could
+            read ``vllm:kv_cache_usage_perc`` of this step beside ``minengine:num_free_blocks`` of the last one.
     """
 
     def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str] | None = None,
                  num_speculative_tokens: int = 0):
         self.registry = CollectorRegistry()
+        self.lock = threading.RLock()
         names, values = ["model_name", "engine"], [model_name, "0"]
         reg = self.registry
 
@@ -185,6 +200,12 @@ class PrometheusStatLogger:
         self.step_time = histogram("minengine:step_duration_seconds", "Engine step duration in seconds (engine clock).",
                                    STEP_BUCKETS)
 
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every series, as one consistent snapshot (between two updates)."""
+        with self.lock:
+            return generate_latest(self.registry)
+
+    @_locked
     def record_new_request(self, n: int, child_ids: Iterable[str] = ()) -> None:
         """A request was accepted, with ``n`` sequences (``child_ids``: its engine requests when ``n > 1``)."""
         self.params_n.observe(n)
@@ -194,6 +215,7 @@ class PrometheusStatLogger:
             for rid in child_ids:
                 self._groups[rid] = group
 
+    @_locked
     def record_state(self, num_running: int, num_waiting: int, num_swapped: int, num_free_blocks: int,
                      num_cached_free_blocks: int, num_kv_blocks: int, num_deferred: int = 0) -> None:
         """The scheduler's queues and the KV pool now. ``num_deferred`` of the ``num_waiting`` requests wait for
@@ -208,6 +230,7 @@ class PrometheusStatLogger:
         self.cached_free_blocks.set(num_cached_free_blocks)
         self.last_cached_free_blocks = num_cached_free_blocks
 
+    @_locked
     def record_step(self, trace: StepTrace | None, got_token: Iterable[Request],
                     metrics: dict[str, RequestMetrics], num_new_tokens: dict[str, int] | None = None) -> None:
         """One step: its trace (None when nothing was scheduled; a rolled-back step counts only its preemptions),
@@ -270,6 +293,7 @@ class PrometheusStatLogger:
         if not group[0]:  # the parent's last child
             self.max_num_generation_tokens.observe(group[1])
 
+    @_locked
     def record_finished(self, finished: Iterable[tuple]) -> None:
         """Requests that finished (any reason): (their metrics, their ``max_tokens``[, their request id: children
         of an ``n > 1`` request are gathered by it])."""
