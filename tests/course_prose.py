@@ -58,7 +58,7 @@ INSTRUCTION_VERBS = ("predict", "guess", "try", "compare", "change", "set", "run
                      "halve", "vary", "plot", "check", "decide", "sketch", "list", "take", "keep", "say", "tell",
                      "state", "recompute", "simulate", "show", "reproduce", "size", "work", "call", "open", "follow",
                      "fill", "submit", "drop", "shrink", "grow", "remove", "switch", "imagine", "suppose", "assume")
-CHECK_CALL_RE = re.compile(r"\b(claim|conclude|check|check_close|check_function|assert)\b")
+CHECK_CALL_RE = re.compile(r"\b(?:claim|conclude|check|check_close|check_function)\(|\bassert\b")
 CITED_RE = re.compile(r"\(\s*sources?\s*:\s*[^)\s][^)]*\)|\([^()]*\bet al\.[^()]*\)", re.I)
 CHECKED_REF_RE = re.compile(r"\(\s*checked\s*:\s*(?:ch(\d\d)\s*·\s*)?([^)]+?)\s*\)", re.I)
 HEADING_RE = re.compile(r"^\s{0,3}(#{1,6})\s+(.*)$", re.M)
@@ -73,6 +73,7 @@ COUNTED = re.compile(r"\s*-?\s*(tokens?|requests?|steps?|blocks?|gpus?|prompts?|
 NUMBERING_RE = re.compile(
     r"(?i)\b(chapters?|ch\.|sections?|§|exercises?|quiz(?:zes)?|questions?|parts?|figures?|fig\.|tables?|pages?|"
     r"pp?\.|issues?|eq\.|equations?|lessons?|steps? \d+ of)\s*\d+(?:\.\d+)*(?:\s*(?:,|and|or|&|–|-|to)\s*\d+(?:\.\d+)*)*")
+NAME_BEFORE_RE = re.compile(r"\b(RTX|GTX|TP|PP|DP|EP|MI|GPT|Llama|Qwen|Python|CUDA|PR)\s$")
 NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
 
 
@@ -190,6 +191,8 @@ def numbers_in(sentence: str) -> list[tuple[str, float, str]]:
             continue  # part of a name (H100, fp8, Llama-3-8B, ch07) or of a version / decimal already read
         if left.endswith(".") and len(left) > 1:
             continue
+        if NAME_BEFORE_RE.search(before):
+            continue  # RTX 4090, TP 2, GPT 4: the number names a product or a setting
         after = s[j:]
         unit_m = re.match(r"\s?(%|×|x(?![\w])|tb/s|gb/s|tflops|gib|mib|kib|gb|mb|kb|tb|ms|µs|us|ns|s(?![\w])|k(?![\w])|"
                           r"K(?![\w])|M(?![\w]))", after, re.I)

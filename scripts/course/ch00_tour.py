@@ -136,8 +136,8 @@ CELLS = [
     """),
     md("""
     ## Try it: temperature and length
-    Move the sliders and press *Run*: the engine generates again from the same prompt. Temperature 0 is greedy
-    (always the same text); higher temperatures spread the choice over more tokens.
+    Move the sliders and press *Run*: the engine generates again from the same prompt. Try temperature 0 (greedy:
+    always the same text), then a higher one, and watch the text vary from run to run.
     """),
     code("""
     import ipywidgets as widgets
@@ -211,16 +211,27 @@ CELLS = [
         at the bandwidth a serving engine reaches, whatever the number of tokens, as long as the arithmetic per byte read
         stays below the ridge point (a few hundred tokens per step on an H100, chapter 1). A few dozen prompt tokens do not
         get there. 3 x 4,000 tokens would: the step becomes compute-bound and lasts roughly `2 x 8e9 x 12,000` FLOPs over
-        the effective peak, hundreds of milliseconds. Check with
-        `teaching_cost_model().cost(StepWork.of([(4000, 0, 1)] * 3))` (import both from `minengine.course` and
-        `minengine.timing`).
+        the effective peak, hundreds of milliseconds: the cell below checks both on the modelled clock.
         """),
+    code("""
+    # The model answer, on the modelled H100: three 4,000-token prompts in one step vs three decodes.
+    from minengine.course import teaching_cost_model
+    from minengine.timing import StepWork
+
+    long_prefill = teaching_cost_model().cost(StepWork.of([(4000, 0, 1)] * 3))
+    three_decodes = teaching_cost_model().cost(StepWork.of([(1, 40, 1)] * 3))
+    print(f"3 x 4,000-token prefill: {long_prefill.time_s * 1000:.0f} ms, {long_prefill.bound}-bound | "
+          f"3 decodes: {three_decodes.time_s * 1000:.1f} ms, {three_decodes.bound}-bound")
+    claim("3 x 4,000 prompt tokens make a compute-bound step of hundreds of ms",
+          long_prefill.bound == "compute" and long_prefill.time_s > 0.1)
+    claim("three decodes are memory-bound", three_decodes.bound == "memory")
+    """),
     *question("what if the token budget were smaller than the prompts?", """
         The step-by-step engine has `max_num_batched_tokens=64`. What changes if you set it to 8?
         """, """
         A step may then compute at most 8 tokens, so the prompts are cut into chunks of at most 8 (chunked prefill,
-        chapter 4) and the first output token of each request comes only with its last chunk: more steps, later first
-        tokens. Once all prompts are done, the decode steps are unchanged (3 tokens each, under 8). Try it: change the
+        chapter 4) and the first output token of each request comes only with its last chunk: a prompt of P tokens
+        needs ceil(P / 8) steps before its first token (exercise 3 counts them). Once all prompts are done, the decode steps are unchanged (3 tokens each, under 8). Try it: change the
         budget and re-run the cell.
         """),
     *summary([

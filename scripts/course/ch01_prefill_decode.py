@@ -242,7 +242,7 @@ from minengine.worker.model_runner import kv_bytes_per_block
     md("""
     ## How true is the modelled clock?
     Every teaching figure of this course runs on the modelled H100. Before trusting it, compare it with GPUs that were
-    really measured: `benchmarks/cost_model_validation.py` models 33 published end-to-end runs (TensorRT-LLM's
+    really measured: `benchmarks/cost_model_validation.py` models published end-to-end runs (TensorRT-LLM's
     performance tables, vLLM's nightly benchmark and a vLLM pull request, NVIDIA NIM, llama.cpp; A100, H100, H200,
     RTX 4090; TP 1 to 4) the way each benchmark ran them, with the same cost model. None of these numbers set a
     parameter of the model (its kernel efficiencies come from Vidur's operator profiles). The error is on time:
@@ -269,7 +269,7 @@ from minengine.worker.model_runner import kv_bytes_per_block
     lo, hi = min(p.measured_s for p in rows) / 2, max(p.measured_s for p in rows) * 2
     fig.add_trace(go.Scatter(x=[lo, hi, hi, lo], y=[lo * 0.7, hi * 0.7, hi * 1.3, lo * 1.3], fill="toself", mode="none",
                              fillcolor="rgba(44,160,44,0.15)", name="±30 %"))
-    fig.update_layout(title="The modelled clock against 33 published GPU runs",
+    fig.update_layout(title=f"The modelled clock against {len(rows)} published GPU runs",
                       xaxis=dict(title="published (s)", type="log"), yaxis=dict(title="modelled (s)", type="log"))
     fig.show()
     show("\\n".join(table))
@@ -384,18 +384,27 @@ from minengine.worker.model_runner import kv_bytes_per_block
         A decode step must read all of the model's weights (16 GB for Llama-3-8B in bf16) whatever the batch, and 64
         tokens of arithmetic on them is far below the H100's ridge point: the step is memory-bound, and the weight read
         is shared by every request in the batch. That is why engines batch decodes. With 32,000 tokens of context each,
-        the K/V reads grow: 64 x 32,000 tokens x 128 KiB is about 250 GB per step, 15 times the weights, so the step
-        becomes far slower and the attention's memory traffic, not the weights, dominates. Try
-        `h100.cost(StepWork.of([(1, 32000, 1)] * 64))`.
+        the K/V reads grow: 64 x 32,000 tokens x 128 KiB is about 270 GB per step, some 18 times the weights the
+        step reads, so the step becomes far slower and the attention's memory traffic, not the weights, dominates. The
+        cell below checks it on the modelled H100.
         """),
+    code("""
+    # The model answer, on the modelled H100: 64 decodes at 1,000 and at 32,000 tokens of context.
+    short_ctx, long_ctx = (h100.cost(StepWork.of([(1, ctx, 1)] * 64)) for ctx in (1000, 32000))
+    print(f"64 decodes: {short_ctx.time_s * 1e3:.1f} ms at 1,000 tokens of context, {long_ctx.time_s * 1e3:.1f} ms at 32,000; "
+          f"K/V read {long_ctx.kv_bytes / 1e9:.0f} GB = {long_ctx.kv_bytes / long_ctx.weight_bytes:.1f}x the weights read")
+    claim("64 x 32,000 tokens x 128 KiB of K/V is about 270 GB", abs(long_ctx.kv_bytes / 270e9 - 1) < 0.05)
+    claim("some 18 times the weights", round(long_ctx.kv_bytes / long_ctx.weight_bytes) == 18)
+    claim("the step becomes far slower (over 5x)", long_ctx.time_s > 5 * short_ctx.time_s)
+    """),
     *question("what if you measured with torch's default threads on a busy machine?", """
         The measurement above pins one torch thread and reads the process's CPU time. What goes wrong with torch's
         default (one thread per core) and the wall clock, when another program is running?
         """, """
         Every small op is split over all cores and waits for the slowest slice; when another process holds a core,
         the op waits for the operating system to give it back, and the wall clock counts that wait. This project measured
-        a 20x slowdown of the engine with 2 threads next to one busy process, against 1.1x with 1 thread (README,
-        "Measured time that holds still"). Process CPU time does not count time spent waiting for a core, and one
+        a 20x slowdown of the engine with 2 threads next to one busy process, against 1.1x with 1 thread (source: this
+        project's README, *Measured time that holds still*). Process CPU time does not count time spent waiting for a core, and one
         thread never waits for a sibling, so the numbers hold still.
         """),
     *summary([

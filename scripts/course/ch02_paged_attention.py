@@ -14,10 +14,10 @@ CELLS = [
     code(SETUP + "import math\n\nimport torch\n"),
     md("""
     ## The problem
-    Before PagedAttention, serving systems reserved one contiguous KV region per request, as long as the longest
-    the request *might* grow (`max_model_len`), because the output length is unknown up front. Kwon et al. (SOSP'23,
-    Fig. 2) measured that such systems kept actual token states in only about 20-40 % of their KV memory; the rest
-    was reserved-but-unused space and fragmentation. The fix borrows virtual memory's idea: split the cache into
+    Before PagedAttention, serving systems reserved one contiguous KV region per request, as long as the request
+    could ever become (`max_model_len`), because the output length is unknown up front. Such systems kept actual
+    token states in only about 20-40 % of their KV memory, the rest being reserved-but-unused space and fragmentation
+    (Kwon et al., SOSP 2023, figure 2). The fix borrows virtual memory's idea: split the cache into
     fixed-size **blocks** of `block_size` tokens, give each request a **block table** (logical block i -> physical
     block id), and allocate a block only when the request fills the previous one.
     """),
@@ -313,7 +313,7 @@ CELLS = [
         A request takes a new block only when it has filled its previous one (allocation on demand), so every block of
         its table but the last is full. Only the last block can have empty slots, at most `block_size - 1` of them.
         Contiguous reservation must hold `max_model_len` slots from the start because the output length is unknown,
-        so its waste grows with how much shorter the request turns out to be.
+        so it wastes every slot the request never reaches: `max_model_len` minus its final length.
         """),
     *question("what if block_size were 1?", """
         With `block_size = 1` there is no tail waste at all. Why does vLLM default to 16 then?
@@ -322,7 +322,7 @@ CELLS = [
         kernels reading K/V in 1-token pieces scattered over memory, which wastes the memory bandwidth decode depends on.
         Larger blocks make each read a contiguous chunk and keep tables short; 16 is where the PagedAttention authors
         found the kernel efficient while the tail waste stays small (Kwon et al., section 7.2). Prefix caching also
-        works in whole blocks, so large blocks share less.
+        shares whole blocks only: a shared prefix under one block long is not shared at all.
         """),
     *summary([
         "A block table maps logical KV blocks to physical ones; the slot mapping says where each new token's K/V goes.",
