@@ -215,9 +215,13 @@ def numbers_in(sentence: str) -> list[tuple[str, float, str]]:
 
 
 def _is_instruction(sentence: str) -> bool:
+    """Starts with an imperative ("Set a higher budget and watch..."): an instruction verb not followed by a verb
+    in the third person ("Recompute frees blocks" is a statement)."""
     s = re.sub(r"^[\s\-*>#|]*(\*\*[^*]*\*\*:?\s*)?", "", sentence).strip().lstrip("*_ ")
-    first = re.match(r"[A-Za-z\-]+", s)
-    return bool(first) and first.group(0).lower() in INSTRUCTION_VERBS
+    words = re.findall(r"[A-Za-z\-]+", s)[:2]
+    if not words or words[0].lower() not in INSTRUCTION_VERBS:
+        return False
+    return len(words) == 1 or not re.fullmatch(r"[a-z]+[^s]s", words[1])
 
 
 def _learner_part(cell) -> tuple[str, str]:
@@ -271,6 +275,7 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
         if cell["cell_type"] != "markdown":
             continue
         learner, prose = _learner_part(cell)
+        summary = _src(cell).lstrip().startswith("## Summary")
         sec_checked = _checked(cells, secs[section_of[i]][1])
         for part, addressed in ((learner, True), (prose, False)):
             for sentence in sentences(clean(part)):
@@ -279,7 +284,8 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
                     for token, value, unit in numbers_in(sentence):
                         if not _matches(value, unit, values):
                             findings.append(Finding(chapter, i, "number", token, sentence))
-                if addressed or cited or sentence.rstrip(" *_)").endswith("?") or _is_instruction(sentence):
+                if addressed or cited or sentence.rstrip(" *_)").endswith("?") or (
+                        _is_instruction(sentence) and not summary):
                     continue
                 words = [m.group(0) for m in DIRECTION_RE.finditer(CHECKED_REF_RE.sub(" ", sentence))]
                 if not words or sec_checked or _ref_checked(sentence, chapter, cells, course):

@@ -178,7 +178,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     md("""
     ## Chunk-size sweep: overhead vs smoothness
     Smaller chunks keep each step short (smooth decodes), but the prompt needs more steps, each paying the step's fixed
-    costs, so it finishes later. Sarathi-Serve picks the chunk from the TBT SLO the deployment must meet.
+    costs, so it finishes later (checked: vLLM's defaults). Sarathi-Serve picks the chunk from the TBT SLO the deployment must meet.
     """),
     code("""
     SWEEP_LEN = pick(8000, 4000)
@@ -201,11 +201,11 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     """),
     md("""
     ### vLLM's defaults, and "chunks of at least 512 tokens, then benchmark"
-    vLLM sets the budget from the GPU and from how it is used (`EngineArgs.get_batch_defaults`): on GPUs with at least
+    vLLM sets the budget from the GPU and from how it is used (source: vLLM's `EngineArgs.get_batch_defaults`): on GPUs with at least
     70 GiB that are not A100s (H100, H200, MI300x) the offline `LLM` class gets **16,384** tokens and the OpenAI server
     **8,192**; on other GPUs **8,192** and **2,048**. (vLLM's comment there: a large budget *reduced* A100 throughput,
     PR #17885.) Its tuning guide: smaller values (e.g. 2,048) give better ITL, larger ones better TTFT, and above
-    8,192 for best throughput. What those budgets cost per step, when a prefill fills them, on the cost model:
+    8,192 for best throughput (source: vLLM docs, *Optimization and Tuning*). What those budgets cost per step, when a prefill fills them, on the cost model:
     """),
     code("""
     budgets = [512, 2048, 8192, 16384]
@@ -429,7 +429,8 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         weights (a 512-token chunk reads them once for 512 tokens; the single 8,000-token step read them once for 8,000).
         Each chunk also re-reads the K/V of the chunks before it for its attention. With 64-token chunks a chunk is far
         below the ridge point: every step is memory-bound, over 40 % as long as a 512-token step but doing an
-        eighth of the work, so the prompt needs 125 steps and its TTFT grows several times over (the sweep shows it).
+        eighth of the work, so the prompt needs eight times as many steps and its TTFT grows past 1.5x the best
+        chunk's (checked: vLLM's defaults).
         """),
     *question("what if every running request had a 32,000-token context?", """
         The roofs figure used decodes with 1,000 tokens of context. Would mixing a chunk with 64 decodes still save
@@ -438,13 +439,30 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         No. Each decode reads its whole K/V every step: 64 x 32,000 tokens x 128 KiB (Llama-3-8B, bf16) is about
         270 GB, far more than the 16 GB of weights, so the memory time grows past the chunk's compute time and the mixed
         step becomes memory-bound and long; the weight read the decodes share with the chunk is now a small part of
-        their cost. Try
-        `h100.cost(StepWork.of([(512, 0, 0)] + [(1, 32000, 1)] * 64))`. Long contexts are why KV reads, not weights,
-        dominate decode at scale.
+        their cost, and mixing saves a much smaller share of the two steps than at 1,000 tokens. Long contexts are why
+        KV reads, not weights, dominate decode at scale. The cell below checks it.
         """),
+    code("""
+    # The model answer on the modelled H100: the roofs experiment again, with 32,000 tokens of context per decode.
+    def mixing_saving(context):
+        dec, chunk = h100.cost(StepWork.of([(1, context, 1)] * 64)), h100.cost(StepWork.of([(512, 0, 0)]))
+        mixed = h100.cost(StepWork.of([(512, 0, 0)] + [(1, context, 1)] * 64))
+        return mixed, 1 - mixed.time_s / (dec.time_s + chunk.time_s)
+
+
+    long_mixed, long_saving = mixing_saving(32000)
+    short_saving = mixing_saving(1000)[1]
+    print(f"chunk + 64 decodes at 32,000 tokens: {long_mixed.time_s * 1e3:.0f} ms, {long_mixed.bound}-bound, K/V read "
+          f"{long_mixed.kv_bytes / 1e9:.0f} GB vs {long_mixed.weight_bytes / 1e9:.0f} GB of weights; mixing saves "
+          f"{long_saving:.0%} of the two steps (at 1,000 tokens: {short_saving:.0%})")
+    claim("about 270 GB of K/V", abs(long_mixed.kv_bytes / 270e9 - 1) < 0.05)
+    claim("far more than the weights", long_mixed.kv_bytes > 10 * long_mixed.weight_bytes)
+    claim("the mixed step is memory-bound and long", long_mixed.bound == "memory" and long_mixed.memory_time_s > 5 * long_mixed.compute_time_s)
+    claim("mixing saves a much smaller share than at 1,000 tokens", long_saving < short_saving / 2)
+    """),
     *summary([
         "Chunked prefill splits a long prompt over several steps under the token budget, so decodes keep a steady pace (no generation stall); the long prompt pays some TTFT for it.",
-        "Chunks only add: the block table grows chunk by chunk and the KV of earlier chunks stays in place.",
+        "Chunks only add: the block table grows chunk by chunk and the KV of earlier chunks stays in place (checked: KV continuity across chunks).",
         "A prefill chunk is compute-bound and decodes are memory-bound: in one step the decodes' rows ride on the chunk's GEMMs (one weight read for both); their attention and host time are still paid.",
         "Chunks below the ridge point waste steps; at least 512 tokens on an H100, then benchmark. vLLM's defaults: 8,192 (server) / 16,384 (offline) on H100-class GPUs, 2,048 / 8,192 elsewhere.",
         "The policy orders the budget: decode-first protects ITL, prefill-first favours TTFT, balanced rations both; Dynamic SplitFuse holds each forward at its own target below the budget.",

@@ -68,7 +68,7 @@ CELLS = [
     """),
     md("""
     ## Multi-turn chat: MT-Bench
-    MT-Bench has 80 questions with two turns. A chat client sends turn 2 as *turn 1 + the model's answer + the new
+    MT-Bench has 80 questions with two turns (Zheng et al., NeurIPS 2023). A chat client sends turn 2 as *turn 1 + the model's answer + the new
     question*, so the whole first turn is a prefix the engine has just computed. We serve turn 1, then turn 2, with
     prefix caching on and off (built-in two-turn examples when `../shared/data` is absent).
     """),
@@ -325,8 +325,8 @@ CELLS = [
     *summary([
         "A full block is named by a chained hash of its tokens and every token before it; equal hash means equal K/V.",
         "Sharing is counted in ref counts; freed blocks keep their hash in the free queue and are evicted least recently used first.",
-        "Multi-turn chat re-sends the whole conversation: with prefix caching turn 2 mostly hits, and its TTFT drops.",
-        "TTFT falls as the hit rate grows; the last prompt token is always recomputed so there are logits to sample.",
+        "Multi-turn chat re-sends the whole conversation: with prefix caching turn 2 mostly hits, and its TTFT drops (checked: Multi-turn chat).",
+        "TTFT falls as the hit rate grows (checked: Hit rate vs TTFT); the last prompt token is always recomputed so there are logits to sample.",
     ]),
     *glossary([
         ("prefix caching", "前缀缓存", "reusing the K/V of a prompt prefix computed before"),

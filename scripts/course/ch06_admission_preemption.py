@@ -514,7 +514,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
       computes all 1 + k, the sampler compares each guess with the model's own choice at that position, and the number
       advances by 1 + the accepted guesses. Rejected guesses are dropped (their slots are overwritten later).
 
-    The run: `first` (a 61-token prompt under a 32-token budget: two chunks), then `second`, whose prompt shares the first
+    The run: `first` (its prompt takes two chunks under a 32-token budget), then `second`, whose prompt shares the first
     48 tokens (three full blocks), with n-gram speculation on (k = 4). Each row is one request's part of one step, read
     from the trace: `start_pos` is `num_computed_tokens` before the step.
     """),
@@ -769,7 +769,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         "The step is a short loop (running first, chunk to the budget, allocate or preempt, admit from the head); vLLM's `Scheduler.schedule` is the same five moves, minengine's `StepBuilder` + `Scheduler.update_from_output`.",
         "Requests move WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED or SWAPPED (waiting again) -> RUNNING; abort and timeout end any unfinished state.",
         "The victim is the newest running request not yet scheduled this step; it is re-queued at the head, so victims come back last-preempted-first, in their original order.",
-        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output, and on the modelled H100 swap's lead grows with the victim's context. The admission probe shrinks a new chunk to the free blocks.",
+        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output, and on the modelled H100 swap's lead grows with the victim's context (checked: Recompute vs swap). The admission probe shrinks a new chunk to the free blocks (checked: The admission probe).",
         "A request's progress is one number, `num_computed_tokens`, against its tokens: chunked prefill takes pending tokens a budget at a time, a prefix hit sets the number without computing, a decode has one pending token, recompute resets it, and speculative decoding adds guessed tokens that advance it by 1 + the accepted ones.",
     ]),
     *glossary([
