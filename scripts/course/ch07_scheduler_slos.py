@@ -630,29 +630,31 @@ from minengine.workloads.traces import Trace
         one the P99 TTFT had more than doubled and fewer than 90 % met it. Why can utilization not tell the two apart? What would you watch to see the second coming?
         """, """
         Near saturation, work arrives about as fast as it can be done, so any burst has to wait: the queue grows, and
-        queueing delay (counted in TTFT) grows without bound as the arrival rate approaches the service rate (queueing
-        theory: the waiting time of an M/G/1 queue grows like 1 / (1 - utilization)). Utilization only says the engine is
-        never idle, and it stops at 100 % while the arrival rate keeps growing past what the engine completes; it says
-        nothing about who waits. Watch the waiting queue length and time in queue, TTFT P99 and SLO
+        queueing delay (counted in TTFT) grows with it (checked: SLOs, goodput and capacity). Queueing theory says how
+        fast: the mean wait of an M/G/1 queue grows like 1 / (1 - utilization), without bound as the arrival rate
+        approaches the service rate (source: the Pollaczek-Khinchine formula; Kleinrock, *Queueing Systems*, volume 1,
+        1975). Utilization only says the engine is never idle, and it stops at 100 % while the arrival rate goes on past
+        what the engine completes; it says nothing about who waits. Watch the waiting queue length and time in queue, TTFT P99 and SLO
         attainment (the good-request rate over the throughput); they move when utilization no longer can (it is already ~100 %).
         """),
     *question("what if you raised the budget and the slots together?", """
         With 16 slots the bigger budget paid less because the batch was slot-bound. What would raising `max_num_seqs` to 64
         cost, and when could it backfire?
         """, """
-        More running requests need more KV blocks: each holds its whole context in the pool. With enough memory, more slots
-        let more decodes share each weight read (chapter 1), and the bigger budget then raises throughput. With too little
-        memory, the extra requests are admitted and then preempted when they grow (chapter 6): recompute preemption
-        re-prefills them, which costs compute and stalls the decodes, and the throughput gain turns into a loss. Check the
+        Every running request holds its whole context in KV blocks of the pool. With enough memory, more slots let more
+        decodes share each weight read (chapter 1), and the bigger budget then raises throughput (checked: Total tok/s
+        went up). With too little memory, the extra requests are admitted and then preempted when they grow (checked:
+        ch06 · Running out of KV memory): recompute preemption re-prefills them, which costs compute, stalls the decodes
+        and can eat the throughput gain. Check the
         KV usage and the preemption count after the change.
         """),
     *summary([
         "TTFT (queueing + prefill), TPOT (decode pace) and ITL/TBT (every gap) are judged at P99, not on average.",
         "Goodput (DistServe) is the highest request rate at which the SLO attainment target holds; one run's good-request rate (minengine's `goodput()`, vLLM's \"Request goodput\") is its requests per second within the SLO; capacity (Sarathi-Serve) also bounds the queueing delay.",
-        "Busy time reaches 100 % while the engine still keeps up: a fully busy engine may meet every SLO or fall behind (queue and TTFT grow). Watch the queue and the SLO attainment.",
-        "When throughput rises and P99 TPOT worsens: step composition, stalls and their causes, slots (`max_num_seqs`), preemptions, fairness (who gained, who paid), output backlog, workload mix.",
+        "Busy time reaches 100 % while the engine still keeps up: a fully busy engine may meet every SLO or fall behind, its queue and TTFT growing (checked: SLOs, goodput and capacity). Watch the queue and the SLO attainment.",
+        "When throughput rises and P99 TPOT worsens: step composition, stalls and their causes, slots (`max_num_seqs`), preemptions, fairness (who gained, who paid), output backlog, workload mix (checked: Total tok/s went up).",
         "Policies serve businesses: decode-first for real-time chat, prefill-first for RAG / batch, priority for a paying tenant, round-robin against one prompt starving another.",
-        "Predictive scheduling: shortest-predicted-first lowers mean latency by as much as the predictor ranks requests correctly; a perfect ranking gives shortest-job-first, a poor one can do worse than first come, first served.",
+        "Predictive scheduling: shortest-predicted-first lowers mean latency by as much as the predictor ranks requests correctly (checked: Predictive scheduling); a perfect ranking gives shortest-job-first.",
         "Abort frees blocks at once; deadlines turn into 'timeout' finishes.",
     ]),
     *glossary([

@@ -14,7 +14,8 @@ QA = [
      "while the prefills are what lengthens the run (fewer steps for prefill, chunks nearer the ridge point); past that point they add only tail. "
      "On an H100-class GPU a prefill chunk becomes compute-bound from about 512 tokens. Among the budgets whose P99 ITL fits the SLO, pick the "
      "one with the most throughput (not simply the largest: the sweep above shows why), and benchmark it; keep headroom for the decodes (budget >= "
-     "max_num_seqs). vLLM's defaults: 8,192 (server) / 16,384 (offline) on H100-class GPUs, 2,048 / 8,192 elsewhere. Check first that the slots "
+     "max_num_seqs). vLLM's defaults: 8,192 (server) / 16,384 (offline) on H100-class GPUs, 2,048 / 8,192 elsewhere (source: vLLM's "
+     "`EngineArgs.get_batch_defaults`, chapter 4). Check first that the slots "
      "(`max_num_seqs`) are not the real limit.",
      "Chapter 1 (step time vs tokens), chapter 4 (chunk sweep, vLLM's defaults), chapter 7 (slots), the budget sweep above"),
     ("Why does a scheduler need both a token budget and a KV block budget?",
@@ -64,7 +65,8 @@ QA = [
      "request needs a block; "
      "prefix caching with ref-counted blocks and LRU eviction; stream tokens as they are sampled; enforce deadlines and aborts; measure "
      "TTFT/ITL per request and watch goodput against the SLO.",
-     "Every chapter: 3 (iteration-level), 4 (budget, policies), 5 (cache), 6 (admission, preemption), 7 (SLOs, priority, cancellation)"),
+     "Chapter 3 (iteration-level), chapter 4 (budget, policies), chapter 5 (cache), chapter 6 (admission, preemption), chapter 7 (SLOs, "
+     "priority, cancellation)"),
     ("How much KV cache does Llama-3-8B hold for an 8k-token conversation, in bf16 and in fp8?",
      "Per token: 2 (K and V) x 32 layers x 8 KV heads x 128 dims x bytes per element = 128 KiB in bf16, 64 KiB in fp8; at 8,192 tokens "
      "that is 1 GiB and 0.5 GiB. GQA is why it is not 4 GiB: the 32 query heads share 8 KV heads.",
@@ -385,8 +387,8 @@ def ms(work):
         "A scheduler checks both budgets and preempts; the policy follows the business (chat: decode-first, batch: prefill-first, tenants: priority).",
         "Prefix caching = chained block hashes + ref counts + LRU; disaggregation separates the compute-bound and memory-bound phases.",
         "Alert on what users feel (P99 TTFT, P99 ITL, SLO attainment) and on what predicts it (queue, KV usage, preemptions).",
-        "A bigger token budget buys throughput only while the prefills set the run's length; past that it buys only tail: pick the most throughput within the SLO.",
-        "GPU side: KV = 2 x layers x KV heads x head_dim x bytes per token (Llama-3-8B: 128 KiB in bf16); TP all-reduces 2 x tokens x hidden x 2 bytes per layer; FlashAttention removes the n x n HBM traffic; speculation yields (1 - a^(k+1)) / (1 - a) tokens per verify, worth less at large batch.",
+        "A bigger token budget buys throughput only while the prefills set the run's length; past that it buys only tail: pick the most throughput within the SLO (checked: Live: choose a token budget).",
+        "GPU side: KV = 2 x layers x KV heads x head_dim x bytes per token (Llama-3-8B: 128 KiB in bf16); TP all-reduces 2 x tokens x hidden x 2 bytes per layer; FlashAttention removes the n x n HBM traffic; speculation yields (1 - a^(k+1)) / (1 - a) tokens per verify, worth less at large batch (checked: ch13 · When does it pay?).",
     ]),
     *glossary([
         ("continuous batching", "连续批处理", "rebuild the batch every step"),
