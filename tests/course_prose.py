@@ -51,6 +51,7 @@ DIRECTION_WORDS = ("faster", "slower", "higher", "lower", "more", "fewer", "less
                    "drops", "rises", "wins", "beats", "increases", "decreases", "shrinks", "outperforms", "twice",
                    "doubles", "halves")
 DIRECTION_RE = re.compile(r"\b(" + "|".join(DIRECTION_WORDS) + r")\b|(?<![\w.])\d+(?:\.\d+)?[x×](?![\w])", re.I)
+NOT_A_DIRECTION_RE = re.compile(r"\b(no longer|any longer|once more|more or less)\b", re.I)  # idioms, no comparison
 INSTRUCTION_VERBS = ("predict", "guess", "try", "compare", "change", "set", "run", "re-run", "rerun", "find", "give",
                      "compute", "answer", "look", "watch", "pick", "move", "increase", "decrease", "raise", "lower",
                      "drag", "use", "explain", "measure", "see", "know", "read", "derive", "count", "build", "draw",
@@ -60,7 +61,7 @@ INSTRUCTION_VERBS = ("predict", "guess", "try", "compare", "change", "set", "run
                      "fill", "submit", "drop", "shrink", "grow", "remove", "switch", "imagine", "suppose", "assume")
 CHECK_CALL_RE = re.compile(r"\b(?:claim|conclude|check|check_close|check_function)\(|\bassert\b")
 CITED_RE = re.compile(r"\(\s*sources?\s*:\s*[^)\s][^)]*\)|\([^()]*\bet al\.[^()]*\)", re.I)
-CHECKED_REF_RE = re.compile(r"\(\s*checked\s*:\s*(?:ch(\d\d)\s*·\s*)?([^)]+?)\s*\)", re.I)
+CHECKED_REF_RE = re.compile(r"\(\s*checked\s*:\s*([^)]+?)\s*\)", re.I)
 HEADING_RE = re.compile(r"^\s{0,3}(#{1,6})\s+(.*)$", re.M)
 
 UNITS = {"%": (1, 0.01), "x": (1,), "×": (1,), "k": (1e3, 1024), "m": (1e6, 2 ** 20), "ms": (1, 1e-3),
@@ -287,7 +288,8 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
                 if addressed or cited or sentence.rstrip(" *_)").endswith("?") or (
                         _is_instruction(sentence) and not summary):
                     continue
-                words = [m.group(0) for m in DIRECTION_RE.finditer(CHECKED_REF_RE.sub(" ", sentence))]
+                plain = NOT_A_DIRECTION_RE.sub(" ", CHECKED_REF_RE.sub(" ", sentence))
+                words = [m.group(0) for m in DIRECTION_RE.finditer(plain)]
                 if not words or sec_checked or _ref_checked(sentence, chapter, cells, course):
                     continue
                 findings.append(Finding(chapter, i, "direction", ", ".join(words), sentence))
@@ -295,13 +297,17 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
 
 
 def _ref_checked(sentence: str, chapter: str, cells, course) -> bool:
-    """The sentence names, with ``(checked: ...)``, a section that exists and holds a check."""
-    for m in CHECKED_REF_RE.finditer(sentence):
-        other, title = m.group(1), _norm_title(m.group(2))
-        target = cells if other is None else (course or {}).get(other)
-        if target is None:
-            continue
-        for name, idx in sections(target):
-            if (name == title or (len(title) >= 8 and name.startswith(title))) and _checked(target, idx):
-                return True
-    return False
+    """The sentence names, with ``(checked: ...)``, sections that exist and hold a check (``;`` between several)."""
+    refs = [part.strip() for m in CHECKED_REF_RE.finditer(sentence) for part in m.group(1).split(";")]
+    return bool(refs) and all(_section_checked(ref, cells, course) for ref in refs)
+
+
+def _section_checked(ref: str, cells, course) -> bool:
+    m = re.match(r"ch(\d\d)\s*·\s*(.+)$", ref)
+    other, title = (m.group(1), m.group(2)) if m else (None, ref)
+    target = cells if other is None else (course or {}).get(other)
+    if target is None:
+        return False
+    title = _norm_title(title)
+    return any((name == title or (len(title) >= 8 and name.startswith(title))) and _checked(target, idx)
+               for name, idx in sections(target))

@@ -36,15 +36,15 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     are easy to follow. This chapter's times are **wall-clock** times of this machine (a server lives in real time),
     so its sentences state counts and blocks, never speeds.
 
-    Starting takes a few seconds, longer on a busy machine (the server loads the model and may first build the C++
-    attention kernel): the cell prints its progress every 20 s, and if the server exits or has not answered `/health`
-    within 9 minutes it stops with a message saying why and what to try, not a traceback.
+    Starting takes a few seconds on an idle machine and can take minutes on a busy one (the server loads the model and
+    may first build the C++ attention kernel): the cell prints its progress every 20 s, and if the server exits or has
+    not answered `/health` within 9 minutes it stops with a message saying why and what to try, not a traceback.
     """),
     code("""
     SERVER_ARGS = ["--max-model-len", "512", "--num-kv-blocks", "256", "--max-num-batched-tokens", "256", "--max-num-seqs", "32"]
     if COURSE_MODEL:
         SERVER_ARGS = [COURSE_MODEL] + SERVER_ARGS
-    server = ServerProcess(SERVER_ARGS)
+    server = ServerProcess(SERVER_ARGS, timeout_s=9 * 60, progress_every_s=20)
     print("started:", " ".join(server.command[1:]))
     print("base URL:", server.url)
     print(httpx.get(server.url + "/v1/models", timeout=10).json())
@@ -157,7 +157,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     md("""
     ## Read `/metrics`
     The Prometheus text format, with vLLM's series names, so an existing vLLM Grafana dashboard works unchanged.
-    Gauges (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`) say *now*; counters (`..._total`) only grow;
+    Gauges (`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`) say *now*; counters (`..._total`) only grow (source: Prometheus docs, *Metric types*);
     histograms give `_count`, `_sum` and cumulative `_bucket`s, so a dashboard computes means and percentiles over any
     window. A few of them, parsed with `prometheus_client`:
     """),
@@ -368,7 +368,8 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         """, """
         A zombie request keeps its sequence slot and its KV blocks (its whole context stays in the pool) and takes a token
         of every step's budget, for output nobody reads. Under load the pool fills with zombies: new requests wait or get
-        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy. Aborting frees the slot and
+        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy (checked: ch06 · Running
+        out of KV memory; ch07 · SLOs, goodput and capacity). Aborting frees the slot and
         the blocks between two steps, as the step feed showed.
         """),
     *question("what if /metrics showed KV usage near 1 and a growing waiting queue?", """
@@ -376,10 +377,10 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         `vllm:num_preemptions_total` is rising. What is happening, and what would you change?
         """, """
         Memory is the bottleneck: the running requests' contexts fill the KV pool, new requests cannot be admitted, and
-        running ones are preempted when they grow (recompute preemption then re-prefills them, wasting compute). Options:
-        more KV memory (a larger `gpu_memory_utilization`, tensor parallelism to spread the weights), fewer concurrent
-        sequences (`max_num_seqs`) so the admitted ones finish, prefix caching if prompts share prefixes, shorter
-        `max_model_len`, or more replicas. Check TTFT P99 and goodput to see how much users feel it.
+        running ones are preempted when they grow (checked: ch06 · Running out of KV memory): recompute preemption then
+        re-prefills them, wasting compute. What helps: add KV memory (raise `gpu_memory_utilization`, or use tensor
+        parallelism to spread the weights), cap the concurrent sequences (`max_num_seqs`) so the admitted ones finish,
+        cache prefixes if prompts share them, cap `max_model_len`, or add replicas. Check TTFT P99 and goodput to see how much users feel it.
         """),
     md("""
     ## Structured outputs: a mask over the vocabulary
@@ -391,7 +392,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     valid whether it is the argmax or a draw, and the request stops when the grammar has accepted its end. The state
     lives on the request next to its output tokens and moves only when a step commits: a failed step never moved it,
     a preempted request keeps it. Below, the same server answers with a choice, then one request is replayed in this
-    process to see the mask at every position: how much of the 2,048-token vocabulary it leaves, and what filling it
+    process to see the mask at every position: how much of the vocabulary it leaves, and what filling it
     cost (wall time of this machine: xgrammar computes a state's mask at its first fill, so the output is replayed 7
     times through fresh states and the median first fill is kept, torch pinned to 1 thread; the load average is in
     the title).
@@ -414,7 +415,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     closing = {tok.convert_tokens_to_ids(ch): 4.0 for ch in '"},'}  # the tiny model rambles: nudge it to close
     answer = local.generate("ROMEO:", SamplingParams(temperature=0.8, seed=4, max_tokens=64, structured_outputs=so,
                                                      logit_bias=closing), use_tqdm=False)[0].outputs[0]
-    profile = mask_profile(local.llm_engine.structured_output_manager, so, answer.token_ids)
+    profile = mask_profile(local.llm_engine.structured_output_manager, so, answer.token_ids, repeats=7)
     mask_figure(profile, labels=[repr(tok.decode([t])) for t in answer.token_ids]).show()
     shares = [s.allowed_share for s in profile.steps]
     forced = sum(s.num_allowed == 1 for s in profile.steps)
