@@ -146,7 +146,8 @@ CELLS = [
       work assigned and unfinished (`prompt + max_tokens`); **least KV usage** to the one whose KV pool is least loaded.
     - **prefix-aware** is SGLang's cache-aware rule: if the load (outstanding requests) is *imbalanced* (max - min > 64 and
       max > 1.5 x min) send to the least loaded replica; otherwise to the replica whose prefix cache holds the longest part
-      of the prompt, if that part is more than 30 % of it; else to the least loaded. Mooncake's scheduler is cache-aware in
+      of the prompt, if that part is more than 30 % of it; else to the least loaded (source: SGLang's router, its
+      default thresholds). Mooncake's scheduler is cache-aware in
       the same spirit. Here the router reads each replica's real prefix cache.
 
     On the Mooncake trace, where conversations re-send their history, the choice decides how much prefill is skipped.
@@ -221,7 +222,8 @@ CELLS = [
     md("""
     The last rows of the lanes are the store: its DRAM filling up over the run. On this short window there is little
     to reuse; `python benchmarks/fleet.py --only store` runs the whole Mooncake trace (3,993 requests at full length),
-    where the ideal is about 65 % and the store's share of it is the question, and the Azure trace, which shares no
+    where the ideal is about 65 % (source: this project's README, the fleet benchmark and the trace's prefix-cache
+    potential) and the store's share of it is the question, and the Azure trace, which shares no
     prefix, so the store serves nothing there and only costs its writes.
 
     **When does fetching beat recomputing?** Recomputing a token of the prefix costs its FLOPs: about 2 FLOPs per
@@ -476,17 +478,27 @@ CELLS = [
         At what point does disaggregation stop paying, and what would you change first?
         """, """
         The KV transfer adds prompt_len x KV bytes per token / bandwidth to every request's TTFT and occupies the
-        sender and receiver while it runs. Over 100 GbE a 1,000-token Llama-3-8B prompt already costs a large share of
-        its prefill time; 10x slower, the transfer is longer than the prefill, the TTFT SLO fails first and the decode
-        pool idles waiting for KV. Options: a faster link (NVLink within a node, RDMA), a model with fewer KV bytes
-        (GQA, MLA, FP8 KV), sending layer by layer while the prefill still runs (DistServe and Mooncake overlap it), or
-        colocating with chunked prefill instead (Sarathi-Serve).
+        sender and receiver while it runs. Over 100 GbE a 1,000-token Llama-3-8B prompt already adds over a third of
+        its prefill time; 10x slower, the transfer takes longer than the prefill itself (the cell below computes both),
+        and every request's TTFT carries it. Change first what costs most: the link (NVLink within a node, RDMA), then
+        the KV bytes per token (GQA, MLA, FP8 KV); or send layer by layer while the prefill still runs (DistServe and
+        Mooncake overlap it), or colocate with chunked prefill instead (Sarathi-Serve).
         """),
+    code("""
+    # The model answer: a 1,000-token prompt's KV over 100 Gb/s Ethernet and over a link 10x slower, against its prefill.
+    ethernet = LINKS["ethernet-100g"]
+    slow_link = KVLink("10 Gb/s Ethernet", ethernet.bandwidth / 10, latency_s=ethernet.latency_s)
+    share = {link.name: link.transfer_time(1000 * kv) / (prefill_ms / 1000) for link in (ethernet, slow_link)}
+    for name, x in share.items():
+        print(f"{name}: the transfer adds {x:.0%} of the {prefill_ms:.1f} ms prefill")
+    claim("over 100 GbE the transfer adds over a third of the prefill", share[ethernet.name] > 1 / 3)
+    claim("10x slower, it takes longer than the prefill itself", share[slow_link.name] > 1)
+    """),
     *summary([
         "A fleet simulation needs the scheduler, the KV cache and a step-time model, not the tokens: `TokenFreeRunner` + `ModelledClock` turn minengine's own engine into a replica.",
         "A router sees the replicas that can hold a request and their load; SGLang's and Mooncake's cache-aware routing sends a request where its prefix is cached unless the load is imbalanced. Compare routers by prefix-hit rate, TTFT and load imbalance.",
         "A fleet KV store (Mooncake) keeps every replica's prompt blocks in the nodes' DRAM/SSD under the engine's block hashes; a replica loads a stored prefix when the load ends before recomputing it would, and the loaded blocks become an ordinary local prefix hit. Compare the hit share with the trace's infinite-cache ideal.",
-        "Fetching beats recomputing when KV bytes per token / link bandwidth < FLOPs per token / achieved FLOP/s: the break-even bandwidth is KV bytes per token over compute seconds per token, and a longer context (more attention FLOPs per token) lowers it.",
+        "Fetching beats recomputing when KV bytes per token / link bandwidth < FLOPs per token / achieved FLOP/s: the break-even bandwidth is KV bytes per token over compute seconds per token, and a longer context (more attention FLOPs per token) lowers it (checked: One KV cache for the whole fleet).",
         "Disaggregation moves prompt_len x KV bytes per token (128 KiB per token for Llama-3-8B) per request, milliseconds over InfiniBand; it removes prefill-decode interference.",
         "Goodput (DistServe: the highest request rate at which the SLO attainment target holds; here P90 TTFT and P90 TPOT within their bounds) is the figure of merit for colocated vs disaggregated fleets: compare at equal GPUs, for each SLO, and search the P:D split.",
         "Capacity planning is a search over simulated fleets: the fewest GPUs whose run meets the SLO at the planned rate.",
