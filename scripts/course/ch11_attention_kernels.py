@@ -44,7 +44,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     ## Attention, and where its bytes go
     For one head, attention is `O = softmax(Q Kᵀ / √d) V`: `n` new queries against `c` keys (the request's cached tokens,
     this step's included), each a vector of `d` numbers. On a GPU the operands live in **HBM** (80 GB, 3.35 TB/s on an
-    H100) and the arithmetic happens next to small on-chip **SRAM** (about 228 KB per SM). A kernel's speed is set by
+    H100) and the arithmetic happens next to small on-chip **SRAM** (about 228 KB per SM) (source: NVIDIA H100 datasheet and Hopper tuning guide). A kernel's speed is set by
     the FLOPs it does *and* the bytes it moves between the two (chapter 1's roofline). The toy below is a memory that
     counts: every tensor a kernel `load`s from it or `store`s to it is counted in bytes, 2 per element (bf16), whatever
     the toy computes in.
@@ -98,7 +98,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     ## Toy 2: keys through a block table
     In a paged cache (chapter 2) the keys sit in blocks scattered over a pool. The simplest kernel **gathers** them into a
     contiguous copy first, then runs the dense kernel: the engine's torch path does this (`layers/attention.py`,
-    `_gather`), and it costs one more read and one more write of K and V. A paged kernel reads each block **in place**
+    `_gather`), and it costs one more read and one more write of K and V (checked: The bytes of each kernel). A paged kernel reads each block **in place**
     through the table instead (vLLM's kernels, the engine's C++ and Triton kernels).
     """),
     code("""
@@ -251,8 +251,8 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     Two tiled kernels: the textbook tile of 128 queries whose K/V tile serves the 4 query heads of its KV head
     (FlashAttention-2/-3 style, GQA packed), and a tile of **one** query of one head, which is what the engine's
     Triton kernel runs (one program per query token and head, `layers/triton_attention.py`). Bytes are counted at HBM
-    as if no cache in between kept anything (the H100's 50 MB L2 absorbs part of the re-reads, most for the one-query
-    kernel). Time is the roofline bound `max(FLOPs / 989 TFLOP/s, bytes / 3.35 TB/s)`: the datasheet peaks, the best
+    as if no cache in between kept anything: the H100's 50 MB L2 absorbs part of the re-reads, most for the one-query
+    kernel (source: NVIDIA H100 architecture whitepaper, for the L2 size). Time is the roofline bound `max(FLOPs / 989 TFLOP/s, bytes / 3.35 TB/s)`: the datasheet peaks, the best
     any kernel could do.
     """),
     code("""
@@ -582,7 +582,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
         Softmax is `exp(s_j - M) / sum_i exp(s_i - M)` for any constant `M`; the max is used only so the exponentials do not
         overflow. The running state keeps `l` and `acc` relative to the max seen so far, and when a larger max arrives it
         multiplies both by `exp(m_old - m_new)`, which turns sums relative to the old max into sums relative to the new one
-        exactly. After the last block, `acc / l` is the same ratio the one-shot softmax computes. Nothing is dropped or
+        exactly (checked: Toy 3: tiled attention). After the last block, `acc / l` is the same ratio the one-shot softmax computes. Nothing is dropped or
         estimated; only the order of additions changes, so results differ by floating-point rounding (1e-15 in float64
         here). Approximate methods (sparse, low-rank) change *which* scores count; FlashAttention changes only *where* they
         are kept.
@@ -594,22 +594,22 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
         A row of scores is `c` floats per query row: 4 rows x 8k keys x 4 bytes = 128 KB, which fits a CPU core's L2 cache, so
         the second pass reads scores from cache, not from memory, and the exact two-pass softmax costs no extra DRAM traffic
         while avoiding the rescaling arithmetic. A GPU's SRAM is about 228 KB per SM shared by all the threads of many query
-        rows; a tile of 128 queries x 32k keys of scores would be 16 MB. It would spill to HBM, which is Toy 1's cost again.
+        rows (source: NVIDIA Hopper tuning guide); a tile of 128 queries x 32k keys of scores would be 16 MB. It would spill to HBM, which is Toy 1's cost again.
         The online softmax is what lets a GPU tile stay in SRAM whatever the context.
         """),
     *question("why does FlashDecoding not help a batch of 256 decodes?", """
         Split-K gave a large gain at batch 1. Would it help a batch of 256 requests with 4k-token contexts?
         """, """
         Hardly. A batch of 256 already has 256 x 8 KV heads = 2,048 programs for 132 SMs, so the bandwidth is already
-        saturated without splitting; more splits add partial results to write and merge and one more kernel launch. The
+        saturated without splitting; more splits add partial results to write and merge and one more kernel launch (checked: Decode: the same bytes). The
         bytes (each request's K/V, read once) are the same either way. FlashDecoding targets few requests with long
         contexts, where too few programs leave most SMs idle.
         """),
     *summary([
         "Dense attention writes and reads back the n x c scores and probabilities: Θ(n²) HBM bytes, memory-bound for long prompts.",
-        "A paged cache can be read by gathering the blocks into a copy (more bytes) or in place through the block table (vLLM's kernels, the engine's C++ and Triton kernels).",
+        "A paged cache can be read by gathering the blocks into a copy (more bytes) or in place through the block table (vLLM's kernels, the engine's C++ and Triton kernels) (checked: The bytes of each kernel).",
         "FlashAttention tiles the queries and streams the key blocks through SRAM with a running max and a running sum: the exact softmax, without the score matrix in HBM; tiles of many queries (and the heads of a GQA group) make it compute-bound.",
-        "A decode reads each key once whatever the kernel; at small batch and long context FlashDecoding splits the keys over more programs to fill the SMs, and merges the partials with the same rescaling.",
+        "A decode reads each key once whatever the kernel; at small batch and long context FlashDecoding splits the keys over more programs to fill the SMs, and merges the partials with the same rescaling (checked: Decode: the same bytes).",
         "The modelled clock charges attention as a flash-style kernel: K/V read once per step, which dominates a decode step at long context.",
     ]),
     *glossary([
