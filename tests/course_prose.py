@@ -51,7 +51,7 @@ DIRECTION_WORDS = ("faster", "slower", "higher", "lower", "more", "fewer", "less
                    "drops", "rises", "wins", "beats", "increases", "decreases", "shrinks", "outperforms", "twice",
                    "doubles", "halves")
 DIRECTION_RE = re.compile(r"\b(" + "|".join(DIRECTION_WORDS) + r")\b|(?<![\w.])\d+(?:\.\d+)?[x×](?![\w])", re.I)
-NOT_A_DIRECTION_RE = re.compile(r"\b(no longer|any longer|once more|more or less)\b", re.I)  # idioms, no comparison
+NOT_A_DIRECTION_RE = re.compile(r"\b(no longer|any longer|once more|one more|more or less)\b", re.I)  # idioms, no comparison
 INSTRUCTION_VERBS = ("predict", "guess", "try", "compare", "change", "set", "run", "re-run", "rerun", "find", "give",
                      "compute", "answer", "look", "watch", "pick", "move", "increase", "decrease", "raise", "lower",
                      "drag", "use", "explain", "measure", "see", "know", "read", "derive", "count", "build", "draw",

@@ -76,7 +76,8 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
              f"per step, because a proposal only counts if all before it were accepted; the limit as k grows is 1 / (1 - α) = {1 / 0.4:.1f}.",
              [("simulation and formula agree within 3 %", worst < 0.03),
               ("more proposals help less and less", all(expected_tokens(0.6, k + 1) - expected_tokens(0.6, k) < expected_tokens(0.6, k) - expected_tokens(0.6, k - 1) for k in ks[1:-1])),
-              ("the limit is 1 / (1 - alpha)", expected_tokens(0.6, 8) < 1 / 0.4)])
+              ("the limit is 1 / (1 - alpha)", expected_tokens(0.6, 8) < 1 / 0.4),
+              ("the worked examples: 3.36 at alpha 0.8, k 4; 1.43 at alpha 0.3", (round(expected_tokens(0.8, 4), 2), round(expected_tokens(0.3, 4), 2)) == (3.36, 1.43))])
     """),
     md("""
     ## Measure: the engine's n-gram proposer
@@ -370,24 +371,25 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
         `T(B, 1 + k) + k c T(B, 1)` instead of `T(B, 1 + k)`; at small batch Leviathan et al.'s improvement factor is
         `(1 - α^(k+1)) / ((1 - α)(k c + 1))`. With c = 0.05 and k = 4 the draft adds 20 % to every step, so α must be
         noticeably higher to pay, and the best k is smaller: each extra proposal now has a price even when the target's
-        step is memory-bound. At large batch both the draft's and the target's steps grow, and the break-even α rises
-        further.
+        step is memory-bound (Leviathan et al., ICML 2023). At large batch the break-even α rises with the batch
+        (checked: When does it pay?), and the draft's cost comes on top.
         """),
     *question("why does speculation stop paying at large batch, even with a perfect proposer?", """
         Suppose α = 1. Is speculation still free at batch 512?
         """, """
         With α = 1 every step yields k + 1 tokens, so the work per generated token is the same as without speculation: the
         step just computes k + 1 tokens per request at once. At small batch that still wins, because one weight read serves
-        k + 1 tokens instead of one (decode is memory-bound). At large batch the step is already compute-bound: k + 1 times
+        k + 1 tokens instead of one (decode is memory-bound) (checked: On the engine). At large batch the step is already compute-bound: k + 1 times
         the tokens costs close to k + 1 times the time, so even perfect proposals give little, and any rejection costs. That
-        is why serving systems switch speculation off, or shorten k, as the load grows.
+        is why serving systems switch speculation off, or shorten k, as the load grows (source: vLLM's
+        `speculative_disable_by_batch_size` engine argument).
         """),
     *summary([
         "Verification keeps proposals up to the first rejection and adds one token of the target's own: 1 to k + 1 tokens per forward.",
         "With each proposal accepted with probability α independently, a verify step yields (1 - α^(k+1)) / (1 - α) tokens on average (Leviathan et al. 2023); returns diminish with k.",
-        "Estimate α from the reached proposals (successes over successes plus first failures); the reported acceptance rate (accepted / proposed) is lower and is not the formula's α.",
+        "Estimate α from the reached proposals (successes over successes plus first failures); the reported acceptance rate (accepted / proposed) is lower and is not the formula's α (checked: Which α?).",
         "Measured n-gram acceptance is bursty (the i.i.d. model is an approximation), yet the formula with the estimated α predicts the tokens per drafted decode closely.",
-        "Speculation pays when verifying 1 + k tokens costs about as much as one (small batch, memory-bound); at large batch the break-even α rises and low acceptance makes it slower.",
+        "Speculation pays when verifying 1 + k tokens costs about as much as one (small batch, memory-bound); at large batch the break-even α rises and low acceptance makes it slower (checked: When does it pay?; On the engine).",
     ]),
     *glossary([
         ("speculative decoding", "投机解码", "guess several tokens, verify them in one forward, keep the accepted ones"),
