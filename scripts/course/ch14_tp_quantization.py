@@ -332,7 +332,7 @@ print("text:", TEXT_SOURCE)
     ### On the modelled clock: Llama-3-8B decode on an H100
     A decode step reads every weight once and every request's KV. `StepCostModel` prices the step from the bytes each
     setting stores (`shape_for_engine`: fp8 KV = 1 byte per KV element, int8 = 1 byte per decoder weight with 16-bit
-    activations), at 1 and 64 decodes of 2,048 tokens of context:
+    activations), at 1 and 64 decodes with 2,047 tokens of context before them:
     """),
     code("""
     SETTINGS = {"bf16": ("auto", None), "fp8 KV": ("fp8", None), "int8 weights": ("auto", "int8"), "fp8 KV + int8": ("fp8", "int8")}
@@ -389,20 +389,20 @@ print("text:", TEXT_SOURCE)
               "Each KV head is then replicated on 2 GPUs (`kv_heads_of_rank`): a GPU still stores one head, so the KV per GPU stays at TP 8's while the weights per GPU halve again. The formula `KV / tp` of Exercise 1 is only right up to tp = number of KV heads; beyond it the KV share is `KV / num_kv_heads`. Deployments that big usually add pipeline parallelism (split the layers) instead, which splits KV by layers."),
     *question("why does fp8 KV pay at large batches and int8 weights at small ones?",
               "Both halve bytes. Why did the modelled decode step favour int8 weights at batch 1 and fp8 KV at batch 64?",
-              "A decode step is memory-bound: its time is about the bytes read. The weights are read once per step whatever the batch (15 GB for Llama-3-8B in bf16); the KV read grows with batch x context. At batch 1 the weights are almost all of the bytes, so halving them halves the step; at 64 requests of 2k the KV is larger than the weights, so halving it gains more. fp8 KV also doubles the blocks, so the batch itself can grow."),
+              "A decode step is memory-bound: its time is about the bytes read. The weights are read once per step whatever the batch; the KV read is batch x context x KV bytes per token. At batch 1 the weights are almost all of the bytes, so halving them gains most; at 64 requests of 2,047-token contexts the KV read is larger than the weights, so halving it gains more, and fp8 KV also doubles the blocks, so the batch itself can grow (checked: On the modelled clock)."),
     *summary([
         "The engine's TP runs the model in 2 worker processes (Megatron split, gloo); greedy tokens equalled TP 1's on every prompt above.",
         "Each rank all-reduces 2 messages per layer of `tokens x hidden` activations: counted in the workers, equal to `StepCostModel.allreduce_count_and_bytes` on every step.",
         "KV heads are sharded: the same per-rank budget holds tp times the blocks, until tp exceeds the KV heads (then replicated).",
-        "Llama-3-70B in bf16 does not fit one H100 (141 GB of weights); the KV of the batch decides between TP 2, 4 and 8; fp8 weights and KV halve the GPUs.",
-        "fp8 KV: 4x float32's (2x bf16's) blocks in the engine's budget; perplexity moved under 1 % on this tiny model; on the modelled H100, int8 weights help small-batch decode and fp8 KV large-batch decode.",
+        "Llama-3-70B's bf16 weights alone do not fit one H100; the KV of the batch decides between TP 2, 4 and 8; fp8 weights and KV halve the GPUs (checked: How many GPUs does Llama-3-70B need?).",
+        "fp8 KV: 4x float32's (2x bf16's) blocks in the engine's budget; perplexity moved under 1 % on this tiny model; on the modelled H100, int8 weights help small-batch decode and fp8 KV large-batch decode (checked: fp8 KV and int8 weights; On the modelled clock).",
     ]),
     *glossary([
         ("tensor parallelism (TP)", "张量并行", "every weight matrix split over tp GPUs; one all-reduce per row-parallel layer"),
         ("all-reduce", "全规约", "every rank ends with the sum of every rank's tensor"),
         ("column-parallel / row-parallel", "列并行 / 行并行", "split a weight's outputs / inputs over the ranks"),
         ("KV head replication", "KV 头复制", "more ranks than KV heads: a head stored on several ranks"),
-        ("fp8 (e4m3)", "FP8（e4m3）", "1-byte float: 4 exponent bits, 3 mantissa bits; the KV cache's dtype here"),
+        ("fp8 (e4m3)", "FP8（e4m3）", "1-byte float: 4 exponent bits, 3 mantissa bits (Micikevicius et al., *FP8 Formats for Deep Learning*, 2022); the KV cache's dtype here"),
         ("weight-only int8", "仅权重 int8 量化", "int8 weights with a per-output-channel scale, 16/32-bit activations"),
         ("perplexity", "困惑度", "exp of the mean negative log-likelihood per token; lower is better"),
     ]),
