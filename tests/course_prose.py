@@ -1,42 +1,52 @@
 """Static scan of the course's prose: every number and every direction stated in a markdown cell must be backed.
 
-Used by ``tests/test_course_numbers.py``; reads notebook cells (dicts with ``cell_type``, ``source``, ``metadata``),
-executes nothing. The rules (also in ``notebooks/README.md``, *Numbers and directions in the prose*):
+Used by ``tests/test_course_numbers.py`` (issue 22, section 2); reads notebook cells (dicts with ``cell_type``,
+``source``, ``metadata``) and executes nothing. The same rules, for authors, are in ``notebooks/README.md``
+(*Numbers and directions in the prose*).
 
-**What is scanned.** The text of every markdown cell, after removing what is not prose:
-fenced code blocks (they are code), inline code in backticks (it quotes code: names, expressions, literals of the
-cells), ``$...$`` math (definitions), HTML tags and link targets, the ``**Sources**:`` line of the header (the
-citation list itself), and the heading's own numbering (``# 03 · ...``).
+**What is read.** Every markdown cell, after removing what is not prose: fenced code blocks (code), inline code in
+backticks (it quotes code: names, expressions and literals of the cells), ``$...$`` math (definitions), HTML tags
+and link targets, the header's ``**Sources**:`` line (the citation list itself), and a heading's own numbering
+(``# 03 · ...``) and a list item's (``1. ``). Sentences: each heading, list item and table row is one; paragraphs
+split after ``.``, ``!``, ``?``.
 
-**Numbers.** A run of digits (``8,000``, ``0.65``, ``65 %``, ``3x``, ``8k``, ``10 ms``) is a number unless it is
-- part of a name: letters right before it (``H100``, ``fp8``, ``int8``, ``ch07``, ``P99``, ``Llama-3-8B``,
-  ``Qwen2``) or a ``B`` right after it (``8B``, ``70B``: parameter counts are part of model names), or letters
-  after it that are not a unit (``2D``);
+**Numbers.** A run of digits with its unit (``8,000``, ``0.65``, ``65 %``, ``3x``, ``8k``, ``10 ms``, ``270 GB``).
+Skipped, because they are not quantities the chapter states:
+- part of a name: letters, ``#`` or ``'`` right before it (``H100``, ``fp8``, ``int8``, ``ch07``, ``P99``,
+  ``Llama-3-8B``, ``PR #17885``, ``ISCA'24``), a ``B`` or another non-unit letter right after it (``8B``, ``70B``,
+  ``2D``), or a product / setting word before it (``NAME_BEFORE_RE``: ``RTX 4090``, ``TP 2``);
 - numbering: after *chapter(s)*, *section(s)*, *exercise(s)*, *quiz*, *question*, *part*, *figure*, *table*,
-  *page(s)*, *issue*, *equation*, *lesson* (and the list that follows: "chapters 4 and 5"), a list item's own
-  number (``1. ``);
-- a year (1950-2039 without a thousands separator, not followed by a unit or a counted noun), or ``'24``: years
-  belong to citations.
-A number passes when (a) its value is a numeric literal, or a constant expression of literals (``8 * 1024``), in a
-code cell of the same chapter or in the python block of one of its solutions (a parameter, a threshold of an
-assert / claim / check), read with its unit (``65 %`` matches ``65`` or ``0.65``, ``10 ms`` matches ``10`` or
-``0.01``, ``8k`` matches ``8000`` or ``8192``); or (b) its sentence carries the cited-fact marker. A number the
-prose states that the chapter neither sets nor checks (a measured result typed into the text) fails.
+  *page(s)*, *issue*, *equation*, *lesson*, with the list that follows ("chapters 4 and 5");
+- a year (1950-2039 without a thousands separator, not followed by a unit or a counted noun such as *tokens*);
+- anything inside a citation or a ``(checked: ...)`` pointer.
+A number passes when (a) its value, read with its unit (``65 %`` is 65 or 0.65, ``10 ms`` is 10 or 0.01, ``8k`` is
+8000 or 8192, ``270 GB`` is 270, 270e9 or 270 x 2^30), is a numeric literal or a constant expression of literals
+(``8 * 1024``) in a code cell of the same chapter or in the python block of one of its solutions: a parameter the
+chapter sets, a threshold of an assert / claim / check; or (b) its sentence is a cited fact. A measured result typed
+into the text is not a literal of any cell, so it fails: the sentence must be a conclusion cell's computed text
+instead, or say no number. (The rule is static: a small integer that also happens to be a literal elsewhere in the
+chapter passes; what it catches is the typed-in measurement, the number no cell holds.)
 
 **Directions.** A comparison word (``DIRECTION_WORDS``: faster, slower, higher, lower, more, fewer, less, better,
-worse, larger, smaller, bigger, longer, shorter, cheaper, grows, falls, drops, rises, wins, beats, increases,
-decreases, shrinks, outperforms, twice, doubles, halves, and an ``Nx`` multiplier) must be backed: (a) a code
-cell of the same section (the cells up to the next markdown heading) calls ``claim``/``conclude``/``check*`` or
-``assert``; or (b) the sentence points to a section of the course that does, with ``(checked: <section>)`` (this
-chapter) or ``(checked: chNN · <section>)`` (another chapter), and that section exists and has such a check; or
-(c) the sentence carries the cited-fact marker; or (d) it talks to the learner: a question (ends in ``?``), an
-instruction (starts with an imperative verb, ``INSTRUCTION_VERBS``), the prompt of an exercise (its question and
-hint), the question part of a *Think about it* cell (before its model answer), or a learning goal.
-The section rule is pragmatic: it cannot read whether the check says what the sentence says (the conclusion
-cells do that, at run time); it finds prose with no check near it at all.
+worse, larger, smaller, bigger, longer, shorter, cheaper, grow(s/ing), falls, drops, rises, wins, beats, increases,
+decreases, shrinks, outperforms, twice, doubles, halves) or an ``Nx`` multiplier, except idioms that compare nothing
+(``NOT_A_DIRECTION_RE``: "no longer", "one more"). It passes when
+(a) a code cell of the same section (from the last markdown heading to the next) calls ``claim`` / ``conclude`` /
+``check`` / ``check_close`` / ``check_function`` or ``assert``s; or
+(b) the sentence points to sections that do: ``(checked: <heading>)`` in this chapter, ``(checked: chNN · <heading>)``
+in another, several separated by ``;``; the heading is matched case- and markup-insensitively, as a prefix of at least
+8 characters, and must exist and hold such a check; or
+(c) the sentence is a cited fact; or
+(d) it talks to the learner: a question (ends in ``?``), an instruction (starts with an imperative verb of
+``INSTRUCTION_VERBS`` not followed by a verb in the third person: "Set a higher budget" is one, "Recompute frees
+blocks" is not; never in a Summary), an exercise's prompt and hint, a *Think about it* question before its model
+answer, a learning goal; or a glossary row (a definition: "perplexity: lower is better").
+The section rule cannot read whether the check says what the sentence says (the conclusion cells assert that at run
+time); it finds prose with no check near it at all, and makes a summary or a model answer name where it is checked.
 
-**The cited-fact marker** is a parenthesis starting ``source:`` in the sentence, naming where the fact comes from,
-e.g. ``(source: Leviathan et al., ICML 2023, section 3.1)`` or ``(source: vLLM docs, *Engine arguments*)``.
+**Cited facts.** A sentence carrying a parenthesis that starts ``source:`` and names where the fact comes from
+(``(source: vLLM's EngineArgs.get_batch_defaults)``, ``(source: NVIDIA H100 datasheet)``), or an author citation in
+parentheses (``(Leviathan et al., ICML 2023)``, ``(Kwon et al., SOSP 2023, figure 2)``).
 """
 
 from __future__ import annotations
@@ -51,7 +61,8 @@ DIRECTION_WORDS = ("faster", "slower", "higher", "lower", "more", "fewer", "less
                    "drops", "rises", "wins", "beats", "increases", "decreases", "shrinks", "outperforms", "twice",
                    "doubles", "halves")
 DIRECTION_RE = re.compile(r"\b(" + "|".join(DIRECTION_WORDS) + r")\b|(?<![\w.])\d+(?:\.\d+)?[x×](?![\w])", re.I)
-NOT_A_DIRECTION_RE = re.compile(r"\b(no longer|any longer|once more|one more|more or less)\b", re.I)  # idioms, no comparison
+# idioms that compare nothing: "no longer has it", "one more read" (a count)
+NOT_A_DIRECTION_RE = re.compile(r"\b(no longer|any longer|once more|one more|more or less)\b", re.I)
 INSTRUCTION_VERBS = ("predict", "guess", "try", "compare", "change", "set", "run", "re-run", "rerun", "find", "give",
                      "compute", "answer", "look", "watch", "pick", "move", "increase", "decrease", "raise", "lower",
                      "drag", "use", "explain", "measure", "see", "know", "read", "derive", "count", "build", "draw",
@@ -73,7 +84,7 @@ COUNTED = re.compile(r"\s*-?\s*(tokens?|requests?|steps?|blocks?|gpus?|prompts?|
                      re.I)
 NUMBERING_RE = re.compile(
     r"(?i)\b(chapters?|ch\.|sections?|§|exercises?|quiz(?:zes)?|questions?|parts?|figures?|fig\.|tables?|pages?|"
-    r"pp?\.|issues?|eq\.|equations?|lessons?|steps? \d+ of)\s*\d+(?:\.\d+)*(?:\s*(?:,|and|or|&|–|-|to)\s*\d+(?:\.\d+)*)*")
+    r"pp?\.|issues?|eq\.|equations?|lessons?)\s*\d+(?:\.\d+)*(?:\s*(?:,|and|or|&|–|-|to)\s*\d+(?:\.\d+)*)*")
 NAME_BEFORE_RE = re.compile(r"\b(RTX|GTX|TP|PP|DP|EP|MI|GPT|Llama|Qwen|Python|CUDA|PR)\s$")
 NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
 
@@ -188,10 +199,8 @@ def numbers_in(sentence: str) -> list[tuple[str, float, str]]:
         i, j = m.span()
         before = s[:i]
         left = re.search(r"[\w\-.'’#]*$", before).group(0)
-        if re.search(r"[A-Za-z]", left) or left.endswith(("'", "’", "#")) or (left.endswith(".") and left[:-1][-1:].isdigit()):
-            continue  # part of a name (H100, fp8, Llama-3-8B, ch07) or of a version / decimal already read
-        if left.endswith(".") and len(left) > 1:
-            continue
+        if re.search(r"[A-Za-z]", left) or left.endswith(("'", "’", "#")) or (left.endswith(".") and len(left) > 1):
+            continue  # part of a name (H100, fp8, Llama-3-8B, ch07, PR #17885, ISCA'24) or of a version (v0.4.1)
         if NAME_BEFORE_RE.search(before):
             continue  # RTX 4090, TP 2, GPT 4: the number names a product or a setting
         after = s[j:]

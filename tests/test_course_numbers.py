@@ -11,6 +11,7 @@ passes; and any number typed into prose that no code cell holds is flagged (hypo
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -32,6 +33,7 @@ def cells_of(chapter: str) -> list[dict]:
     return json.loads((NOTEBOOKS_DIR / f"{chapter}.ipynb").read_text())["cells"]
 
 
+@functools.lru_cache(maxsize=1)
 def course() -> dict[str, list[dict]]:
     return {chapter[:2]: cells_of(chapter) for chapter in CHAPTERS}
 
@@ -96,8 +98,8 @@ def test_questions_instructions_and_names_are_not_claims():
     assert [t for t, _, _ in numbers_in("about 65 % of 8,000 tokens, 3x faster, in 10 ms")] == [
         "65 %", "8,000", "3x", "10 ms"]
     values = code_values([code("share = 0.65\nn = 8_000\nratio = 3\nt = 10e-3")])
-    cells = [md("## R\nAbout 65 % of 8,000 tokens, 3x, in 10 ms."), code("share = 0.65\nn = 8_000\nratio = 3\nt = 10e-3"),
-             code("assert ratio > 1")]
+    cells = [md("## R\nAbout 65 % of 8,000 tokens, 3x, in 10 ms."),
+             code("share = 0.65\nn = 8_000\nratio = 3\nt = 10e-3"), code("assert ratio > 1")]
     assert {0.65, 8000.0, 3.0, 0.01} <= values and scan("99", cells) == []
 
 
