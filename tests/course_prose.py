@@ -164,10 +164,19 @@ def _matches(value: float, unit: str, values: set[float]) -> bool:
 
 
 # ---------------------------------------------------------------- prose side
-def clean(text: str) -> str:
+CODE_MARK = 0xE000  # inline code becomes one private-use character each: no digit, no word, restored for messages
+
+
+def clean(text: str, codes: list[str] | None = None) -> str:
     """The prose of a markdown cell: code, inline code, math, HTML tags, link targets and the sources line removed."""
     text = re.sub(r"```.*?```", " ", text, flags=re.S)
-    text = re.sub(r"`[^`]*`", "CODE", text)
+    codes = [] if codes is None else codes
+
+    def mark(m: re.Match) -> str:
+        codes.append(m.group(0))
+        return chr(CODE_MARK + len(codes) - 1)
+
+    text = re.sub(r"`[^`]*`", mark, text)
     text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", "MATH", text, flags=re.S)
     text = re.sub(r"<[^>]+>", " ", text)
     text = re.sub(r"\]\([^)]*\)", "]", text)
@@ -185,7 +194,7 @@ def sentences(text: str) -> list[str]:
         block = " ".join(block.split())
         if not block:
             continue
-        out += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z*(\[\"“_])", block) if s.strip()]
+        out += [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z*(\[\"“_\ue000-\uf8ff])", block) if s.strip()]
     return out
 
 
@@ -288,12 +297,14 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
         summary = _src(cell).lstrip().startswith("## Summary")
         sec_checked = _checked(cells, secs[section_of[i]][1])
         for part, addressed in ((learner, True), (prose, False)):
-            for sentence in sentences(clean(part)):
+            codes: list[str] = []
+            for sentence in sentences(clean(part, codes)):
+                shown = re.sub(r"[\ue000-\uf8ff]", lambda m: codes[ord(m.group(0)) - CODE_MARK], sentence)
                 cited = bool(CITED_RE.search(sentence))
                 if not cited:
                     for token, value, unit in numbers_in(sentence):
                         if not _matches(value, unit, values):
-                            findings.append(Finding(chapter, i, "number", token, sentence))
+                            findings.append(Finding(chapter, i, "number", token, shown))
                 if addressed or cited or sentence.rstrip(" *_)").endswith("?") or (
                         _is_instruction(sentence) and not summary):
                     continue
@@ -301,7 +312,7 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
                 words = [m.group(0) for m in DIRECTION_RE.finditer(plain)]
                 if not words or sec_checked or _ref_checked(sentence, chapter, cells, course):
                     continue
-                findings.append(Finding(chapter, i, "direction", ", ".join(words), sentence))
+                findings.append(Finding(chapter, i, "direction", ", ".join(words), shown))
     return findings
 
 
