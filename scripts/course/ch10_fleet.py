@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 import minengine.viz as viz
 import minengine.viz.fleet_figures as fleet_viz
 from minengine.config import EngineConfig
-from minengine.course import FAST, check, check_close, check_function, conclude, pick
+from minengine.course import FAST, check, check_close, check_function, claim, conclude, pick
 from minengine.engine.llm_engine import LLMEngine
 from minengine.fleet import (LINKS, ROUTERS, FleetConfig, KVLink, KVStoreConfig, PercentileSLO, TokenFreeRunner, infinite_cache_hits,
                              simulate, token_free_engine)
