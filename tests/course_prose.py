@@ -29,7 +29,8 @@ chapter passes; what it catches is the typed-in measurement, the number no cell 
 
 **Directions.** A comparison word (``DIRECTION_WORDS``: faster, slower, higher, lower, more, fewer, less, better,
 worse, larger, smaller, bigger, longer, shorter, cheaper, grow(s/ing), falls, drops, rises, wins, beats, increases,
-decreases, shrinks, outperforms, twice, doubles, halves) or an ``Nx`` multiplier, except idioms that compare nothing
+decreases, shrinks, outperforms, twice, doubles, halves, lowers, raises, exceeds, outweighs, worsens, improves, slows,
+grew, fell, rose, greater) or an ``Nx`` multiplier, except idioms that compare nothing
 (``NOT_A_DIRECTION_RE``: "no longer", "one more"). It passes when
 (a) a code cell of the same section (from the last markdown heading to the next) calls ``claim`` / ``conclude`` /
 ``check`` / ``check_close`` / ``check_function`` or ``assert``s; or
@@ -59,7 +60,8 @@ from dataclasses import dataclass
 DIRECTION_WORDS = ("faster", "slower", "higher", "lower", "more", "fewer", "less", "better", "worse", "larger",
                    "smaller", "bigger", "longer", "shorter", "cheaper", "grows", "grow", "growing", "falls",
                    "drops", "rises", "wins", "beats", "increases", "decreases", "shrinks", "outperforms", "twice",
-                   "doubles", "halves")
+                   "doubles", "halves", "lowers", "raises", "exceeds", "outweighs", "worsens", "improves", "slows",
+                   "grew", "fell", "rose", "greater")
 DIRECTION_RE = re.compile(r"\b(" + "|".join(DIRECTION_WORDS) + r")\b|(?<![\w.])\d+(?:\.\d+)?[x×](?![\w])", re.I)
 # idioms that compare nothing: "no longer has it", "one more read" (a count)
 NOT_A_DIRECTION_RE = re.compile(r"\b(no longer|any longer|once more|one more|more or less)\b", re.I)

@@ -393,7 +393,7 @@ print("text:", TEXT_SOURCE)
     *summary([
         "The engine's TP runs the model in 2 worker processes (Megatron split, gloo); greedy tokens equalled TP 1's on every prompt above.",
         "Each rank all-reduces 2 messages per layer of `tokens x hidden` activations: counted in the workers, equal to `StepCostModel.allreduce_count_and_bytes` on every step.",
-        "KV heads are sharded: the same per-rank budget holds tp times the blocks, until tp exceeds the KV heads (then replicated).",
+        "KV heads are sharded: the same per-rank budget holds tp times the blocks, until tp exceeds the KV heads, then replicated (checked: KV per GPU).",
         "Llama-3-70B's bf16 weights alone do not fit one H100; the KV of the batch decides between TP 2, 4 and 8; fp8 weights and KV halve the GPUs (checked: How many GPUs does Llama-3-70B need?).",
         "fp8 KV: 4x float32's (2x bf16's) blocks in the engine's budget; perplexity moved under 1 % on this tiny model; on the modelled H100, int8 weights help small-batch decode and fp8 KV large-batch decode (checked: fp8 KV and int8 weights; On the modelled clock).",
     ]),
