@@ -188,6 +188,11 @@ def clean(text: str, codes: list[str] | None = None) -> str:
     return text
 
 
+def _restore(sentence: str, codes: list[str]) -> str:
+    """The sentence with its inline code back in place of the marks ``clean`` left (for messages)."""
+    return re.sub(r"[\ue000-\uf8ff]", lambda m: codes[ord(m.group(0)) - CODE_MARK], sentence)
+
+
 def sentences(text: str) -> list[str]:
     """Split prose into sentences: headings, list items and table rows are their own; paragraphs split after . ! ?"""
     text = re.sub(r"^(\s{0,3}#{1,6}\s[^\n]*)$", r"\n\1\n", text, flags=re.M)  # a heading is its own block
@@ -301,7 +306,7 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
         for part, addressed in ((learner, True), (prose, False)):
             codes: list[str] = []
             for sentence in sentences(clean(part, codes)):
-                shown = re.sub(r"[\ue000-\uf8ff]", lambda m: codes[ord(m.group(0)) - CODE_MARK], sentence)
+                shown = _restore(sentence, codes)
                 cited = bool(CITED_RE.search(sentence))
                 if not cited:
                     for token, value, unit in numbers_in(sentence):
