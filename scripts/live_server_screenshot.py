@@ -169,6 +169,10 @@ def attach(page, url: str, lang: str = "en") -> None:
     box.fill(url)
     box.press("Enter")
     page.wait_for_timeout(800)  # the value reaches the server
+    try:  # and its rerun ends (a loaded machine can take seconds): a click during it could be lost with the old page
+        page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=20_000)
+    except Exception:  # a live view already running reruns by itself: click anyway
+        pass
     page.get_by_role("button", name={"en": "Connect", "zh": "连接"}[lang], exact=True).click()
 
 

@@ -217,9 +217,11 @@ def test_a_bad_url_and_a_closed_port_are_messages(processes, browser):
     box.fill(f"http://127.0.0.1:{closed}")
     box.press("Enter")
     page.wait_for_timeout(800)
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=60_000)
     page.get_by_role("button", name="Connect", exact=True).click()
-    page.get_by_text(f"Cannot reach http://127.0.0.1:{closed}").first.wait_for(timeout=30_000)
-    assert time.monotonic() - started < 20
+    # a refused connection is a message, not a hang: well within a minute even on a loaded machine
+    page.get_by_text(f"Cannot reach http://127.0.0.1:{closed}").first.wait_for(timeout=90_000)
+    assert time.monotonic() - started < 90
     assert len(errors_shown(page)) == 1
     assert page.locator(".js-plotly-plot").count() == 0
     no_exception(page, "bad url")

@@ -300,5 +300,8 @@ def itl_figure(request_metrics: dict[str, RequestMetrics], traces: list[StepTrac
                              line={"dash": "dash", "color": "#444444", "width": 1}))
     fig.update_layout(title=titled(t("itl_title", lang).format(threshold_ms=threshold_ms), clock_label),
                       xaxis={"title": t(xaxis_key, lang), "range": [x_lo - x_pad, x_hi + x_pad]},
-                      yaxis=yaxis, margin={"t": TOP_MARGIN})
+                      yaxis=yaxis, margin={"t": TOP_MARGIN},
+                      # the legend in a row under the axis title: on the right it took the plot's width and sat
+                      # where a long stall label (a server's request ids) anchored left of centre runs out
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.28, "x": 0, "xanchor": "left"})
     return fig
