@@ -39,7 +39,8 @@ def test_api_key_guards_the_v1_routes_only(bundled_model):
                                  ("GET", "/v1/engine/steps")):
                 r = httpx.request(method, s.url + path, json=body if method == "POST" else None, headers=headers,
                                   timeout=TIMEOUT)
-                assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, (path, headers)
+                unauthorized = {"message": "Unauthorized", "type": "AuthenticationError", "param": None, "code": 401}
+                assert r.status_code == 401 and r.json() == {"error": unauthorized}, (path, headers)
         for key in ("s3cret", "other"):
             r = httpx.post(s.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
                            timeout=TIMEOUT)

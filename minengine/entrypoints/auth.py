@@ -1,7 +1,9 @@
 """``--api-key``: vLLM's bearer-token check in front of the OpenAI routes (``AuthenticationMiddleware``).
 
 Every request to a path under ``/v1`` (the OpenAI API and minengine's step feed) must carry
-``Authorization: Bearer <key>`` with one of the server's keys, or it gets 401 ``{"error": "Unauthorized"}``.
+``Authorization: Bearer <key>`` with one of the server's keys, or it gets 401 with OpenAI's error JSON, message
+"Unauthorized" (vLLM's body is ``{"error": "Unauthorized"}``; every other 4xx here is OpenAI's shape, so this
+one is too).
 Other paths (``/health``, ``/ping``, ``/metrics``, ``/tokenize``, ``/version``...) and CORS preflights
 (``OPTIONS``) stay open, as in vLLM. Keys are compared by their SHA-256 digests in constant time, so the
 comparison takes the same time whichever byte differs.
@@ -14,6 +16,8 @@ import secrets
 
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
+
+from minengine.entrypoints.protocol import error_body
 
 GUARDED_PREFIX = "/v1"
 
@@ -53,5 +57,6 @@ class APIKeyMiddleware:
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
         if path.startswith(GUARDED_PREFIX) and not self.authorized(Headers(scope=scope)):
-            return await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+            body = error_body("Unauthorized", 401, type_="AuthenticationError")
+            return await JSONResponse(body, status_code=401)(scope, receive, send)
         return await self.app(scope, receive, send)
