@@ -47,6 +47,22 @@ def test_validation_error_is_vllms_name_and_a_value_error():
         LLM.generate(object.__new__(LLM), ["a", "b"], [SamplingParams()])  # vLLM raises it there too
 
 
+@pytest.mark.parametrize("kwargs, field, shown", [
+    (dict(sampling_params={"max_tokens": 4}), "sampling_params", "got dict"),  # was "got str" (its keys)
+    (dict(sampling_params=5), "sampling_params", "got int"),  # was a TypeError from list(5)
+    (dict(sampling_params=iter([SamplingParams()])), "sampling_params", "got list_iterator"),
+    (dict(sampling_params=SamplingParams(), priority=1.5), "priority", "got float"),
+    (dict(sampling_params=SamplingParams(), priority={"a": 1}), "priority", "got dict"),
+    (dict(sampling_params=SamplingParams(), priority="0"), "priority", "got str"),
+])
+def test_generate_names_a_wrong_typed_argument(kwargs, field, shown):
+    """``LLM.generate`` refuses a ``sampling_params`` / ``priority`` of the wrong type by its own name and type,
+    before touching the engine (the dict case is what a user coming from the OpenAI API writes)."""
+    with pytest.raises(VLLMValidationError) as info:
+        LLM.generate(object.__new__(LLM), ["a"], **kwargs)
+    assert info.value.parameter == field and shown in info.value.message
+
+
 # ---- (a) every integer and float field against its real range -----------------------------------------------
 
 @pytest.mark.parametrize("kwargs, field", [

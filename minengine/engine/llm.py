@@ -98,19 +98,28 @@ class LLM:
             sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
-        else:
+        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes)):
             params = list(sampling_params)
             if len(params) != len(prompts):
-                raise VLLMValidationError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts")
+                raise VLLMValidationError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts",
+                                          parameter="sampling_params")
+        else:  # a dict of settings would otherwise be iterated as its keys and reported as a str
+            raise VLLMValidationError("sampling_params must be a SamplingParams or a list of them (one per prompt), "
+                                      f"got {type(sampling_params).__name__}", parameter="sampling_params")
         if priority is None or (isinstance(priority, int) and not isinstance(priority, bool)):
             priority = [priority or 0] * len(prompts)
+        elif not isinstance(priority, Sequence) or isinstance(priority, (str, bytes)):
+            raise VLLMValidationError("priority must be an int or a list of ints (one per prompt), "
+                                      f"got {type(priority).__name__}", parameter="priority")
         priority = list(priority)
         if len(priority) != len(prompts):
-            raise VLLMValidationError(f"priority has {len(priority)} entries for {len(prompts)} prompts")
+            raise VLLMValidationError(f"priority has {len(priority)} entries for {len(prompts)} prompts",
+                                      parameter="priority")
         final = []
         for sp in params:  # one output per request, when it finishes (what vLLM's LLM does)
             if not isinstance(sp, SamplingParams):
-                raise VLLMValidationError(f"sampling_params must be SamplingParams, got {type(sp).__name__}")
+                raise VLLMValidationError(f"sampling_params must be SamplingParams, got {type(sp).__name__}",
+                                          parameter="sampling_params")
             sp = sp.clone()
             sp.output_kind = RequestOutputKind.FINAL_ONLY
             final.append(sp)
