@@ -12,9 +12,12 @@ import time
 import httpx
 import openai
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from minengine import LLM, SamplingParams
+from minengine.entrypoints.protocol import MAX_N, ChatCompletionRequest, CompletionRequest, OpenAIError
 from minengine.metrics.prometheus import ITL_BUCKETS, TTFT_BUCKETS
 from minengine.workloads import SHAKESPEARE_OPENINGS
 from tests.server_helpers import SERVER_CONFIG, running_server
@@ -188,6 +191,18 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "chat_template": "{{ '\ud800' }}"},
      400, "chat_template"),
 ]
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(min_value=MAX_N + 1, max_value=2**70), chat=st.booleans())
+def test_n_over_openais_limit_names_that_limit(n, chat):
+    """Any ``n`` above the server's 128 is refused with 128 as the limit: above 65,536 the message used to name
+    ``SamplingParams``' own limit instead, so a client that lowered ``n`` to it was refused again."""
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], n=n) if chat else \
+        CompletionRequest(prompt="ROMEO:", n=n)
+    with pytest.raises(OpenAIError) as info:
+        body.sampling_params(None, None, {})
+    assert info.value.param == "n" and f"n must be <= {MAX_N}" in info.value.message
 
 
 def test_bad_requests_get_400_naming_the_field_while_others_stream(server, ref):

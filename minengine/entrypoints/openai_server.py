@@ -192,9 +192,6 @@ async def until_disconnected(raw: Request, work: Awaitable):
     return task.result()
 
 
-MAX_N = 128  # choices per prompt, as OpenAI's API allows
-
-
 class OpenAIServing:
     """The handlers' logic over one ``AsyncLLMEngine``.
 
@@ -224,8 +221,9 @@ class OpenAIServing:
             raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
 
     def check_work(self, num_prompts: int, params: SamplingParams, priority: int) -> None:
-        """What a call may ask for before anything of it is tokenized: ``n`` (OpenAI's limit), prompts x ``n``
-        (``FrontendArgs.max_requests_per_call``), and a priority only where the scheduler honours it.
+        """What a call may ask for before anything of it is tokenized: prompts x ``n``
+        (``FrontendArgs.max_requests_per_call``; ``n`` alone was held to OpenAI's 128 by ``sampling_params``),
+        and a priority only where the scheduler honours it.
 
         Raises:
             OpenAIError: 400 naming the field.
@@ -235,9 +233,6 @@ class OpenAIServing:
             raise OpenAIError(f"priority {show(priority)} is set but the server's scheduling_policy is "
                               f"{self.scheduling_policy!r} (start it with --scheduling-policy priority)",
                               param="priority")
-        if params.n > MAX_N:
-            raise OpenAIError(f"n must be <= {MAX_N} (OpenAI's limit), got {params.n}: each choice is a "
-                              "request, and adding them all at once would stall every other client", param="n")
         limit = self.frontend.max_requests_per_call
         if num_prompts * params.n > limit:
             raise OpenAIError(f"this call asks for {num_prompts} prompts x n={params.n} = {num_prompts * params.n} "

@@ -15,8 +15,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from minengine.exceptions import VLLMValidationError
+from minengine.exceptions import VLLMValidationError, show
 from minengine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+MAX_N = 128  # choices per prompt, as OpenAI's API allows (SamplingParams' own limit, 65,536, is the engine's)
 
 # A token id is a JSON integer: strict, so `true` is refused instead of read as id 1 (and 5.0 or "5" as 5).
 TokenId = StrictInt
@@ -164,6 +166,9 @@ class _SamplingFields(BaseModel):
             OpenAIError: 400 naming the field, for values ``SamplingParams`` rejects.
         """
         self._check_unsupported()
+        if self.n > MAX_N:  # before SamplingParams, whose message would name its own, larger limit
+            raise OpenAIError(f"n must be <= {MAX_N} (OpenAI's limit), got {show(self.n)}: each choice is a "
+                              "request, and adding them all at once would stall every other client", param="n")
         fields = dict(defaults)
         for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
             if getattr(self, name) is not None:
