@@ -3,6 +3,7 @@ legends that fit, run features for the captions, the A/B request figures, the zo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,11 +11,12 @@ import pytest
 pytest.importorskip("plotly")
 
 from minengine.layers import cpu_attention  # noqa: E402
+from minengine.metrics.stats import ServingSummary  # noqa: E402
 from minengine.metrics.trace import ScheduledChunk, StepTrace  # noqa: E402
 from minengine.outputs import RequestMetrics  # noqa: E402
 from minengine.viz import captions, kernel_note, presets  # noqa: E402
 from minengine.viz.batch_figure import batch_composition_figure, spec_decode_figure  # noqa: E402
-from minengine.viz.compare import ab_request_figure  # noqa: E402
+from minengine.viz.compare import ab_request_figure, ab_work_sentence  # noqa: E402
 from minengine.viz.legend import ENTRIES_PER_ROW, MAX_SIDE_ENTRIES  # noqa: E402
 
 
@@ -97,6 +99,9 @@ def test_run_features_from_hand_built_steps():
 
 
 # ---- the A/B figures, the zoomed decodes, the (d) speed-up ---------------------------------------------------------
+_SUMMARY = ServingSummary(**{f.name: 1 for f in dataclasses.fields(ServingSummary)})  # only counts are read
+
+
 def _metrics(ttft: float, itls: list[float], arrival: float = 0.0) -> RequestMetrics:
     m = RequestMetrics(arrival_time=arrival, first_scheduled_time=arrival, first_token_time=arrival + ttft,
                        num_output_tokens=len(itls) + 1, itls=itls)
@@ -116,6 +121,21 @@ def test_ab_request_figures_show_each_request_under_both_runs():
     assert set(bars["A"]) == {"r0"} and bars["B"]["r0"] > 80  # r1 has one token: no TBT
     with pytest.raises(ValueError, match="kind"):
         ab_request_figure(a, b, "A", "B", "e2e")
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("pre_a, swap_b", [(0, 0), (1, 1), (5, 22), (1, 1234)])
+def test_ab_work_sentence_counts_in_singular_and_plural(lang, pre_a, swap_b):
+    """Preset (e)'s A/B tab read "(1 preemptions, ...)": one count is singular, any other plural, in both runs."""
+    a = dataclasses.replace(_SUMMARY, num_preemptions=pre_a, num_swapped_out_blocks=0)
+    b = dataclasses.replace(_SUMMARY, num_preemptions=2, num_swapped_out_blocks=swap_b)
+    text = ab_work_sentence([], [], a, b, "A", "B", lang)
+    if lang == "en":
+        assert f"({pre_a:,} preemption{'' if pre_a == 1 else 's'}, 0 KV blocks swapped out" in text
+        assert f"(2 preemptions, {swap_b:,} block{'' if swap_b == 1 else 's'} swapped out)" in text
+        assert "1 preemptions" not in text and "1 blocks" not in text
+    else:
+        assert f"{pre_a:,} 次抢占" in text and f"{swap_b:,} 个块换出" in text and "{" not in text
 
 
 def test_zoomed_decodes_sum_own_accepted_and_rejected_tokens():

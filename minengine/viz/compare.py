@@ -43,11 +43,16 @@ def ab_work_sentence(traces_a: list[StepTrace], traces_b: list[StepTrace], summa
     """What each run computed: tokens (prefill + decode + proposals, summed over steps), steps, preemptions and
     KV blocks swapped out to the CPU. What recompute vs swap, prefix caching and speculation change shows here
     even where the latencies hardly move."""
+    def count(key: str, n: int) -> str:  # "1 preemption", "5 preemptions"
+        return t(key if n == 1 else key + "s", lang).format(n=n)
+
     return t("ab_work", lang).format(
         a=label_a, b=label_b, tok_a=sum(tr.num_scheduled_tokens for tr in traces_a),
         tok_b=sum(tr.num_scheduled_tokens for tr in traces_b), steps_a=len(traces_a), steps_b=len(traces_b),
-        pre_a=summary_a.num_preemptions, pre_b=summary_b.num_preemptions,
-        swap_a=summary_a.num_swapped_out_blocks, swap_b=summary_b.num_swapped_out_blocks)
+        pre_a=count("ab_preemption", summary_a.num_preemptions),
+        pre_b=count("ab_preemption", summary_b.num_preemptions),
+        swap_a=count("ab_kv_block", summary_a.num_swapped_out_blocks),
+        swap_b=count("ab_block", summary_b.num_swapped_out_blocks))
 
 
 def _request_values(metrics: dict[str, RequestMetrics], kind: str) -> dict[str, float]:

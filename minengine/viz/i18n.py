@@ -379,12 +379,19 @@ _STRINGS: dict[str, tuple[str, str]] = {
                     "{a}相对于{b}：P99 TBT 为 {itl_ms_a:.1f} 毫秒对 {itl_ms_b:.1f} 毫秒（{itl_pct:+.0f}%），"
                     "P99 TTFT 为 {ttft_ms_a:.1f} 毫秒对 {ttft_ms_b:.1f} 毫秒（{ttft_pct:+.0f}%），"
                     "输出吞吐为 {tput_a:.1f} 对 {tput_b:.1f} 词元/秒（{tput_pct:+.0f}%）。"),
-    "ab_work": ("Work: {a} computed {tok_a:,} tokens in {steps_a:,} steps ({pre_a} preemptions, {swap_a:,} KV blocks "
-                "swapped out to the CPU); {b} {tok_b:,} tokens in {steps_b:,} steps ({pre_b} preemptions, {swap_b:,} "
-                "blocks swapped out).",
+    "ab_work": ("Work: {a} computed {tok_a:,} tokens in {steps_a:,} steps ({pre_a}, {swap_a} "
+                "swapped out to the CPU); {b} {tok_b:,} tokens in {steps_b:,} steps ({pre_b}, {swap_b} "
+                "swapped out).",
                 "计算量：{a}在 {steps_a:,} 步中计算了 {tok_a:,} 个词元"
-                "（{pre_a} 次抢占，{swap_a:,} 个 KV 块换出到 CPU）；"
-                "{b}在 {steps_b:,} 步中计算了 {tok_b:,} 个词元（{pre_b} 次抢占，{swap_b:,} 个块换出）。"),
+                "（{pre_a}，{swap_a}换出到 CPU）；"
+                "{b}在 {steps_b:,} 步中计算了 {tok_b:,} 个词元（{pre_b}，{swap_b}换出）。"),
+    # the counts of ab_work, singular and plural ("1 preemption", "5 preemptions")
+    "ab_preemption": ("{n:,} preemption", "{n:,} 次抢占"),
+    "ab_preemptions": ("{n:,} preemptions", "{n:,} 次抢占"),
+    "ab_kv_block": ("{n:,} KV block", "{n:,} 个 KV 块"),
+    "ab_kv_blocks": ("{n:,} KV blocks", "{n:,} 个 KV 块"),
+    "ab_block": ("{n:,} block", "{n:,} 个块"),
+    "ab_blocks": ("{n:,} blocks", "{n:,} 个块"),
     "ab_ttft_title": ("TTFT of each request, A vs B (dashed: P99 over requests)",
                       "每个请求的 TTFT，A 对 B（虚线：各请求的 P99）"),
     "ab_tbt_title": ("TBT of each request (P99 of its own ITLs), A vs B (dashed: P99 over requests)",
