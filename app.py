@@ -65,7 +65,7 @@ from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
 from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
 from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
 from minengine.viz.step_story import step_sentence, step_sentences
-from minengine.viz.timeline_figures import AUTO_STALL_FACTOR, MAX_STALL_LABELS
+from minengine.viz.timeline_figures import AUTO_STALL_FACTOR
 from minengine.viz.workload import Workload
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
 
@@ -385,8 +385,8 @@ def tbt_view(res: RunResult, lang: str, threshold_s: float, clock: str) -> None:
     st.plotly_chart(token_timeline_figure(res.request_metrics, lang, clock_label=clock), key="timeline")
     st.caption(t("cap_timeline", lang))
     st.plotly_chart(itl_figure(res.request_metrics, res.traces, threshold_s, lang, clock_label=clock), key="itl")
-    st.caption(t("cap_itl", lang).format(n=MAX_STALL_LABELS))
     stalls = find_stalls(res.request_metrics, res.traces, threshold_s, lang)
+    st.caption(captions.itl_caption(len(labelled_stalls(stalls)), lang))
     st.markdown(f"**{t('stall_table', lang)}**")
     if not stalls:
         st.info(t("no_stalls", lang).format(threshold_ms=threshold_s * 1000))

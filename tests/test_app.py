@@ -97,6 +97,10 @@ def check_views(at: AppTest, lang: str, num_figures: int = NUM_FIGURES) -> dict[
     assert len(at.tabs) == 5
     assert all(bool(CJK.search(tab.label)) == (lang == "zh") for tab in at.tabs)
     assert len(at.caption) >= 9  # every figure view has its "what to look at" caption
+    # the ITL caption speaks of red points only when the stall table has stalls (its info line says when not)
+    no_stalls = any(re.match(r"(No ITL above|没有超过)", i.value) for i in at.info)
+    assert any(c.value.startswith(("Every inter-token gap", "每个请求的每个词元间隔")) for c in at.caption)
+    assert no_stalls == all(("Red points" not in c.value and "红点是" not in c.value) for c in at.caption)
     m = metrics(at)
     assert len(m) == 13  # 3 x (P50, P95, P99) of TTFT, TPOT, ITL, then throughput, preemptions, prefix, counts
     for name in ("TTFT", "TPOT", "ITL"):

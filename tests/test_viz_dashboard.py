@@ -138,6 +138,16 @@ def test_ab_work_sentence_counts_in_singular_and_plural(lang, pre_a, swap_b):
         assert f"{pre_a:,} 次抢占" in text and f"{swap_b:,} 个块换出" in text and "{" not in text
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_itl_caption_mentions_red_points_and_labels_only_when_there_are_some(lang):
+    """Preset (a)'s run (chunked prefill on) has no stall, and its caption said "the 3 largest are labelled"."""
+    none, one, three = (captions.itl_caption(n, lang) for n in (0, 1, 3))
+    red, largest = ("Red points", "largest") if lang == "en" else ("红点是", "最大的")
+    assert red not in none and largest not in none and "①" not in none
+    assert red in one and "①" in one and "②" not in one and ("the largest is" in one or lang == "zh")
+    assert red in three and "3" in three and "②" in three
+
+
 def test_zoomed_decodes_sum_own_accepted_and_rejected_tokens():
     chunks = [ScheduledChunk("r0", 5, 40, False, True, 4, 3), ScheduledChunk("r1", 3, 30, False, True, 2, 0),
               ScheduledChunk("r2", 200, 0, True, False)]

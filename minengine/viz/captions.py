@@ -105,3 +105,11 @@ def kv_caption(features: frozenset[str], lang: str) -> str:
     if "preempted" in features:
         parts.append(t("cap_kv_preempted", lang))
     return _join(parts, lang)
+
+
+def itl_caption(num_labelled: int, lang: str) -> str:
+    """The ITL figure's caption for a run whose figure labels ``num_labelled`` stalls (``len(labelled_stalls(...))``):
+    red points and labels only when there are some (a run without stalls was told to look at "the 3 largest")."""
+    if num_labelled == 0:
+        return t("cap_itl_none", lang)
+    return t("cap_itl_one", lang) if num_labelled == 1 else t("cap_itl", lang).format(n=num_labelled)

@@ -335,6 +335,13 @@ _STRINGS: dict[str, tuple[str, str]] = {
                 "every one.",
                 "每个请求的每个词元间隔。红点是超过阈值的停顿；最大的 {n} 个标出了造成它的那一步（①、②…），"
                 "下表列出每个停顿的原因。"),
+    "cap_itl_one": ("Every inter-token gap of every request. Red points are stalls above the threshold; the largest "
+                    "is labelled with the step that caused it (①), and the table below names the cause of every one.",
+                    "每个请求的每个词元间隔。红点是超过阈值的停顿；最大的一个标出了造成它的那一步（①），"
+                    "下表列出每个停顿的原因。"),
+    "cap_itl_none": ("Every inter-token gap of every request. None is above the stall threshold (the dashed line), "
+                     "so no point is red and none is labelled.",
+                     "每个请求的每个词元间隔。没有一个超过停顿阈值（虚线），所以没有红点，也没有标注。"),
     "stall_table": ("Stalls and their causes", "停顿及其原因"),
     "col_label": ("label", "标注"),
     "col_token": ("output token #", "输出词元序号"),
