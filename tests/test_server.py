@@ -233,6 +233,10 @@ def test_bad_requests_get_400_naming_the_field_while_others_stream(server, ref):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json", timeout=TIMEOUT,
                    headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    # the step feed's query parameters name themselves too (their param was null)
+    for query, field in (("history=abc", "history"), ("history=-1", "history"), ("block_tables=maybe", "block_tables")):
+        r = httpx.get(server.url + "/v1/engine/steps?" + query, timeout=TIMEOUT)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
     t.join(TIMEOUT)
     assert "".join(got) == want
     assert any(p > answered[0] for p in progress)  # it kept streaming while the bad ones were answered

@@ -639,8 +639,11 @@ def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, exc: RequestValidationError):  # query parameters (the step feed)
-        message = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors()[:5])
-        return JSONResponse(error_body(message or "invalid request", 400), status_code=400)
+        errors = exc.errors()
+        message = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in errors[:5])
+        loc = errors[0].get("loc", ()) if errors else ()
+        param = loc[-1] if loc and isinstance(loc[-1], str) else None  # ("query", "history") -> "history"
+        return JSONResponse(error_body(message or "invalid request", 400, param), status_code=400)
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead(_: Request, exc: EngineDeadError):  # shutting down, or the engine loop is gone
