@@ -73,6 +73,18 @@ _CUT_LEGENDS_JS = """
   .map(p => (p.querySelector('.gtitle') || {}).textContent || '?')
 """
 
+# Figure titles and subtitles that run past their figure's right edge (plotly draws them unclipped by the SVG's
+# box but the page cuts them): the A/B tab's half-width figures at a 1,280 px wide window.
+_CUT_TITLES_JS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).filter(p => p.offsetParent !== null).flatMap(p => {
+  const box = p.getBoundingClientRect();
+  return Array.from(p.querySelectorAll('.gtitle, .gtitle-subtitle')).filter(el => {
+    const r = el.getBoundingClientRect();
+    return r.width > 0 && r.right > box.right + 1;
+  }).map(el => el.textContent);
+})
+"""
+
 # Text cut off in the sidebar's select boxes (the chosen value) and in an open dropdown's options.
 _CUT_SELECT_JS = """
 () => Array.from(document.querySelectorAll(
@@ -370,7 +382,8 @@ PRESETS = {  # label in the dropdown: (A/B sentence start, extra figure in the b
 def test_every_preset_opens_its_own_lesson(server):
     """Presets (b)-(f) in English: the A/B tab opens on the preset's own comparison (its sentence), the batch tab
     has its figures (preset (f): the zoomed decode view, whose legend names accepted and rejected proposals), no
-    label overlaps and no legend is cut (preset (d): 40 requests) in the batch and A/B tabs."""
+    label overlaps and no legend is cut (preset (d): 40 requests) in the batch and A/B tabs, and at a 1,280 px
+    wide window no A/B figure's title runs past its figure."""
     url, _, log_path = server
     SCREENS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
@@ -404,6 +417,10 @@ def test_every_preset_opens_its_own_lesson(server):
                 check_page(page, f"({letter}) A/B")
                 assert not overlapping_labels(page), letter
                 assert not settled(page, _CUT_LEGENDS_JS), f"({letter}) A/B: a legend is cut"
+                page.set_viewport_size({"width": 1280, "height": 3000})  # a laptop window: two figures a row
+                page.wait_for_timeout(1000)
+                assert not settled(page, _CUT_TITLES_JS), f"({letter}) A/B at 1280 px: titles cut"
+                page.set_viewport_size({"width": 1600, "height": 3000})
                 page.screenshot(path=str(SCREENS / f"preset_{letter}_ab.png"), full_page=True)
         finally:
             browser.close()

@@ -17,6 +17,7 @@ from minengine.outputs import RequestMetrics  # noqa: E402
 from minengine.viz import captions, kernel_note, presets  # noqa: E402
 from minengine.viz.batch_figure import batch_composition_figure, spec_decode_figure  # noqa: E402
 from minengine.viz.compare import ab_request_figure, ab_work_sentence  # noqa: E402
+from minengine.viz.i18n import t  # noqa: E402
 from minengine.viz.legend import ENTRIES_PER_ROW, MAX_SIDE_ENTRIES  # noqa: E402
 
 
@@ -146,6 +147,19 @@ def test_itl_caption_mentions_red_points_and_labels_only_when_there_are_some(lan
     assert red not in none and largest not in none and "①" not in none
     assert red in one and "①" in one and "②" not in one and ("the largest is" in one or lang == "zh")
     assert red in three and "3" in three and "②" in three
+
+
+def test_ab_tab_titles_fit_a_half_width_column():
+    """The A/B tab draws these figures two to a row: at 1,280-1,440 px wide windows the longer titles (68-78
+    characters) were cut at the figure's right edge. ~55 characters fit (the browser test measures the boxes);
+    Chinese characters count double."""
+    def width(text: str) -> int:
+        return sum(2 if "\u2e80" <= ch <= "\u9fff" or "\uff00" <= ch <= "\uffef" else 1 for ch in text)
+
+    for lang in ("en", "zh"):
+        for key in ("ab_ttft_title", "ab_tbt_title", "batch_title", "itl_title"):
+            title = t(key, lang).format(threshold_ms=999.9)
+            assert width(title) <= 56, (lang, key, title, width(title))
 
 
 def test_zoomed_decodes_sum_own_accepted_and_rejected_tokens():
