@@ -119,7 +119,14 @@ def test_ab_request_figures_show_each_request_under_both_runs():
                     "B": {"r0": pytest.approx(50), "r1": pytest.approx(70)}}
     tbt = ab_request_figure(a, b, "A", "B", "tbt")
     bars = {d.name: dict(zip(d.x, d.y)) for d in tbt.data if d.type == "bar"}
-    assert set(bars["A"]) == {"r0"} and bars["B"]["r0"] > 80  # r1 has one token: no TBT
+    assert set(bars["A"]) == {"r0"} and bars["B"]["r0"] == pytest.approx(90)  # its longest gap; r1: one token
+    # the dashed lines are the A/B sentence's P99s (summarize's), whatever the requests' own gaps
+    from minengine.metrics.stats import summarize
+
+    for fig, key in ((ttft, "ttft_p99"), (tbt, "itl_p99")):
+        lines = {d.name: d.y[0] for d in fig.data if d.type == "scatter"}
+        for label, run in (("A", a), ("B", b)):
+            assert lines[f"{label} P99"] == pytest.approx(getattr(summarize(list(run.values()), [], 1), key) * 1000)
     with pytest.raises(ValueError, match="kind"):
         ab_request_figure(a, b, "A", "B", "e2e")
 
