@@ -32,8 +32,10 @@ only rewrite them on purpose).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
+import pickle
 import platform
 import time
 from datetime import date
@@ -382,6 +384,49 @@ def store_row(trace_name: str, store_name: str, router: str, r, ideal: float) ->
             f"{r.load_imbalance():.2f} |")
 
 
+def shared_runs(cache: str | None, plan: list[tuple], run, settings: tuple) -> dict:
+    """``{key: run(key)}`` for every key of ``plan``, shared between processes through the folder ``cache``.
+
+    With ``cache`` None, the runs happen here in order. Otherwise several processes started with the same command
+    and the same ``cache`` split the plan: each claims a run by creating ``<key>.claim`` (exclusively: one process
+    wins), runs it, and leaves its result in ``<key>.pkl``; runs claimed elsewhere are waited for, and results left
+    by an earlier process with the same settings are reused. The results are the same as one process's (each
+    simulation is deterministic and independent of the others); only the wall time is split.
+    """
+    if cache is None:
+        return {key: _printed(key, run(key)) for key in plan}
+    folder = Path(cache)
+    folder.mkdir(parents=True, exist_ok=True)
+    tag = hashlib.sha256(repr(settings).encode()).hexdigest()[:12]
+
+    def path(key: tuple, ext: str) -> Path:
+        return folder / (tag + "-" + "-".join("".join(c if c.isalnum() else "_" for c in str(k)) for k in key) + ext)
+
+    out, elsewhere = {}, []
+    for key in plan:
+        done = path(key, ".pkl")
+        if not done.exists():
+            try:
+                os.close(os.open(path(key, ".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                elsewhere.append(key)
+                continue
+            tmp = path(key, f".{os.getpid()}.tmp")
+            tmp.write_bytes(pickle.dumps(_printed(key, run(key))))
+            tmp.replace(done)
+        out[key] = pickle.loads(done.read_bytes())
+    for key in elsewhere:
+        while not path(key, ".pkl").exists():
+            time.sleep(5)
+        out[key] = pickle.loads(path(key, ".pkl").read_bytes())
+    return {key: out[key] for key in plan}
+
+
+def _printed(key: tuple, r):
+    print(f"done {key}: {r.wall_time_s:.0f} s", flush=True)
+    return r
+
+
 def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
     n = a.store_gpus
     vocab = FleetConfig(model=a.model).shape.vocab_size
@@ -401,19 +446,22 @@ def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
     lines = ["| trace | KV cache | router | prefix hit share | of the ideal | from the store | mean TTFT (ms) | "
              "P50 TTFT (ms) | P99 TTFT (ms) | TPOT P50 / P90 (ms) | request goodput (req/s) | loaded (TB) | "
              "written (TB) | load imbalance |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    runs = {}
+    traces = {"mooncake": (mooncake, ideal_m), "azure": (azure, ideal_a)}
+    runs = shared_runs(a.run_cache, plan, lambda key: simulate(traces[key[0]][0], fleet_config(
+        a, n, router=key[2], kv_store=variants[key[1]])), settings=(
+        n, a.model, a.hardware, a.tp, a.link, mooncake.source, len(mooncake), len(azure)))
     for trace_name, store_name, router in plan:
-        trace, ideal = (mooncake, ideal_m) if trace_name == "mooncake" else (azure, ideal_a)
-        r = simulate(trace, fleet_config(a, n, router=router, kv_store=variants[store_name]))
-        runs[trace_name, store_name, router] = r
         label = "Mooncake" if trace_name == "mooncake" else "Azure conv"
-        lines.append(store_row(label, store_name, router, r, ideal.hit_rate))
-        print(lines[-1], flush=True)
+        lines.append(store_row(label, store_name, router, runs[trace_name, store_name, router],
+                               traces[trace_name][1].hit_rate))
     text = "\n".join(lines)
     base, store = "per-replica caches", "store: 1 TB DRAM / 8-GPU node"
 
     def mean_ttft(r) -> float:
         return sum(m.ttft for m in r.request_metrics.values()) / len(r.request_metrics)
+
+    def of_ideal(r) -> str:
+        return f"{r.prefix_hit_rate / ideal_m.hit_rate:.0%}" if ideal_m.hit_rate else "n/a"
 
     m_runs = {k: v for k, v in runs.items() if k[0] == "mooncake"}
     best_alone = min((v for k, v in m_runs.items() if k[1] == base), key=mean_ttft)
@@ -455,8 +503,8 @@ def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
             with_ssd, dram = runs[key_ssd], runs["mooncake", store, router]
             notes.append(f"with a 4 TB SSD tier ({router}) {with_ssd.store.dropped_blocks:,} blocks leave the store "
                          f"instead of {dram.store.dropped_blocks:,} with DRAM alone, and the hit share is "
-                         f"{with_ssd.prefix_hit_rate / ideal_m.hit_rate:.0%} of the ideal (DRAM alone: "
-                         f"{dram.prefix_hit_rate / ideal_m.hit_rate:.0%}; mean TTFT {ms(mean_ttft(with_ssd))} vs "
+                         f"{of_ideal(with_ssd)} of the ideal (DRAM alone: "
+                         f"{of_ideal(dram)}; mean TTFT {ms(mean_ttft(with_ssd))} vs "
                          f"{ms(mean_ttft(dram))} ms)")
             break
     eth = [v for k, v in m_runs.items() if "100 GbE" in k[1]]
@@ -521,6 +569,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--mooncake-file", default=None,
                    help="another Mooncake-format trace for the KV-store table (e.g. FAST25-release/traces/"
                         "conversation_trace.jsonl, 12,031 requests); default: the synthetic trace in shared/data")
+    p.add_argument("--run-cache", default=None,
+                   help="folder shared by processes started with the same command: they split the KV-store "
+                        "table's runs between them (see shared_runs)")
     p.add_argument("--write", action="store_true", help="write --out and the README section")
     p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--readme", default=str(README), help="README to fill ('' = leave it alone)")
@@ -550,6 +601,7 @@ def main(argv: list[str] | None = None) -> None:
     a.kv_bytes = cost.shape.kv_bytes_per_token
     a.prefill_us = cost.cost(StepWork.of([(2048, 0, 0)])).time_s / 2048 * 1e6
     flags = (" --quick" if a.quick else "") + (f" --only {','.join(only)}" if set(only) != set(SECTIONS) else "")
+    flags += f" --run-cache {a.run_cache}" if a.run_cache else ""
     header = (f"Generated by `python benchmarks/fleet.py{flags}` ({date.today().isoformat()}, "
               f"{platform.machine()}, Python {platform.python_version()}). Every replica is minengine's own "
               f"`LLMEngine` on a token-free runner, timed by the roofline cost model: {cost.label} (TP {a.tp}); "
