@@ -38,10 +38,18 @@ import os
 import pickle
 import platform
 import time
-from datetime import date
+from datetime import datetime, timezone
 from pathlib import Path
 
-from minengine.fleet import LINKS, FleetConfig, KVStoreConfig, PercentileSLO, infinite_cache_hits, simulate
+from minengine.fleet import (
+    LINKS,
+    FleetConfig,
+    KVStoreConfig,
+    PercentileSLO,
+    infinite_cache_hits,
+    reusable_prefix_tokens,
+    simulate,
+)
 from minengine.fleet.planning import GoodputResult, max_goodput, min_replicas
 from minengine.timing import StepCostModel, StepWork
 from minengine.timing.hardware import get_hardware
@@ -53,6 +61,19 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 README_BEGIN, README_END = "<!-- fleet:begin -->", "<!-- fleet:end -->"
 ROUTER_ORDER = ["round-robin", "random", "least-outstanding-tokens", "least-kv-usage", "prefix-aware", "conductor"]
 LOAD_ONLY = ROUTER_ORDER[:4]
+
+
+def machine() -> str:
+    """"x86_64, 2 CPUs (AMD EPYC ...)": the architecture, CPU count and CPU model (from /proc/cpuinfo on Linux)."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = f" ({line.split(':', 1)[1].strip()})"
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()}, {os.cpu_count()} CPUs{model}"
 
 
 def ms(x: float) -> str:
@@ -422,9 +443,65 @@ def shared_runs(cache: str | None, plan: list[tuple], run, settings: tuple) -> d
     return {key: out[key] for key in plan}
 
 
+def cache_span(cache: str, runs: dict) -> str:
+    """When the runs shared through ``cache`` were made: the first claim's and the last result's file times (UTC),
+    and the runs' own simulation CPU time in all (``FleetResult.cpu_time_s``)."""
+    folder = Path(cache)
+    claims = [f.stat().st_mtime for f in folder.glob("*.claim")]
+    done = [f.stat().st_mtime for f in folder.glob("*.pkl")]
+    if not claims or not done:
+        return ""
+    def utc(t: float) -> str:
+        return f"{datetime.fromtimestamp(t, timezone.utc):%Y-%m-%d %H:%M}"
+    cpu = sum(r.cpu_time_s for r in runs.values())
+    return (f"Its {len(runs)} runs were shared through `--run-cache` by the processes started with this command: "
+            f"from {utc(min(claims))} to {utc(max(done))} UTC, {cpu / 60:,.0f} minutes of simulation CPU time in all "
+            "(each run's own). ")
+
+
 def _printed(key: tuple, r):
-    print(f"done {key}: {r.wall_time_s:.0f} s", flush=True)
+    wall = getattr(r, "wall_time_s", None)
+    print(f"done {key}" + (f": {wall:.0f} s" if wall is not None else ""), flush=True)
     return r
+
+
+def prefill_alone_s(cost: StepCostModel, num_tokens: int, context: int, chunk: int = 2048) -> float:
+    """Modelled seconds to prefill ``num_tokens`` after ``context`` cached ones on one replica with nothing else to
+    do: ``chunk``-token steps (the fleet's token budget), as ``Replica.prefill_time_s``."""
+    t, done = 0.0, 0
+    while done < num_tokens:
+        n = min(chunk, num_tokens - done)
+        t += cost.cost(StepWork.of([(n, context + done, 0)])).time_s
+        done += n
+    return t
+
+
+def tail_note(r, name: str, reusable: dict[str, int], a: argparse.Namespace, short: bool = False) -> str:
+    """What makes a run's P99 TTFT, from its requests at or above it: how long their prompts are, how much of them
+    any cache could serve (``reusable``: each request's infinite-cache ideal), how much was served, how long they
+    queued (arrival to first step, a load from the store included), and their own prefill on an idle replica as a
+    share of their TTFT (near 100 %: the tail is compute no cache removes)."""
+    cost = StepCostModel(a.hardware, a.model, tp=a.tp)
+    p99 = r.latency("ttft", 99)
+    tail = [(rid, m) for rid, m in r.request_metrics.items() if m.ttft >= p99]
+    prompt = sum(m.num_prompt_tokens for _, m in tail)
+    none = sum(reusable[rid] == 0 for rid, _ in tail)
+    could = sum(reusable[rid] for rid, _ in tail) / prompt
+    served = sum(m.num_cached_tokens for _, m in tail) / prompt
+    queue = sum(m.time_in_queue for _, m in tail) / len(tail)
+    alone = sum(prefill_alone_s(cost, m.num_prompt_tokens - m.num_cached_tokens, m.num_cached_tokens)
+                for _, m in tail) / sum(m.ttft for _, m in tail)
+    if short:
+        return (f"{none} of {len(tail)} without a reusable prefix, {could:.0%} of their tokens reusable, {served:.0%} "
+                f"served, queue {ms(queue)} ms, own prefill {alone:.0%} of their TTFT")
+    verdict_ = ("so the tail is the prefill of long prompts no cache holds, which the store cannot shorten (only more "
+                "GPUs per prefill would)" if could < 0.2 and alone > 0.9 else
+                "so the tail is not only compute that no cache can serve")
+    return (f"the slowest 1 % of first tokens ({name}: the {len(tail)} requests at or above its P99) are prompts of "
+            f"{prompt / len(tail):,.0f} tokens on average; {none} of them have no reusable prefix at all in the trace "
+            f"(the infinite-cache ideal serves them nothing), {could:.0%} of their prompt tokens are reusable by any "
+            f"cache and {served:.0%} were served; they queued {ms(queue)} ms on average and their own prefill on an "
+            f"idle replica is {alone:.0%} of their TTFT, {verdict_}")
 
 
 def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
@@ -526,14 +603,13 @@ def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
                          f"PCIe, no GPU time): every request's timing is {'identical' if same else 'not identical'} "
                          "to the run without it")
             break
-    p99 = best_store.latency("ttft", 99)
-    tail = [m for m in best_store.request_metrics.values() if m.ttft >= p99]
-    tail_hit = sum(m.num_cached_tokens for m in tail) / max(1, sum(m.num_prompt_tokens for m in tail))
-    tail_len = sum(m.num_prompt_tokens for m in tail) / max(1, len(tail))
-    notes.append(f"the slowest 1 % of first tokens ({best_store_name} with the store) are prompts of "
-                 f"{tail_len:,.0f} tokens on average with {tail_hit:.0%} of their tokens cached, so the tail moves "
-                 "less than the mean")
+    reusable = reusable_prefix_tokens(mooncake, 16, max_len)
+    notes.append(tail_note(best_store, f"{best_store_name} with the store", reusable, a)
+                 + f" (without the store, {best_alone_name}: " + tail_note(best_alone, "", reusable, a, short=True)
+                 + ")")
     text += "Where the store does and does not win: " + "; ".join(notes) + "."
+    if a.run_cache:
+        text += "\n\n" + cache_span(a.run_cache, runs)
     return text, {"runs": runs, "ideal": ideal_m}
 
 
@@ -602,8 +678,8 @@ def main(argv: list[str] | None = None) -> None:
     a.prefill_us = cost.cost(StepWork.of([(2048, 0, 0)])).time_s / 2048 * 1e6
     flags = (" --quick" if a.quick else "") + (f" --only {','.join(only)}" if set(only) != set(SECTIONS) else "")
     flags += f" --run-cache {a.run_cache}" if a.run_cache else ""
-    header = (f"Generated by `python benchmarks/fleet.py{flags}` ({date.today().isoformat()}, "
-              f"{platform.machine()}, Python {platform.python_version()}). Every replica is minengine's own "
+    header = (f"Generated by `python benchmarks/fleet.py{flags}` ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, "
+              f"{machine()}, Python {platform.python_version()}). Every replica is minengine's own "
               f"`LLMEngine` on a token-free runner, timed by the roofline cost model: {cost.label} (TP {a.tp}); "
               "block_size 16, 2,048-token budget, 256 sequences, prefix caching, decode-first, KV pool = 90 % of GPU "
               "memory minus the weights. Requests: the traces' lengths, `ignore_eos`, `max_tokens` = output length. "
@@ -642,19 +718,43 @@ def main(argv: list[str] | None = None) -> None:
                  f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.")
     body = "\n\n".join(parts)
     if a.write:
-        Path(a.out).write_text("# Fleet lab results\n\n" + body + "\n")
-        if a.readme:
-            update_readme(Path(a.readme), body)
+        part = None if set(only) == set(SECTIONS) else ",".join(only)
+        section = update_readme(Path(a.readme), body, part) if a.readme else body
+        Path(a.out).write_text("# Fleet lab results\n\n" + section + "\n")  # what the README shows
         print(f"wrote {a.out}" + (f" and {a.readme}" if a.readme else ""))
 
 
-def update_readme(readme: Path, body: str) -> None:
-    """Put the results between the README's two marker comments."""
+def part_markers(part: str) -> tuple[str, str]:
+    """The comments around one run's results inside the README's fleet section."""
+    return f"<!-- fleet-part:{part} -->", f"<!-- /fleet-part:{part} -->"
+
+
+def update_readme(readme: Path, body: str, part: str | None = None) -> str:
+    """Put the results between the README's two marker comments; returns the section's new content.
+
+    ``part`` None (a run of every section) replaces the whole section. Otherwise (a run of some sections, e.g.
+    ``"store"``) only that part's results are replaced, between their own markers (``part_markers``), or appended at
+    the section's end the first time, so the results of runs made separately (each with its own command, date and
+    settings in its header) sit side by side.
+    """
     text = readme.read_text()
     if README_BEGIN not in text or README_END not in text:
         raise ValueError(f"{readme} has no {README_BEGIN} ... {README_END} section to fill")
     head, rest = text.split(README_BEGIN, 1)
-    readme.write_text(f"{head}{README_BEGIN}\n{body}\n{README_END}{rest.split(README_END, 1)[1]}")
+    section, tail = rest.split(README_END, 1)
+    if part is None:
+        section = body
+    else:
+        begin, end = part_markers(part)
+        block = f"{begin}\n{body}\n{end}"
+        if begin in section and end in section:
+            before, after = section.split(begin, 1)
+            section = before + block + after.split(end, 1)[1]
+        else:
+            section = section.rstrip("\n") + "\n\n" + block
+    section = section.strip("\n")
+    readme.write_text(f"{head}{README_BEGIN}\n{section}\n{README_END}{tail}")
+    return section
 
 
 if __name__ == "__main__":

@@ -48,22 +48,42 @@ def infinite_cache_hits(trace: Sequence[TraceRequest], block_size: int = 16,
     Raises:
         ValueError: ``block_size`` not a positive integer.
     """
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     seen: set[bytes] = set()
     prompt = hit = num_hit = 0
+    for _, plen, k in _walk(trace, block_size, max_model_len, seen):
+        prompt += plen
+        hit += k * block_size
+        num_hit += k > 0
+    return ReuseStats(len(trace), prompt, hit, num_hit, len(seen))
+
+
+def reusable_prefix_tokens(trace: Sequence[TraceRequest], block_size: int = 16,
+                           max_model_len: int | None = None) -> dict[str, int]:
+    """Each request's share of the infinite-cache ideal: ``{request_id: leading prompt tokens an infinite shared
+    prefix cache serves it}`` (0: no earlier prompt shares its first block; the values sum to
+    ``infinite_cache_hits(...).hit_tokens``). Tells which requests no cache, however large, can speed up.
+
+    Raises:
+        ValueError: ``block_size`` not a positive integer.
+    """
+    return {r.request_id: k * block_size for r, _, k in _walk(trace, block_size, max_model_len, set())}
+
+
+def _walk(trace: Sequence[TraceRequest], block_size: int, max_model_len: int | None, seen: set[bytes]):
+    """(request, clipped prompt length, leading blocks hit) in arrival order, remembering every full block in
+    ``seen``."""
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     for r in sorted(trace, key=lambda r: r.arrival_time):  # stable: ties keep trace order, as the simulator
         plen = r.prompt_len
         if max_model_len is not None:
             plen, _ = fit_to_limit(plen, r.output_len, max_model_len)
-        prompt += plen
         if r.prompt_token_ids is None:
+            yield r, plen, 0
             continue
         hashes = prompt_block_hashes(r.prompt_token_ids[:plen], block_size)
         k, cap = 0, (plen - 1) // block_size
         while k < min(cap, len(hashes)) and hashes[k] in seen:
             k += 1
-        hit += k * block_size
-        num_hit += k > 0
         seen.update(hashes)
-    return ReuseStats(len(trace), prompt, hit, num_hit, len(seen))
+        yield r, plen, k
