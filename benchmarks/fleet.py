@@ -48,6 +48,7 @@ from minengine.fleet import (
     PercentileSLO,
     infinite_cache_hits,
     reusable_prefix_tokens,
+    reuse_gaps,
     simulate,
 )
 from minengine.fleet.planning import GoodputResult, max_goodput, min_replicas
@@ -476,11 +477,15 @@ def prefill_alone_s(cost: StepCostModel, num_tokens: int, context: int, chunk: i
     return t
 
 
-def tail_note(r, name: str, reusable: dict[str, int], a: argparse.Namespace, short: bool = False) -> str:
+def tail_note(r, name: str, reusable: dict[str, int], a: argparse.Namespace, short: bool = False,
+              gaps: dict[str, float | None] | None = None) -> str:
     """What makes a run's P99 TTFT, from its requests at or above it: how long their prompts are, how much of them
     any cache could serve (``reusable``: each request's infinite-cache ideal), how much was served, how long they
     queued (arrival to first step, a load from the store included), and their own prefill on an idle replica as a
-    share of their TTFT (near 100 %: the tail is compute no cache removes)."""
+    share of their TTFT (near 100 %: the tail is compute the cache did not remove). With ``gaps`` (each request's
+    ``reuse_gaps``) and a store: how many of those with an unserved reusable prefix had gone unused longer than the
+    store keeps a block at the run's write rate (its capacity over the bytes written per second), i.e. LRU had
+    evicted it."""
     cost = StepCostModel(a.hardware, a.model, tp=a.tp)
     p99 = r.latency("ttft", 99)
     tail = [(rid, m) for rid, m in r.request_metrics.items() if m.ttft >= p99]
@@ -494,14 +499,29 @@ def tail_note(r, name: str, reusable: dict[str, int], a: argparse.Namespace, sho
     if short:
         return (f"{none} of {len(tail)} without a reusable prefix, {could:.0%} of their tokens reusable, {served:.0%} "
                 f"served, queue {ms(queue)} ms, own prefill {alone:.0%} of their TTFT")
-    verdict_ = ("so the tail is the prefill of long prompts no cache holds, which the store cannot shorten (only more "
-                "GPUs per prefill would)" if could < 0.2 and alone > 0.9 else
-                "so the tail is not only compute that no cache can serve")
-    return (f"the slowest 1 % of first tokens ({name}: the {len(tail)} requests at or above its P99) are prompts of "
+    text = (f"the slowest 1 % of first tokens ({name}: the {len(tail)} requests at or above its P99) are prompts of "
             f"{prompt / len(tail):,.0f} tokens on average; {none} of them have no reusable prefix at all in the trace "
             f"(the infinite-cache ideal serves them nothing), {could:.0%} of their prompt tokens are reusable by any "
             f"cache and {served:.0%} were served; they queued {ms(queue)} ms on average and their own prefill on an "
-            f"idle replica is {alone:.0%} of their TTFT, {verdict_}")
+            f"idle replica is {alone:.0%} of their TTFT")
+    missed = [rid for rid, m in tail if reusable[rid] and m.num_cached_tokens < reusable[rid] / 2]
+    if gaps is not None and r.store is not None and missed and r.store.written_bytes:
+        st_ = r.store
+        span = (max(m.finished_time for m in r.request_metrics.values())
+                - min(m.arrival_time for m in r.request_metrics.values()))
+        rate = st_.written_bytes / span
+        capacity = st_.num_nodes * (st_.dram_capacity_blocks + st_.ssd_capacity_blocks) * st_.block_bytes
+        keep = capacity / rate
+        old = [gaps[rid] for rid in missed if gaps[rid] is not None and gaps[rid] > keep]
+        median = sorted(gaps[rid] for rid in missed)[len(missed) // 2]
+        text += (f"; {len(missed)} of them were served less than half of their reusable prefix, which had gone unused "
+                 f"for a median {median:,.0f} s, while at this run's write rate ({rate / 1e9:.1f} GB/s) the store's "
+                 f"{capacity / 1e12:.1f} TB turn over in about {keep:,.0f} s: for {len(old)} of them longer, so LRU "
+                 "had evicted the prefix")
+    if could < 0.2 and alone > 0.9:
+        text += (", so the tail is the prefill of long prompts no cache holds, which the store cannot shorten (only "
+                 "more GPUs per prefill would)")
+    return text
 
 
 def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
@@ -604,7 +624,8 @@ def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
                          "to the run without it")
             break
     reusable = reusable_prefix_tokens(mooncake, 16, max_len)
-    notes.append(tail_note(best_store, f"{best_store_name} with the store", reusable, a)
+    gaps = reuse_gaps(mooncake, 16, max_len)
+    notes.append(tail_note(best_store, f"{best_store_name} with the store", reusable, a, gaps=gaps)
                  + f" (without the store, {best_alone_name}: " + tail_note(best_alone, "", reusable, a, short=True)
                  + ")")
     text += "Where the store does and does not win: " + "; ".join(notes) + "."

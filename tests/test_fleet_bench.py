@@ -1,5 +1,6 @@
 """benchmarks/fleet.py's plumbing: README parts from separate runs, runs shared between processes, the tail note;
-and ``reusable_prefix_tokens`` (each request's share of the infinite-cache ideal)."""
+and ``reusable_prefix_tokens`` / ``reuse_gaps`` (each request's share of the infinite-cache ideal, and how long
+its prefix had gone unused)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minengine.fleet import infinite_cache_hits, reusable_prefix_tokens
+from minengine.fleet import infinite_cache_hits, reusable_prefix_tokens, reuse_gaps
 from minengine.workloads import TraceRequest
 
 
@@ -100,11 +101,13 @@ def test_reusable_prefix_tokens_add_up_to_the_ideal(rows, limit):
     per = reusable_prefix_tokens(trace, 16, limit)
     assert set(per) == {r.request_id for r in trace}
     assert sum(per.values()) == infinite_cache_hits(trace, 16, limit).hit_tokens
-    seen = set()
+    gaps = reuse_gaps(trace, 16, limit)
+    last = {}
     for (family, _), r in zip(rows, trace):  # the first of a family has nothing reusable, later ones its head
         plen = min(r.prompt_len, limit - r.output_len) if limit else r.prompt_len
-        assert per[r.request_id] == (0 if family not in seen else min(3, (plen - 1) // 16) * 16)
-        seen.add(family)
+        assert per[r.request_id] == (0 if family not in last else min(3, (plen - 1) // 16) * 16)
+        assert gaps[r.request_id] == (None if family not in last else r.arrival_time - last[family])
+        last[family] = r.arrival_time
 
 
 def test_tail_note_names_what_no_cache_serves():
@@ -112,12 +115,17 @@ def test_tail_note_names_what_no_cache_serves():
     rng = random.Random(0)
 
     class Metrics:
-        def __init__(self, prompt, cached, ttft):
-            self.num_prompt_tokens, self.num_cached_tokens, self.ttft, self.time_in_queue = prompt, cached, ttft, 0.0
+        def __init__(self, i, prompt, ttft):
+            self.num_prompt_tokens, self.num_cached_tokens, self.ttft, self.time_in_queue = prompt, 0, ttft, 0.0
+            self.arrival_time, self.finished_time = float(i), i + 10.0
+
+    class Store:  # 100 blocks of 1 GB in all, 1.09 TB written over the 109 s run: it turns over in about 10 s
+        num_nodes, dram_capacity_blocks, ssd_capacity_blocks, block_bytes, written_bytes = 1, 60, 40, 1e9, 1.09e12
 
     class Run:
-        request_metrics = {f"r{i}": Metrics(1000, 0, 0.1 + rng.random() * 0.01) for i in range(99)}
-        request_metrics["long"] = Metrics(60_000, 0, 0.0)
+        request_metrics = {f"r{i}": Metrics(i, 1000, 0.1 + rng.random() * 0.01) for i in range(99)}
+        request_metrics["long"] = Metrics(99, 60_000, 0.0)
+        store = None
 
         def latency(self, metric, q):
             return sorted(m.ttft for m in self.request_metrics.values())[-1]
@@ -131,5 +139,10 @@ def test_tail_note_names_what_no_cache_serves():
     note = mod.tail_note(run, "x", reusable, A())
     assert "1 requests at or above" in note and "1 of them have no reusable prefix" in note
     assert "100% of their TTFT" in note and "the store cannot shorten" in note
-    reusable["long"] = 50_000
-    assert "not only compute" in mod.tail_note(run, "x", reusable, A())
+    reusable["long"] = 50_000  # reusable, not served: no longer "no cache holds"; with a store, was it evicted?
+    assert "cannot shorten" not in mod.tail_note(run, "x", reusable, A())
+    run.store = Store()
+    for gap, evicted in ((30.0, 1), (5.0, 0)):
+        note = mod.tail_note(run, "x", reusable, A(), gaps={"long": gap})
+        assert "turn over in about 10 s" in note and f"median {gap:.0f} s" in note
+        assert f"for {evicted} of them longer" in note

@@ -23,7 +23,7 @@ from minengine.fleet.kv_store import KVStore, KVStoreConfig, StoreStats
 from minengine.fleet.links import LINKS, KVLink, get_link
 from minengine.fleet.request import FleetRequest, synthetic_prompt_ids
 from minengine.fleet.results import FleetResult, PercentileSLO, ReplicaStats, TransferStats
-from minengine.fleet.reuse import infinite_cache_hits, reusable_prefix_tokens
+from minengine.fleet.reuse import infinite_cache_hits, reusable_prefix_tokens, reuse_gaps
 from minengine.fleet.routers import ROUTERS, Router, make_router
 from minengine.fleet.simulator import FleetSimulator, simulate
 from minengine.fleet.token_free import TokenFreeModelConfig, TokenFreeRunner, token_free_engine
@@ -32,5 +32,6 @@ __all__ = [
     "LINKS", "ROLES", "ROUTERS", "FleetConfig", "FleetRequest", "FleetResult", "FleetSimulator", "KVLink",
     "KVStore", "KVStoreConfig", "PercentileSLO", "ReplicaSpec", "ReplicaStats", "Router", "StoreStats",
     "TokenFreeModelConfig", "TokenFreeRunner", "TransferStats", "get_link", "infinite_cache_hits",
-    "kv_pool_blocks", "make_router", "reusable_prefix_tokens", "simulate", "synthetic_prompt_ids", "token_free_engine",
+    "kv_pool_blocks", "make_router", "reusable_prefix_tokens", "reuse_gaps", "simulate", "synthetic_prompt_ids",
+    "token_free_engine",
 ]

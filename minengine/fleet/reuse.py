@@ -50,7 +50,7 @@ def infinite_cache_hits(trace: Sequence[TraceRequest], block_size: int = 16,
     """
     seen: set[bytes] = set()
     prompt = hit = num_hit = 0
-    for _, plen, k in _walk(trace, block_size, max_model_len, seen):
+    for _, plen, k, _ in _walk(trace, block_size, max_model_len, seen):
         prompt += plen
         hit += k * block_size
         num_hit += k > 0
@@ -66,12 +66,31 @@ def reusable_prefix_tokens(trace: Sequence[TraceRequest], block_size: int = 16,
     Raises:
         ValueError: ``block_size`` not a positive integer.
     """
-    return {r.request_id: k * block_size for r, _, k in _walk(trace, block_size, max_model_len, set())}
+    return {r.request_id: k * block_size for r, _, k, _ in _walk(trace, block_size, max_model_len, set())}
+
+
+def reuse_gaps(trace: Sequence[TraceRequest], block_size: int = 16,
+               max_model_len: int | None = None) -> dict[str, float | None]:
+    """How long each request's reusable prefix had gone unused: ``{request_id: seconds from the arrival of the
+    latest earlier request whose prompt held that whole prefix to this one's arrival}`` (None: nothing reusable).
+    A cache that evicts least recently used blocks serves the prefix only if it keeps blocks at least that long.
+
+    Raises:
+        ValueError: ``block_size`` not a positive integer.
+    """
+    last: dict[bytes, float] = {}
+    out: dict[str, float | None] = {}
+    for r, _, k, hashes in _walk(trace, block_size, max_model_len, set()):
+        # chained hashes: the prefix's last block stands for the whole prefix
+        out[r.request_id] = r.arrival_time - last[hashes[k - 1]] if k else None
+        for h in hashes:
+            last[h] = r.arrival_time
+    return out
 
 
 def _walk(trace: Sequence[TraceRequest], block_size: int, max_model_len: int | None, seen: set[bytes]):
-    """(request, clipped prompt length, leading blocks hit) in arrival order, remembering every full block in
-    ``seen``."""
+    """(request, clipped prompt length, leading blocks hit, its full blocks' hashes) in arrival order, remembering
+    every full block in ``seen``."""
     if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
     for r in sorted(trace, key=lambda r: r.arrival_time):  # stable: ties keep trace order, as the simulator
@@ -79,11 +98,11 @@ def _walk(trace: Sequence[TraceRequest], block_size: int, max_model_len: int | N
         if max_model_len is not None:
             plen, _ = fit_to_limit(plen, r.output_len, max_model_len)
         if r.prompt_token_ids is None:
-            yield r, plen, 0
+            yield r, plen, 0, []
             continue
         hashes = prompt_block_hashes(r.prompt_token_ids[:plen], block_size)
         k, cap = 0, (plen - 1) // block_size
         while k < min(cap, len(hashes)) and hashes[k] in seen:
             k += 1
         seen.update(hashes)
-        yield r, plen, k
+        yield r, plen, k, hashes
