@@ -592,7 +592,10 @@ def section_store(a: argparse.Namespace, data: Path) -> tuple[str, dict]:
     wins = [r for r in STORE_ROUTERS if ("mooncake", store, r) in runs and ("mooncake", base, r) in runs
             and mean_ttft(runs["mooncake", store, r]) < mean_ttft(runs["mooncake", base, r])]
     both = [r for r in STORE_ROUTERS if ("mooncake", store, r) in runs and ("mooncake", base, r) in runs]
-    text += f"Router by router, the store lowers the mean TTFT for {len(wins)} of {len(both)} ({', '.join(wins)}). "
+    p99_wins = [r for r in both if runs["mooncake", store, r].latency("ttft", 99)
+                < runs["mooncake", base, r].latency("ttft", 99)]
+    text += (f"Router by router, the store lowers the mean TTFT for {len(wins)} of {len(both)} ({', '.join(wins)}) "
+             f"and the P99 TTFT for {len(p99_wins)} of {len(both)} ({', '.join(p99_wins) or 'none'}). ")
     notes = []
     for router in ("conductor", "round-robin"):
         key_ssd = ("mooncake", "store: 1 TB DRAM + 4 TB SSD / node", router)
