@@ -739,7 +739,10 @@ def main(argv: list[str] | None = None) -> None:
         parts.append("**The fleet KV store (Mooncake Store) vs per-replica prefix caches**\n\n" + text)
         print(parts[-1], flush=True)
     parts.append(f"Data: Azure LLM inference trace 2023 (Patel et al., Splitwise, ISCA 2024); Mooncake trace (Qin et "
-                 f"al., FAST 2025). Total wall time {time.perf_counter() - started:.0f} s; load average (1 min) "
+                 f"al., FAST 2025). {'Wall time of this process' if a.run_cache else 'Total wall time'} "
+                 f"{time.perf_counter() - started:.0f} s"
+                 f"{' (runs it found in --run-cache were loaded, not made again)' if a.run_cache else ''}; "
+                 f"load average (1 min) "
                  f"{load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.")
     body = "\n\n".join(parts)
     if a.write:
