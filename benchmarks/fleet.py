@@ -513,11 +513,15 @@ def tail_note(r, name: str, reusable: dict[str, int], a: argparse.Namespace, sho
         capacity = st_.num_nodes * (st_.dram_capacity_blocks + st_.ssd_capacity_blocks) * st_.block_bytes
         keep = capacity / rate
         old = [gaps[rid] for rid in missed if gaps[rid] is not None and gaps[rid] > keep]
-        median = sorted(gaps[rid] for rid in missed)[len(missed) // 2]
+        unused = sorted(gaps[rid] for rid in missed)
+        held = ("the store no longer held it (it declined no load in this run, and "
+                f"{st_.wasted_blocks:,} of its {st_.loaded_blocks:,} loaded blocks were evicted before use)"
+                if st_.declined_loads == 0 else f"the store declined {st_.declined_loads:,} loads in this run")
         text += (f"; {len(missed)} of them were served less than half of their reusable prefix, which had gone unused "
-                 f"for a median {median:,.0f} s, while at this run's write rate ({rate / 1e9:.1f} GB/s) the store's "
-                 f"{capacity / 1e12:.1f} TB turn over in about {keep:,.0f} s: for {len(old)} of them longer, so LRU "
-                 "had evicted the prefix")
+                 f"for {unused[0]:,.0f}-{unused[-1]:,.0f} s (median {unused[len(unused) // 2]:,.0f} s): {held}; at "
+                 f"this run's mean write rate ({rate / 1e9:.1f} GB/s of new blocks) the store's "
+                 f"{capacity / 1e12:.1f} TB turn over in about {keep:,.0f} s, and {len(old)} of these gaps are longer "
+                 "(LRU evicts by use, and the write rate varies over the run)")
     if could < 0.2 and alone > 0.9:
         text += (", so the tail is the prefill of long prompts no cache holds, which the store cannot shorten (only "
                  "more GPUs per prefill would)")

@@ -121,6 +121,7 @@ def test_tail_note_names_what_no_cache_serves():
 
     class Store:  # 100 blocks of 1 GB in all, 1.09 TB written over the 109 s run: it turns over in about 10 s
         num_nodes, dram_capacity_blocks, ssd_capacity_blocks, block_bytes, written_bytes = 1, 60, 40, 1e9, 1.09e12
+        declined_loads, wasted_blocks, loaded_blocks = 0, 3, 50
 
     class Run:
         request_metrics = {f"r{i}": Metrics(i, 1000, 0.1 + rng.random() * 0.01) for i in range(99)}
@@ -145,4 +146,6 @@ def test_tail_note_names_what_no_cache_serves():
     for gap, evicted in ((30.0, 1), (5.0, 0)):
         note = mod.tail_note(run, "x", reusable, A(), gaps={"long": gap})
         assert "turn over in about 10 s" in note and f"median {gap:.0f} s" in note
-        assert f"for {evicted} of them longer" in note
+        assert f"and {evicted} of these gaps are longer" in note and "no longer held it" in note
+    run.store.declined_loads = 2
+    assert "declined 2 loads" in mod.tail_note(run, "x", reusable, A(), gaps={"long": 5.0})
