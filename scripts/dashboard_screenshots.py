@@ -42,8 +42,16 @@ def idle(page) -> None:
 
 
 def shoot(page, preset: str, tab: str, figures: int) -> bytes:
-    page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
-    page.get_by_role("option", name=re.compile(re.escape(preset))).click()
+    option = page.get_by_role("option", name=re.compile(re.escape(preset)))
+    for _ in range(3):  # a click during a rerun can land on a select box about to be redrawn: open it again
+        idle(page)
+        page.locator("[data-testid='stSidebar'] [data-testid='stSelectbox']").first.click()
+        try:
+            option.wait_for(timeout=10_000)
+            break
+        except Exception:
+            page.keyboard.press("Escape")
+    option.click()
     idle(page)
     page.get_by_role("button", name="Run", exact=True).click()
     finish = page.get_by_role("button", name="Finish now")
