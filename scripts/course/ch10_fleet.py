@@ -222,8 +222,8 @@ CELLS = [
     md("""
     The last rows of the lanes are the store: its DRAM filling up over the run. On this short window there is little
     to reuse: a conversation's earlier turns mostly lie outside it. How much does the whole trace reuse? Its ideal
-    needs no simulation, only the walk over its prompts; at one 16-token KV block per 512-token hash block
-    (`length_scale=1/32`) the 3,993 prompts are short enough to walk here in seconds.
+    needs no simulation, only the walk over its prompts; at one 16-token KV block per hash block of the trace
+    (`length_scale=1/32`) its prompts are short enough to walk here in seconds.
     """),
     conclusion("""
     if HAVE_TRACES:
@@ -239,7 +239,7 @@ CELLS = [
               ("the ideal counts only prompt tokens", 0 <= whole_ideal.hit_tokens <= whole_ideal.prompt_tokens)])
     """),
     md("""
-    `python benchmarks/fleet.py --only store` runs the whole Mooncake trace at full length (3,993 requests; the ideal
+    `python benchmarks/fleet.py --only store` runs the whole Mooncake trace at full length (the ideal
     it reports is at the engine's 16-token blocks, so it can differ a little from the one above), where the store's
     share of the ideal is the question, and the Azure trace, which shares no prefix, so the store serves nothing there
     and only costs its writes.
