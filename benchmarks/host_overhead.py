@@ -31,6 +31,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv  # noqa: E402
+from minengine.core.doors import make_scheduler  # noqa: E402
 from minengine.core.scheduler import Scheduler  # noqa: E402
 from minengine.request import Request  # noqa: E402
 from minengine.sampling_params import SamplingParams  # noqa: E402
@@ -46,7 +47,7 @@ def make_decoding_scheduler(num_requests: int, context: int, extra_tokens: int,
     already prefilled, so every following step is ``num_requests`` decodes."""
     max_len = context + extra_tokens + 1
     kv = KVCacheManager(num_requests * cdiv(max_len, BLOCK_SIZE) + 1, BLOCK_SIZE, enable_prefix_caching)
-    sched = Scheduler(kv, max_num_batched_tokens=max(num_requests * context, 1), max_num_seqs=num_requests,
+    sched = make_scheduler(kv, max_num_batched_tokens=max(num_requests * context, 1), max_num_seqs=num_requests,
                       max_model_len=max_len)
     params = SamplingParams(temperature=0, max_tokens=extra_tokens, ignore_eos=True)
     for i in range(num_requests):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from minengine.core.policies import POLICIES
 from minengine.core.predictors import OutputLengthPredictor
-from minengine.core.scheduler import PREEMPTION_MODES
+from minengine.core.scheduler_config import PREEMPTION_MODES
 from minengine.core.spec_decode import SpeculativeConfig
 from minengine.exceptions import VLLMValidationError, show
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import PolicySettings
-from minengine.core.scheduler import Scheduler
+from minengine.core.doors import make_scheduler
 from minengine.request import Request
 from minengine.sampling_params import SamplingParams
 from tests.kv_shadow import KVShadow, check_scheduler
@@ -50,7 +50,7 @@ class FakeEngine:
         K/V read), "markov" (from the last two tokens read; repetitive). ``speculative_config`` etc. as
         ``Scheduler``."""
         self.kv = KVCacheManager(num_blocks, block_size, prefix)
-        self.sched = Scheduler(self.kv, budget, max_num_seqs, max_model_len, chunked, threshold, policy=policy,
+        self.sched = make_scheduler(self.kv, budget, max_num_seqs, max_model_len, chunked, threshold, policy=policy,
                                policy_settings=settings, preemption_mode=preemption_mode,
                                swap_space_blocks=swap_blocks, shrink_prefill_chunks=shrink,
                                speculative_config=speculative_config, predictor=predictor,
@@ -67,7 +67,7 @@ class FakeEngine:
 
     def add(self, rid: str, prompt: list[int], max_tokens: int, eos: int | None = None, priority: int = 0) -> Request:
         # the engine's admission check: one request alone must fit in the pool
-        longest = min(len(prompt) + max_tokens, self.sched.max_model_len)
+        longest = min(len(prompt) + max_tokens, self.sched.config.max_model_len)
         assert -(-longest // self.kv.block_size) <= self.kv.pool.num_blocks
         req = Request(rid, list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), 0.0, eos_token_id=eos,
                       priority=priority)

@@ -133,13 +133,13 @@ def check_scheduler(sched: Scheduler, out=None) -> None:
     blocks; swap blocks held once, by swapped requests; every unfinished request in exactly one queue."""
     kv, pool = sched.kv, sched.kv.pool
     if out is not None:
-        assert out.num_scheduled_tokens <= sched.max_num_batched_tokens
-        assert len(out.scheduled) <= sched.max_num_seqs
+        assert out.num_scheduled_tokens <= sched.config.max_num_batched_tokens
+        assert len(out.scheduled) <= sched.config.max_num_seqs
         assert len({s.request_id for s in out.scheduled}) == len(out.scheduled)
         for s in out.scheduled:
             assert s.num_new_tokens >= 1
             assert len(s.block_ids) * kv.block_size >= s.seq_len  # the table covers every token written
-    assert len(sched.running) <= sched.max_num_seqs
+    assert len(sched.running) <= sched.config.max_num_seqs
     holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
     for b in pool.blocks:
         assert b.ref_cnt == holders.get(b.block_id, 0), f"block {b.block_id} ref count"
@@ -153,7 +153,8 @@ def check_scheduler(sched: Scheduler, out=None) -> None:
             assert held == -(-r.num_computed_tokens // kv.block_size), \
                 f"{r.request_id}: holds {held} blocks for {r.num_computed_tokens} computed tokens"
     swapped = [b for r in sched.requests.values() for b in r.swapped_block_ids]
-    assert len(swapped) == len(set(swapped)) == sched.swap_space.num_used_blocks
+    swap_space = getattr(sched, "swap_space", None)  # the swap door's, when open
+    assert len(swapped) == len(set(swapped)) == (swap_space.num_used_blocks if swap_space else 0)
     for r in sched.requests.values():
         assert bool(r.swapped_block_ids) == (r.status is RequestStatus.SWAPPED)
         assert r.status is not RequestStatus.SWAPPED or r in sched.waiting

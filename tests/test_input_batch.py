@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
-from minengine.core.scheduler import Scheduler
+from minengine.core.doors import make_scheduler
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.worker.block_table import BlockTable
@@ -82,7 +82,7 @@ workloads = st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.boolea
 def test_forward_batch_matches_a_naive_rebuild(work, num_blocks, budget, prefix_caching, rng):
     """Random prompts (some sharing a prefix), a small pool (preemption), random aborts and a reused id."""
     kv = KVCacheManager(num_blocks, BS, prefix_caching)
-    sched = Scheduler(kv, max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=64)
+    sched = make_scheduler(kv, max_num_batched_tokens=budget, max_num_seqs=4, max_model_len=64)
     shared = [7, 8, 9, 10, 11, 12, 13, 14]
     for i, (prompt_len, max_tokens, share) in enumerate(work):
         prompt = (shared if share else []) + [3 + (i * 7 + j) % 50 for j in range(prompt_len)]
@@ -213,7 +213,7 @@ def test_forward_batch_matches_a_naive_rebuild_with_speculative_decoding(work, n
     can change without changing its length."""
     num_blocks += max(cdiv(p + m + k, block_size) for p, m in work)  # each request fits alone
     kv = KVCacheManager(num_blocks, block_size, prefix_caching)
-    sched = Scheduler(kv, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=80,
+    sched = make_scheduler(kv, max_num_batched_tokens=64, max_num_seqs=4, max_model_len=80,
                       speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 1,
                                           "prompt_lookup_max": 2})
     for i, (prompt_len, max_tokens) in enumerate(work):

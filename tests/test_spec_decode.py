@@ -9,6 +9,8 @@ seeded sampling, n > 1, the CUDA-graph path, rollback, metrics and the modelled 
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import os
 import random
@@ -21,7 +23,7 @@ from prometheus_client import generate_latest
 from minengine import LLM, EngineConfig, LLMEngine, SamplingParams
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import POLICIES
-from minengine.core.scheduler import Scheduler
+from minengine.core.doors import make_scheduler
 from minengine.core.spec_decode import NgramProposer, SpecDecodeStats, SpeculativeConfig, accepted_prefix
 from minengine.request import Request
 from minengine.timing import StepCostModel, StepWork
@@ -111,12 +113,12 @@ def test_accepted_prefix_and_stats():
 # ---- the scheduler: one token budget, free blocks only ------------------------------------------------------
 def decoding_scheduler(budget: int, num_blocks: int, k: int = 4):
     kv = KVCacheManager(num_blocks, 4, True)
-    sched = Scheduler(kv, 64, 8, 1000, speculative_config=spec(k, 1, 3))
+    sched = make_scheduler(kv, 64, 8, 1000, speculative_config=spec(k, 1, 3))
     r = Request("a", [1, 2, 3, 4, 5, 6, 7, 1, 2], SamplingParams(temperature=0, max_tokens=50), 0.0)
     sched.add_request(r)
     out = sched.schedule()
     sched.update_from_output(out, {"a": [3]})  # prompt done; tokens ... 1 2 3: proposals 4 5 6 7
-    sched.max_num_batched_tokens = budget
+    sched.config = dataclasses.replace(sched.config, max_num_batched_tokens=budget)
     return sched, r
 
 
@@ -145,7 +147,7 @@ def test_speculation_leaves_a_block_for_a_later_decode_of_the_step():
     """Proposals do not take the free block a running request scheduled later in the same step needs for its
     next token: nobody is preempted, and the speculating request proposes within the blocks it holds."""
     kv = KVCacheManager(6, 4, True)
-    sched = Scheduler(kv, 64, 8, 1000, speculative_config=spec(4, 1, 3))
+    sched = make_scheduler(kv, 64, 8, 1000, speculative_config=spec(4, 1, 3))
     a = Request("a", [1, 2, 3, 4, 5, 6, 7, 1, 2], SamplingParams(temperature=0, max_tokens=50), 0.0)  # 3 blocks
     b = Request("b", [9, 10, 11, 12, 13, 14, 15, 16], SamplingParams(temperature=0, max_tokens=50), 0.0)  # 2
     sched.add_request(a)
@@ -161,7 +163,7 @@ def test_speculation_leaves_a_block_for_a_later_decode_of_the_step():
 
 def test_proposals_stop_at_max_tokens_and_max_model_len():
     kv = KVCacheManager(64, 4, False)
-    sched = Scheduler(kv, 64, 8, 1000, speculative_config=spec(8, 1, 3))
+    sched = make_scheduler(kv, 64, 8, 1000, speculative_config=spec(8, 1, 3))
     r = Request("a", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(temperature=0, max_tokens=3), 0.0)
     sched.add_request(r)
     sched.update_from_output(sched.schedule(), {"a": [3]})
@@ -442,7 +444,7 @@ def test_cuda_graph_path_falls_back_to_eager_for_speculative_steps(random_llama)
 def test_modelled_clock_costs_the_verified_rows():
     """num_sampled = 1 + k: a decode verifying 4 proposals costs the LM head 5 times and 5 tokens' FLOPs."""
     kv = KVCacheManager(64, 4, False)
-    sched = Scheduler(kv, 64, 8, 1000, speculative_config=spec(4, 1, 3))
+    sched = make_scheduler(kv, 64, 8, 1000, speculative_config=spec(4, 1, 3))
     r = Request("a", [1, 2, 3, 4, 5, 6, 1, 2, 3], SamplingParams(temperature=0, max_tokens=50), 0.0)
     sched.add_request(r)
     sched.update_from_output(sched.schedule(), {"a": [4]})

@@ -2,13 +2,18 @@
 
 A policy (``core/policies.py``) decides the order; the builder does the mechanics every policy shares:
 chunking under the token budget, allocating KV blocks, preempting a victim the policy picks when blocks run
-out, admitting waiting requests (with the admission probe and swap-in), and recording the step's
+out, admitting waiting requests (a prefix-cache hit, then a first chunk), and recording the step's
 ``SchedulerOutput``.
 
 Data flows down: the ``Scheduler`` hands the builder what a step needs (the KV cache manager, its queues, the
-swap space, the proposer, this step's ``StepLimits``) and the policy's queue order (``QueueOrder``); the
-builder never looks back at the scheduler, and it records every move in the ``SchedulerOutput`` and in its
-``Undo`` list, which the scheduler keeps to commit or roll back the step.
+``SchedulerConfig``) and the policy's queue order (``QueueOrder``); the builder never looks back at the
+scheduler, and it records every move in the ``SchedulerOutput`` and in its ``Undo`` list, which the scheduler
+keeps to commit or roll back the step.
+
+This class is the default step only. Optional features are mixins that override one named method each
+(``core/doors.py`` composes them at construction): async scheduling (``core/async_scheduler.py``), swap
+preemption (``core/swap_preemption.py``), speculative decoding (``core/spec_scheduling.py``) and
+predicted-length admission (``core/predicted_admission.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +23,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from minengine.core.kv_cache_manager import KVCacheManager, cdiv
+from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.request_set import RequestSet
-from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID, ScheduledRequest, SchedulerOutput
-from minengine.core.spec_decode import NgramProposer
-from minengine.core.swap_space import SwapSpace
+from minengine.core.scheduler_config import SchedulerConfig
+from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
 from minengine.request import Request, RequestStatus
 
 
@@ -39,33 +43,6 @@ class QueueOrder(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class StepLimits:
-    """The scheduler's limits and switches for one step (``Scheduler`` documents each; read from its
-    attributes at every ``schedule()``)."""
-
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    max_model_len: int
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
-    preemption_mode: str = "recompute"
-    shrink_prefill_chunks: bool = False
-    reserve_predicted_kv: bool = False
-
-    def chunk(self, num_uncomputed: int, token_budget: int) -> int:
-        """How many of a request's uncomputed tokens it may compute this step (the prefill-chunk cap applies
-        only with chunked prefill: without it a prompt runs in one step)."""
-        if num_uncomputed > 1 and self.long_prefill_token_threshold > 0 and self.enable_chunked_prefill:
-            num_uncomputed = min(num_uncomputed, self.long_prefill_token_threshold)
-        return min(num_uncomputed, token_budget)
-
-    def reaches_length_limit(self, request: Request, num_more: int) -> bool:
-        """Whether ``num_more`` more tokens finish ``request`` by length (``max_model_len`` or ``max_tokens``)."""
-        return (request.num_tokens + num_more >= self.max_model_len
-                or request.num_output_tokens + num_more >= request.sampling_params.max_tokens)
-
-
 def reset_for_recompute(request: Request) -> None:
     """A recompute preemption: nothing computed any more; the re-prefill covers prompt + outputs (with async
     scheduling, also the token its step in flight samples)."""
@@ -79,7 +56,7 @@ class Undo:
     """One scheduled request's state before the step, so that a failed step can give it back
     (``Scheduler.rollback``): its first ``num_blocks`` blocks, status, progress, swap blocks and received KV.
     Read-only by convention (not ``frozen``: one is made per scheduled request per step, and a frozen dataclass
-    costs ~3x more to build)."""
+    costs more to build)."""
 
     request: Request
     num_blocks: int
@@ -103,13 +80,11 @@ class StepBuilder:
     Args:
         kv: the KV cache manager (block tables, prefix cache).
         policy: the scheduling policy's queue order (``QueueOrder``).
-        limits: this step's ``StepLimits``.
+        config: the scheduler's ``SchedulerConfig`` (the budget, the slots, the chunking rules).
         waiting: the scheduler's waiting queue; admissions take from it, preemptions put back at its front.
         running: the scheduler's running requests in admission order (a ``RequestSet``); admissions append,
             preemptions remove.
-        swap_space: the CPU swap space (``preemption_mode="swap"``; size 0 otherwise).
         step_index: the scheduler's step count (for priority aging and round-robin turns).
-        proposer: speculative decoding's proposer (``core/spec_decode.py``); None = off.
         out: where the moves are recorded (default: a new ``SchedulerOutput``).
 
     Attributes:
@@ -118,35 +93,27 @@ class StepBuilder:
         undo: the state before the step of every request scheduled in it (see ``Undo``).
         waiting_before: the waiting queue as it was before this step's first admission or preemption changed
             it (what a rollback restores), None while unchanged: copied once, and only by a step that changes it.
-        num_preemptions, num_swapped_out_blocks, num_swapped_in_blocks: this builder's moves, which the
-            scheduler adds to its totals.
+        num_preemptions: this builder's preemptions, which the scheduler adds to its total.
     """
 
-    def __init__(self, kv: KVCacheManager, policy: QueueOrder, limits: StepLimits, waiting: deque[Request],
-                 running: RequestSet, swap_space: SwapSpace, step_index: int,
-                 proposer: NgramProposer | None = None, out: SchedulerOutput | None = None):
+    def __init__(self, kv: KVCacheManager, policy: QueueOrder, config: SchedulerConfig, waiting: deque[Request],
+                 running: RequestSet, step_index: int, out: SchedulerOutput | None = None):
         self.kv = kv
         self.policy = policy
-        self.limits = limits
+        self.config = config
         self.waiting = waiting
         self.running = running
-        self.swap_space = swap_space
-        self.proposer = proposer
-        self.budget = limits.max_num_batched_tokens
+        self.budget = config.max_num_batched_tokens
         self.step_index = step_index
         self.out = SchedulerOutput() if out is None else out
-        self._scheduled: list[tuple[Request, int]] = []
+        self._scheduled: list[tuple[Request, int]] = []  # (request, tokens scheduled for it), in order
         self._num_new: dict[str, int] = {}  # request id -> tokens scheduled for it in this step
-        self._spec: dict[str, list[int]] = {}  # request id -> its proposals in this step (speculative decoding)
         self.undo: list[Undo] = []
         self.waiting_before: list[Request] | None = None
-        self._reserved: int | None = None  # reserve_predicted_kv: blocks the running requests still need
         # ``blocks_for_next_token(running)``, computed at the first admission that reserves them and kept up to
         # date by the admissions after it (a run or a preemption drops it: it is computed again if needed).
         self._next_token_blocks: int | None = None
         self.num_preemptions = 0
-        self.num_swapped_out_blocks = 0
-        self.num_swapped_in_blocks = 0
 
     # ---- what the policy can look at ------------------------------------------------------------------
     def is_scheduled(self, request: Request) -> bool:
@@ -176,27 +143,12 @@ class StepBuilder:
             tokens scheduled; 0 when the request itself was the victim (or nothing fits the limit).
         """
         limit = self.budget if limit is None else min(limit, self.budget)
-        in_flight = request.num_output_placeholders  # async scheduling: tokens its step in flight samples
-        if in_flight and (request.structured_output is not None
-                          or self.limits.reaches_length_limit(request, in_flight)):
-            # That step's token finishes it ("length"), or its grammar state, which the next token's mask needs,
-            # moves only when that token is committed: nothing to schedule until then.
-            return 0
-        num_uncomputed = request.num_tokens + in_flight - request.num_computed_tokens
+        num_uncomputed = self.num_uncomputed(request)
         # a decode (or a prefill's last token) needs no chunking: skip the call
-        num_new = min(1, limit) if num_uncomputed == 1 else self.limits.chunk(num_uncomputed, limit)
+        num_new = min(1, limit) if num_uncomputed == 1 else self.config.chunk(num_uncomputed, limit)
         if num_new <= 0:
             return 0
-        self._next_token_blocks = None  # this request's need changes
-        undo = Undo(request, len(self.kv.req_to_blocks.get(request.request_id, ())), RequestStatus.RUNNING,
-                    request.num_computed_tokens, (), request.num_cached_tokens, request.last_scheduled_step,
-                    request.num_external_computed_tokens)  # a running request holds no swap blocks
-        if self.proposer is not None and num_new == 1 and request.is_decode:
-            spec = self._speculate(request, limit)
-            if spec:
-                self._spec[request.request_id] = spec
-                self._add(request, 1 + len(spec), undo)
-                return 1 + len(spec)
+        undo = self._undo_running(request)
         while self.kv.allocate_slots(request, num_new) is None:
             victim = self.policy.pick_victim(self.unscheduled_running(), self.step_index)
             self.preempt(victim)
@@ -205,56 +157,27 @@ class StepBuilder:
         self._add(request, num_new, undo)
         return num_new
 
-    def preempt(self, request: Request) -> None:
-        """Take a running request off the GPU and put it at the FRONT of the waiting queue.
+    def num_uncomputed(self, request: Request) -> int:
+        """Tokens of ``request`` without K/V in the cache yet."""
+        return request.num_tokens - request.num_computed_tokens
 
-        Swap (when ``preemption_mode="swap"`` and the swap space has room for all its blocks): its blocks'
-        KV is copied to CPU blocks (``out.blocks_to_swap_out``, done by the runner before the forward) and
-        ``num_computed_tokens`` is kept. Otherwise recompute: the blocks are freed and ``num_computed_tokens``
-        goes back to 0; the generated tokens stay, so the re-prefill continues where it was.
-        """
+    def preempt(self, request: Request) -> None:
+        """Take a running request off the GPU and put it at the FRONT of the waiting queue (``evict`` says how:
+        by default recompute, its blocks freed and ``num_computed_tokens`` back to 0; the generated tokens stay,
+        so the re-prefill continues where it was)."""
         self._waiting_changes()
         self.running.remove(request)
         self._next_token_blocks = None
-        gpu_ids = self.kv.get_block_ids(request.request_id)
-        if (self.limits.preemption_mode == "swap" and gpu_ids
-                and len(gpu_ids) <= self.swap_space.num_free_blocks):
-            cpu_ids = self.swap_space.allocate(len(gpu_ids))
-            self.out.blocks_to_swap_out.extend(zip(gpu_ids, cpu_ids))
-            request.swapped_block_ids = cpu_ids
-            request.status = RequestStatus.SWAPPED
-            self.num_swapped_out_blocks += len(gpu_ids)
-        else:
-            reset_for_recompute(request)
-        self.kv.free(request)  # freed blocks may be reused this step: the runner swaps out before the forward
+        self.evict(request)
+        self.kv.free(request)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
         self.out.preempted_ids.append(request.request_id)
 
-    def _speculate(self, request: Request, limit: int) -> list[int]:
-        """Proposals for a decode (``core/spec_decode.py``) and their KV slots, or [] (then it decodes plainly).
-
-        At most what the step's ``limit`` leaves beside the decode's own token, and never more than the request
-        may still generate (``max_tokens``, ``max_model_len``: the verified step appends up to 1 + proposals).
-        Speculation uses only FREE blocks that nobody else in the step may need: the proposals are cut to the
-        slots of the request's own blocks plus the free blocks beyond one for every other running request not
-        yet scheduled in this step (what its next decode token may need), so proposals never preempt anybody,
-        directly or by leaving a later decode of the same step without a block (vLLM v1 would preempt for
-        them). Under memory pressure a request therefore speculates only within the blocks it holds."""
-        bs = self.kv.block_size
-        room = min(limit, self.limits.max_model_len - request.num_tokens,
-                   request.sampling_params.max_tokens - request.num_output_tokens) - 1
-        if room <= 0:
-            return []
-        held = len(self.kv.req_to_blocks.get(request.request_id, ()))
-        others = len(self.running) - len(self._num_new) - 1  # running, not scheduled yet, not this request
-        free = max(0, self.kv.num_free_blocks - max(0, others))
-        room = min(room, (held + free) * bs - request.num_computed_tokens - 1)
-        spec = self.proposer.propose(request, room) if room > 0 else []
-        if spec and self.kv.allocate_slots(request, 1 + len(spec)) is None:
-            raise RuntimeError("speculative allocation failed after the free-block check")  # a bug guard
-        return spec
+    def evict(self, request: Request) -> None:
+        """What a preemption does with the victim's K/V: recompute (drop it; the swap door keeps it)."""
+        reset_for_recompute(request)
 
     def run_all(self, requests: Iterable[Request], cap: int | None = None) -> int:
         """``run`` each request in order while the budget (and ``cap`` tokens in all) lasts; requests
@@ -281,7 +204,7 @@ class StepBuilder:
         (0 = nothing admitted).
         """
         limit = self.budget if limit is None else min(limit, self.budget)
-        if (not self.waiting or limit <= 0 or len(self.running) >= self.limits.max_num_seqs
+        if (not self.waiting or limit <= 0 or len(self.running) >= self.config.max_num_seqs
                 or self.out.preempted_ids):
             return 0
         request = self.policy.next_waiting(self.waiting, self.step_index)
@@ -290,13 +213,8 @@ class StepBuilder:
             if self._next_token_blocks is None:  # once per step, not once per admission
                 self._next_token_blocks = self.blocks_for_next_token(self.running)
             free -= self._next_token_blocks
-        if self.limits.reserve_predicted_kv and not self._fits_predicted(request, free):
-            return 0
         undo = Undo.of(request, 0)
-        if request.swapped_block_ids:
-            num_new = self._swap_in(request, limit, free)
-        else:
-            num_new = self._allocate_new(request, limit, free)
+        num_new = self.first_chunk(request, limit, free)
         if num_new == 0:
             return 0
         self._waiting_changes()
@@ -307,8 +225,6 @@ class StepBuilder:
         self._add(request, num_new, undo)
         if self._next_token_blocks is not None:  # the newcomer's own need joins the others'
             self._next_token_blocks += self.blocks_for_next_token((request,))
-        if self._reserved is not None:
-            self._reserved += self._predicted_need(request)
         return num_new
 
     def admit_all(self, cap: int | None = None, reserve_running: bool = False) -> int:
@@ -322,87 +238,37 @@ class StepBuilder:
         return used
 
     # ---- admission mechanics --------------------------------------------------------------------------
-    def _allocate_new(self, request: Request, limit: int, free: int) -> int:
+    def first_chunk(self, request: Request, limit: int, free: int) -> int:
         """Blocks for a (re)started prompt out of ``free`` blocks: the prefix-cache hit, the tokens whose KV
-        arrives from elsewhere (``num_external_computed_tokens``, all or nothing), then a first chunk."""
-        if request.num_output_placeholders:  # async: its last token is still in flight (next step: known)
-            return 0
+        arrives from elsewhere (``num_external_computed_tokens``, all or nothing), then a first chunk.
+        Returns the chunk's tokens (0: it does not fit, nothing allocated)."""
         hit_blocks, num_hit = self.kv.get_computed_blocks(request)
         num_external = max(0, min(request.num_external_computed_tokens, request.num_tokens - 1) - num_hit)
         num_uncomputed = request.num_tokens - num_hit - num_external
-        if not self.limits.enable_chunked_prefill and num_uncomputed > limit:
+        if not self.config.enable_chunked_prefill and num_uncomputed > limit:
             return 0
-        num_new = self.limits.chunk(num_uncomputed, limit)
+        num_new = self.config.chunk(num_uncomputed, limit)
         free -= sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hit blocks in the free queue are taken back
         if self.kv.num_blocks_needed(request, num_external + num_new, len(hit_blocks)) > free:
             if num_external:
                 return 0  # the received KV needs all its blocks at once
-            num_new = self._probe(num_new, free, already_computed=num_hit)
+            num_new = self.shrink_to_fit(num_new, free, already_computed=num_hit)
             if num_new == 0:
                 return 0
         if self.kv.allocate_slots(request, num_external + num_new, hit_blocks) is None:
             raise RuntimeError("admission allocation failed after the free-block check")  # a bug guard
         request.num_computed_tokens = num_hit + num_external  # the prefix hit and the received KV are computed
         request.num_external_computed_tokens = 0  # received once: after a recompute preemption it is recomputed
+        self._count_prefix_hit(request, num_hit)
+        return num_new
+
+    def _count_prefix_hit(self, request: Request, num_hit: int) -> None:
         if request.status is RequestStatus.WAITING:  # first admission: what the prefix cache statistics count
             request.num_cached_tokens = num_hit
             self.out.prefix_queried_tokens += request.num_tokens
             self.out.prefix_hit_tokens += num_hit
         else:  # re-admission after a recompute preemption: its own freed blocks, counted apart (vLLM #25787)
             self.out.readmission_hit_tokens += num_hit
-        return num_new
-
-    def _swap_in(self, request: Request, limit: int, free: int) -> int:
-        """Blocks for a swapped-out request out of ``free`` blocks: fresh GPU blocks for its saved ones
-        (copied in by the runner before the forward) plus those its next chunk needs."""
-        if request.num_output_placeholders:  # async: its last token is still in flight (next step: known)
-            return 0
-        num_saved = len(request.swapped_block_ids)
-        num_uncomputed = request.num_tokens - request.num_computed_tokens
-        if not self.limits.enable_chunked_prefill and num_uncomputed > limit:
-            return 0
-        num_new = self.limits.chunk(num_uncomputed, limit)
-        if self.kv.num_blocks_needed(request, num_new) > free:  # its table is empty: this counts every block
-            if free < num_saved:
-                return 0
-            num_new = self._probe(num_new, free - num_saved, request.num_computed_tokens)
-            if num_new == 0:
-                return 0
-        gpu_ids = self.kv.take_blocks(request, num_saved)
-        self.out.blocks_to_swap_in.extend(zip(request.swapped_block_ids, gpu_ids))
-        self.swap_space.release(request.swapped_block_ids)
-        self.num_swapped_in_blocks += num_saved
-        request.swapped_block_ids = []
-        if self.kv.allocate_slots(request, num_new) is None:
-            raise RuntimeError("swap-in allocation failed after the free-block check")  # a bug guard
-        return num_new
-
-    # ---- predicted-length-aware admission -------------------------------------------------------------
-    def predicted_blocks(self, request: Request) -> int:
-        """KV blocks ``request`` will hold at its predicted end: prompt + predicted output (at least one more
-        token than it has, at most ``max_model_len``)."""
-        predicted = request.predicted_output_len
-        if predicted is None:
-            predicted = request.sampling_params.max_tokens
-        final = request.num_prompt_tokens + max(predicted, request.num_output_tokens + 1)
-        return cdiv(min(final, self.limits.max_model_len), self.kv.block_size)
-
-    def _predicted_need(self, request: Request) -> int:
-        """Blocks ``request`` is predicted to take beyond those it holds."""
-        return max(0, self.predicted_blocks(request) - len(self.kv.req_to_blocks.get(request.request_id, ())))
-
-    def _fits_predicted(self, request: Request, free: int) -> bool:
-        """``reserve_predicted_kv``: admit ``request`` only when ``free`` blocks cover its predicted blocks
-        beyond what the running requests are predicted to need still ("predict the output length, allocate
-        for it": S3, Jin et al., NeurIPS 2023), so that fewer running requests are preempted later. A request
-        predicted too short is admitted too early and may be preempted (or make others be) when it outgrows
-        its prediction. With nothing running, a request is always admitted (else one predicted longer than the
-        pool would wait forever)."""
-        if not self.running:
-            return True
-        if self._reserved is None:  # once per step; admissions then add their own need
-            self._reserved = sum(self._predicted_need(r) for r in self.running)
-        return free - self._reserved >= self.predicted_blocks(request)
 
     def blocks_for_next_token(self, requests: Iterable[Request]) -> int:
         """New blocks these running requests need to compute one more token each beyond what this step
@@ -411,15 +277,16 @@ class StepBuilder:
         return sum(self.kv.num_blocks_needed(r, self._num_new.get(r.request_id, 0) + 1) for r in requests
                    if r.status is RequestStatus.RUNNING)
 
-    def _probe(self, num_new: int, free_blocks: int, already_computed: int) -> int:
-        """Admission probe: the largest chunk <= ``num_new`` whose new blocks fit in ``free_blocks`` (down
-        to one block), or 0 when shrinking is off, prefill cannot be chunked, or not one block is free.
+    def shrink_to_fit(self, num_new: int, free_blocks: int, already_computed: int) -> int:
+        """The admission probe: the largest chunk <= ``num_new`` whose new blocks fit in ``free_blocks`` (down
+        to one block), or 0 when shrinking is off (``shrink_prefill_chunks``), prefill cannot be chunked, or not
+        one block is free.
 
         ``already_computed`` is the request's ``num_computed_tokens`` once its held (or hit) blocks are in
         place; the empty slots of its last held block take chunk tokens without a new block.
         """
-        limits = self.limits
-        if not limits.shrink_prefill_chunks or not limits.enable_chunked_prefill or free_blocks < 1:
+        config = self.config
+        if not config.shrink_prefill_chunks or not config.enable_chunked_prefill or free_blocks < 1:
             return 0
         slack = (-already_computed) % self.kv.block_size
         return min(num_new, free_blocks * self.kv.block_size + slack)
@@ -429,19 +296,27 @@ class StepBuilder:
             self.waiting_before = list(self.waiting)
 
     # ---- output ---------------------------------------------------------------------------------------
+    def _undo_running(self, request: Request) -> Undo:
+        """A running request's state before this step (it holds no swap blocks)."""
+        self._next_token_blocks = None  # this request's need changes
+        return Undo(request, len(self.kv.req_to_blocks.get(request.request_id, ())), RequestStatus.RUNNING,
+                    request.num_computed_tokens, (), request.num_cached_tokens, request.last_scheduled_step,
+                    request.num_external_computed_tokens)
+
     def _add(self, request: Request, num_new: int, undo: Undo) -> None:
+        """Schedule ``num_new`` tokens of ``request``: spend the budget, remember how to undo it, and stage the
+        blocks the chunk completes (indexed in the prefix cache only once the step has really run)."""
         self._scheduled.append((request, num_new))
         self._num_new[request.request_id] = num_new
         self.undo.append(undo)
         self.budget -= num_new
         request.last_scheduled_step = self.step_index
-        # The blocks this chunk completes: indexed in the prefix cache only once the step has really run. Only
-        # known tokens count: a block holding a proposal is never staged (it may be rejected).
-        num_spec = len(self._spec.get(request.request_id, ())) if self._spec else 0
-        end = request.num_computed_tokens + num_new - num_spec
-        if request.num_output_placeholders:  # async: a block holding a placeholder is staged in a later step
-            end = min(end, request.num_tokens)
-        self.kv.stage_full_blocks(request, end)
+        self.kv.stage_full_blocks(request, self.known_end(request, num_new))
+
+    def known_end(self, request: Request, num_new: int) -> int:
+        """The end of the request's known tokens once this step's ``num_new`` are computed: the blocks before
+        it may be staged for the prefix cache."""
+        return request.num_computed_tokens + num_new
 
     @property
     def scheduled_requests(self) -> list[Request]:
@@ -449,44 +324,30 @@ class StepBuilder:
         return [request for request, _ in self._scheduled]
 
     def build(self) -> SchedulerOutput:
-        """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order.
-
-        Async scheduling: a decode of a request whose previous step is still in flight computes the token that
-        step samples, not known yet: ``PLACEHOLDER_TOKEN_ID`` in ``token_ids`` (the worker fills it in), and
-        ``output_index`` counts it."""
-        specs = self._spec
-        block_ids = self.kv.get_block_ids
-        scheduled = self.out.scheduled
-        for request, num_new in self._scheduled:
-            start = request.num_computed_tokens
-            end = start + num_new
-            prompt, output = request.prompt_token_ids, request.output_token_ids
-            in_flight = request.num_output_placeholders
-            num_tokens = len(prompt) + len(output) + in_flight
-            spec = specs.get(request.request_id) if specs else None
-            if spec:  # a decode verifying proposals: its latest token, then the proposals
-                end -= len(spec)
-                self.out.num_spec_tokens += len(spec)
-                token_ids = request.token_ids_slice(start, end) + spec
-            elif end == num_tokens and start == num_tokens - 1 and output and not in_flight:  # a decode
-                token_ids = [output[-1]]
-            else:
-                token_ids = request.token_ids_slice(start, end)
-                if in_flight and len(token_ids) < num_new:
-                    token_ids += [PLACEHOLDER_TOKEN_ID] * (num_new - len(token_ids))
-            scheduled.append(ScheduledRequest(
-                request.request_id,
-                token_ids,
-                start,
-                block_ids(request.request_id),
-                end == num_tokens,  # sample
-                # ``Request.is_decode`` (num_computed_tokens is still ``start`` here): a prefill otherwise
-                not (num_tokens - start == 1 and start >= request.prefill_len),
-                request.sampling_params,
-                len(output) + in_flight,  # output_index
-                prompt,
-                output,
-                spec or (),
-                request.structured_output,
-            ))
+        """The finished step: every scheduled request as a ``ScheduledRequest``, in scheduling order."""
+        self.out.scheduled.extend(self.scheduled_request(request, num_new) for request, num_new in self._scheduled)
         return self.out
+
+    def scheduled_request(self, request: Request, num_new: int) -> ScheduledRequest:
+        """``request``'s share of this step: ``num_new`` token ids from ``num_computed_tokens`` on."""
+        start = request.num_computed_tokens
+        end = start + num_new
+        prompt, output = request.prompt_token_ids, request.output_token_ids
+        num_tokens = len(prompt) + len(output)
+        if end == num_tokens and start == num_tokens - 1 and output:  # a decode: its latest token
+            token_ids = [output[-1]]
+        else:
+            token_ids = request.token_ids_slice(start, end)
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            start_pos=start,
+            block_ids=self.kv.get_block_ids(request.request_id),
+            sample=end == num_tokens,
+            is_prefill=not (num_tokens - start == 1 and start >= request.prefill_len),  # ``Request.is_decode``
+            sampling_params=request.sampling_params,
+            output_index=len(output),
+            prompt_token_ids=prompt,
+            output_token_ids=output,
+            structured_output=request.structured_output,
+        )

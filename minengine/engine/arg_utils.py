@@ -70,7 +70,7 @@ _HELP_OVERRIDES = {"model": "HF checkpoint directory or hub id (None: the bundle
 def _cli_choices() -> dict[str, tuple]:
     from minengine.config import KV_CACHE_DTYPES
     from minengine.core.policies import POLICIES
-    from minengine.core.scheduler import PREEMPTION_MODES
+    from minengine.core.scheduler_config import PREEMPTION_MODES
 
     return {"dtype": ("auto", "float32", "float16", "bfloat16", *_DTYPE_ALIASES), "device": ("cpu", "cuda", "auto"),
             "scheduling_policy": (*POLICIES, *_SCHEDULING_ALIASES), "preemption_mode": PREEMPTION_MODES,

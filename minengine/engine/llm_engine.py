@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.policies import PolicySettings
-from minengine.core.scheduler import Scheduler
+from minengine.core.doors import make_scheduler
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.input_processor import InputProcessor, Prompt
@@ -143,7 +143,7 @@ class LLMEngine:
                                   splitfuse_target_tokens=config.splitfuse_target_tokens,
                                   priority_aging_steps=config.priority_aging_steps,
                                   predicted_length_aging_steps=config.predicted_length_aging_steps)
-        self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_batched_tokens, config.max_num_seqs,
+        self.scheduler = make_scheduler(self.kv_cache_manager, config.max_num_batched_tokens, config.max_num_seqs,
                                    config.max_model_len, config.enable_chunked_prefill,
                                    config.long_prefill_token_threshold, policy=config.scheduling_policy,
                                    policy_settings=settings, preemption_mode=config.preemption_mode,

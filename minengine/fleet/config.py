@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minengine.core.policies import POLICIES
-from minengine.core.scheduler import PREEMPTION_MODES
+from minengine.core.scheduler_config import PREEMPTION_MODES
 from minengine.fleet.kv_store import KVStoreConfig
 from minengine.fleet.links import KVLink, get_link
 from minengine.fleet.router_names import ROUTER_NAMES
