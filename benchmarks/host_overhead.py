@@ -30,8 +30,8 @@ import torch
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from minengine.core.kv_cache_manager import KVCacheManager, cdiv  # noqa: E402
 from minengine.core.doors import make_scheduler  # noqa: E402
+from minengine.core.kv_cache_manager import KVCacheManager, cdiv  # noqa: E402
 from minengine.core.scheduler import Scheduler  # noqa: E402
 from minengine.request import Request  # noqa: E402
 from minengine.sampling_params import SamplingParams  # noqa: E402

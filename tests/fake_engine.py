@@ -13,9 +13,9 @@ never written (an interrupted step, ``step(fail=True)``) fails there.
 
 from __future__ import annotations
 
+from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import PolicySettings
-from minengine.core.doors import make_scheduler
 from minengine.request import Request
 from minengine.sampling_params import SamplingParams
 from tests.kv_shadow import KVShadow, check_scheduler

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core import doors
+from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams

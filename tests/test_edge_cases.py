@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from minengine import LLMEngine, SamplingParams
-from minengine.worker.sampler import process_logits
+from minengine.worker.logits_processing import process_logits
 
 EXTREME = [dict(repetition_penalty=r) for r in (1e-300, 1e-45, 1e-30, 1e30, 1e300)] + [
     dict(temperature=t) for t in (1e-5, 2e-5, 1e300)] + [

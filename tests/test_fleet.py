@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minengine.config import EngineConfig
-from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.doors import make_scheduler
+from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.fleet import (
     LINKS,
     ROUTERS,

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.doors import make_scheduler
+from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.worker.block_table import BlockTable

@@ -17,7 +17,7 @@ from transformers import (
 )
 
 from minengine import LLM, SamplingParams
-from minengine.worker.sampler import apply_penalties, process_logits
+from minengine.worker.logits_processing import apply_penalties, process_logits
 from tests.conftest import hf_model
 
 PROMPTS = ["ROMEO:\nO, she doth teach the torches to burn bright!", "KING RICHARD III:\nNow is the winter",

@@ -10,7 +10,6 @@ seeded sampling, n > 1, the CUDA-graph path, rollback, metrics and the modelled 
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import os
 import random
@@ -21,9 +20,9 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from minengine import LLM, EngineConfig, LLMEngine, SamplingParams
+from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import POLICIES
-from minengine.core.doors import make_scheduler
 from minengine.core.spec_decode import NgramProposer, SpecDecodeStats, SpeculativeConfig, accepted_prefix
 from minengine.request import Request
 from minengine.timing import StepCostModel, StepWork

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from minengine.config import EngineConfig
+from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
 from minengine.core.policies import PolicySettings
-from minengine.core.doors import make_scheduler
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.engine.input_processor import InputProcessor, Prompt

@@ -17,7 +17,7 @@ from minengine.request import Request
 from minengine.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:  # the sampler imports torch; an engine on a model-free runner (minengine.fleet) runs without it
-    from minengine.worker.sampler import TokenLogprobs
+    from minengine.worker.token_logprobs import TokenLogprobs
 
 
 def streamable_length(text: str, stop: list[str]) -> int:

@@ -13,8 +13,9 @@ from minengine.worker.block_table import BlockTable
 from minengine.worker.cuda_graphs import DecodeGraphs, capture_sizes_for
 from minengine.worker.forward_batch import ForwardBatch
 from minengine.worker.host_memory import retain_freed_memory
-from minengine.worker.sampler import Sampler, TokenLogprobs, compute_prompt_logprobs
+from minengine.worker.sampler import Sampler
 from minengine.worker.swap import CpuSwapSpace
+from minengine.worker.token_logprobs import TokenLogprobs, compute_prompt_logprobs
 
 logger = logging.getLogger(__name__)
 

@@ -1,101 +1,17 @@
-"""Scheduling policies: how one step spends the token budget across decodes, unfinished prefill chunks and
-new prompts, which waiting request goes next and which running request is the preemption victim.
-
-Every policy is a small class behind one interface (``SchedulingPolicy``); the mechanics (chunking,
-allocation, preemption, admission, the admission probe, swapping) stay in ``StepBuilder``, so a policy only
-decides an ORDER and CAPS. ``POLICIES`` maps the names of ``EngineConfig.scheduling_policy`` to classes.
-
-Imports go one way: the scheduler imports the policies, the policies the step builder (the moves they call),
-and the builder sees a policy only through ``step_builder.QueueOrder`` (its ``next_waiting`` and
-``pick_victim``), so it imports neither.
-"""
+"""The other scheduling policies (``EngineConfig.scheduling_policy``): each decides an order and caps, the
+``StepBuilder`` does the mechanics."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import ClassVar
 
+from minengine.core.policies.base import SchedulingPolicy, split_running
 from minengine.core.step_builder import StepBuilder
 from minengine.request import Request, RequestStatus
 
 
-@dataclass(frozen=True)
-class PolicySettings:
-    """The knobs some policies read (see ``EngineConfig`` for their meaning and validation).
-
-    Attributes:
-        prefill_decode_ratio: balanced: prefill tokens : decode tokens of the budget.
-        splitfuse_target_tokens: dynamic-splitfuse: target tokens per forward; None = the whole budget.
-        priority_aging_steps: priority: steps per one unit of priority gained while in the system; 0 = off.
-        predicted_length_aging_steps: shortest-predicted-first: steps per one token of predicted remaining work
-            a request is forgiven while in the system; 0 = off (pure shortest-predicted-first, which can starve).
-    """
-
-    prefill_decode_ratio: float = 1.0
-    splitfuse_target_tokens: int | None = None
-    priority_aging_steps: int = 64
-    predicted_length_aging_steps: int = 4
-
-
-class SchedulingPolicy:
-    """One way to fill a step. Subclasses implement ``fill`` and may override the queue order and victim.
-
-    Args:
-        settings: the policy knobs (``PolicySettings``); defaults when None.
-    """
-
-    name: ClassVar[str] = ""
-    needs_predictor: ClassVar[bool] = False  # orders by ``Request.predicted_output_len``
-
-    def __init__(self, settings: PolicySettings | None = None):
-        self.settings = settings or PolicySettings()
-
-    def fill(self, step: StepBuilder) -> None:
-        """Schedule this step's work through ``step.run_all`` / ``step.admit_all`` (and friends)."""
-        raise NotImplementedError
-
-    def next_waiting(self, waiting: Sequence[Request], step_index: int) -> Request:
-        """The waiting request to admit next (first come, first served; preempted requests sit in front)."""
-        return waiting[0]
-
-    def pick_victim(self, candidates: Sequence[Request], step_index: int) -> Request:
-        """The request to preempt, among running requests not yet scheduled this step (in running order,
-        the one asking for blocks included). Default: the most recently admitted (vLLM v1)."""
-        return candidates[-1]
-
-
 def _priority(request: Request) -> int:
     return request.priority
-
-
-def _last_scheduled(request: Request) -> int:
-    return -1 if request.last_scheduled_step is None else request.last_scheduled_step
-
-
-def split_running(step: StepBuilder) -> tuple[list[Request], list[Request]]:
-    """Unscheduled running requests as (decodes, unfinished prefills). Prefills in running order; decodes
-    least recently scheduled first (ties: running order), so a policy that serves only some of the decodes
-    in a step (a capped share, or a budget smaller than the decodes) serves them in turn: round-robin over
-    the decodes, each of which costs one token (without proposals). When every decode was served in the
-    previous step they all tie, and this is running order."""
-    decodes, prefills = [], []
-    for r in step.unscheduled_running():
-        (decodes if r.is_decode else prefills).append(r)
-    decodes.sort(key=_last_scheduled)  # stable
-    return decodes, prefills
-
-
-class DecodeFirst(SchedulingPolicy):
-    """Running requests first, in admission order (their decodes and unfinished prefill chunks), then new
-    prompts with what is left. Protects TPOT: a running request is never stalled by a newcomer (vLLM v1,
-    Sarathi-Serve's stall-free batching, Agrawal et al., OSDI 2024)."""
-
-    name = "decode-first"
-
-    def fill(self, step: StepBuilder) -> None:
-        step.run_all(step.unscheduled_running())
-        step.admit_all()
 
 
 class PrefillFirst(SchedulingPolicy):
@@ -274,16 +190,3 @@ class ShortestPredictedFirst(SchedulingPolicy):
     def pick_victim(self, candidates: Sequence[Request], step_index: int) -> Request:
         order = range(len(candidates))
         return candidates[max(order, key=lambda i: (self.score(candidates[i], step_index), i))]
-
-
-POLICIES: dict[str, type[SchedulingPolicy]] = {
-    cls.name: cls for cls in (DecodeFirst, PrefillFirst, Balanced, DynamicSplitFuse, Priority, RoundRobin,
-                              ShortestPredictedFirst)
-}
-
-
-def make_policy(name: str, settings: PolicySettings | None = None) -> SchedulingPolicy:
-    """The policy called ``name`` (a key of ``POLICIES``). Raises ``ValueError`` for an unknown name."""
-    if name not in POLICIES:
-        raise ValueError(f"scheduling_policy must be one of {tuple(POLICIES)}, got {name!r}")
-    return POLICIES[name](settings)
