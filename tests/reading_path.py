@@ -67,7 +67,7 @@ def _measure(called: set[CodeType]) -> ReadingPath:
         rel = str(path.relative_to(repo))
         if rel not in files:
             files[rel] = non_blank(path.read_text().splitlines())
-        if code.co_name == "<module>":
+        if code.co_name.startswith("<"):  # a module, a comprehension, a lambda: part of what encloses it
             continue
         try:
             lines, _ = inspect.getsourcelines(code)
