@@ -13,19 +13,11 @@ from minengine.worker.block_table import BlockTable
 from minengine.worker.cuda_graphs import DecodeGraphs, capture_sizes_for
 from minengine.worker.forward_batch import ForwardBatch
 from minengine.worker.host_memory import retain_freed_memory
+from minengine.worker.kv_pool import kv_bytes_per_block  # noqa: F401  (the course imports it from here)
 from minengine.worker.sampler import Sampler, TokenLogprobs, compute_prompt_logprobs
 from minengine.worker.swap import CpuSwapSpace
 
 logger = logging.getLogger(__name__)
-
-
-def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one KV block takes over all layers: 2 (K and V) x layers x block_size x Hkv x D x the cache dtype's
-    size (``dtype``: 4 float32, 2 bfloat16, 1 float8 e4m3 for ``kv_cache_dtype="fp8"``). An FP8 cache's scales
-    are per tensor (two floats per layer, on the model, ``layers/kv_quant.py``), not per block: they add 0 bytes
-    to a block, so the same memory holds 4x the float32 blocks and 2x the bfloat16 ones."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * len(model.model.layers) * block_size * model.num_kv_heads * model.head_dim * itemsize
 
 
 class ModelRunner:
