@@ -17,7 +17,6 @@ from minengine.config import EngineConfig
 from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.llm_engine import LLMEngine
 from minengine.sampling_params import SamplingParams
-from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir, load_real_prompts
 
 MAX_CLI_REQUESTS = 100_000  # requests one CLI run serves at most: a larger count is a typo, not a workload
 
@@ -82,6 +81,8 @@ def _config(a: argparse.Namespace) -> EngineConfig:
 def cmd_run(a: argparse.Namespace) -> None:
     from tqdm.auto import tqdm
 
+    from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir, load_real_prompts
+
     for flag in ("num_prompts", "num_real_prompts", "max_prompt_chars", "show"):
         if getattr(a, flag) < 0:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 0, got {getattr(a, flag)}")
@@ -144,6 +145,7 @@ def _bench_trace(a: argparse.Namespace, vocab_size: int, block_size: int):
     """The workload for ``bench-serve``: a real trace (windowed, scaled, optionally re-timed) or Poisson."""
     from minengine.workloads import (
         azure_conv_path,
+        find_data_dir,
         gamma_arrivals,
         load_azure_trace,
         load_mooncake_trace,

@@ -17,6 +17,8 @@ BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespea
 _DTYPES = ("float32", "float16", "bfloat16")
 # vLLM's names. "fp8" and "fp8_e4m3": float8 e4m3 K/V with per-tensor scales (minengine/layers/kv_quant.py).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+# vLLM's --attention-backend; minengine/layers/attention.py has each one
+ATTENTION_BACKENDS = ("auto", "reference", "cpu", "triton")
 # None = the checkpoint's weights as they are; "int8": weight-only int8 of the linear layers (layers/quantization.py).
 QUANTIZATIONS = (None, "int8")
 MAX_BLOCK_SIZE = 1024  # tokens; vLLM offers 1..128
@@ -132,6 +134,13 @@ class EngineConfig:
         quantization: vLLM's name: ``None`` or ``"int8"``: weight-only int8 of every decoder linear layer
             (q/k/v/o, gate/up/down; per-output-channel scales, applied at load time; activations, embeddings and
             the LM head stay in ``dtype``). See ``minengine/layers/quantization.py``.
+        attention_backend: vLLM's name (``--attention-backend``): which paged attention reads the KV cache,
+            chosen once when the engine is built: ``"reference"`` (the Python paged read the course teaches,
+            ``paged_attention_reference``), ``"cpu"`` (minengine's C++ kernel, ``layers/cpu_attention.py``; the
+            reference runs while it builds), ``"triton"`` (the Triton kernel: CUDA, or the Triton interpreter) or
+            ``"auto"``: "triton" on CUDA where Triton is installed, "cpu" on a CPU where the kernel takes the
+            model, else "reference". The environment variable ``MINENGINE_CPU_KERNEL=0`` makes "auto" pick
+            "reference". See ``minengine/layers/attention.py``.
         served_model_name: the name clients and metrics use (``model`` of the OpenAI API, the ``model_name``
             label); None = ``model`` as given, or "tiny-shakespeare-llama" for the bundled model (``model`` None
             or ``BUNDLED_MODEL``).
@@ -195,6 +204,7 @@ class EngineConfig:
     trust_remote_code: bool = False
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    attention_backend: str = "auto"
     served_model_name: str | None = None
     logits_processors: list | None = None
     tensor_parallel_size: int = 1
@@ -225,6 +235,11 @@ class EngineConfig:
             _invalid("dtype", f"dtype must be one of {_DTYPES}, got {show(self.dtype)}")
         if self.device not in ("cpu", "cuda", "auto"):
             _invalid("device", f"device must be 'cpu', 'cuda' or 'auto', got {show(self.device)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            _invalid("attention_backend", f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                     f"got {show(self.attention_backend)}")
+        if self.attention_backend == "cpu" and self.device == "cuda":
+            _invalid("attention_backend", "attention_backend 'cpu' (the C++ CPU kernel) needs device 'cpu'")
         _positive("block_size", self.block_size, MAX_BLOCK_SIZE)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_num_seqs", self.max_num_seqs)

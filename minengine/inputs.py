@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numbers
 import re
+from collections.abc import Iterable
 from typing import TypedDict
 
-from minengine.exceptions import VLLMValidationError
+from minengine.exceptions import VLLMValidationError, show
 
 
 class TextPrompt(TypedDict):
@@ -63,3 +64,17 @@ def token_ids(values) -> list:
     if kinds <= {int}:
         return values
     return [int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for v in values]
+
+
+def as_request_ids(request_id) -> list[str]:
+    """``abort_request``'s argument as a list of ids: one id, or an iterable of ids (read once).
+
+    Raises:
+        VLLMValidationError: neither a string nor an iterable of strings.
+    """
+    if not isinstance(request_id, (str, Iterable)):
+        raise VLLMValidationError(f"request_id must be a string or an iterable of strings, got {show(request_id)}")
+    ids = [request_id] if isinstance(request_id, str) else list(request_id)  # a generator is read once
+    if not all(isinstance(i, str) for i in ids):
+        raise VLLMValidationError(f"request_id must be a string or an iterable of strings, got {show(ids)}")
+    return ids

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minengine.request import Request
 
 
 @dataclass
@@ -48,6 +52,31 @@ class RequestMetrics:
         if self.finished_time is None or self.first_token_time is None or self.num_output_tokens < 2:
             return None
         return (self.finished_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+    def on_scheduled(self, now: float) -> None:
+        """The request was scheduled at ``now`` (only its first time counts: the queueing delay)."""
+        if self.first_scheduled_time is None:
+            self.first_scheduled_time = now
+
+    def on_tokens(self, request: Request, num_new_tokens: int, now: float) -> None:
+        """The request got ``num_new_tokens`` tokens at ``now``: its first token (TTFT) or the gap since its last
+        (appended to ``request.token_times`` too); accepted speculative proposals arrive together, gap 0."""
+        if self.first_token_time is None:
+            self.first_token_time = now
+            self.num_cached_tokens = request.num_cached_tokens
+        else:
+            self.itls.append(now - request.token_times[-1])
+        request.token_times.append(now)
+        for _ in range(num_new_tokens - 1):
+            self.itls.append(0.0)
+            request.token_times.append(now)
+        self.num_output_tokens = request.num_output_tokens
+
+    def on_finished(self, request: Request, now: float) -> None:
+        self.finished_time = now
+        self.num_output_tokens = request.num_output_tokens
+        self.num_preemptions = request.num_preemptions
+        self.finish_reason = request.status.finish_reason
 
 
 @dataclass

@@ -143,3 +143,86 @@ def test_triton_through_forward_batch_matches_dense_reference():
     out, ref, batch = run_case(MIXED, 4, 2, 8, for_triton=True)
     assert batch.block_tables is not None and not batch.decode_groups
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+# ---- the backends by name: EngineConfig.attention_backend, --attention-backend -------------------------------
+GREEDY_PROMPTS = ["ROMEO:", "To be, or not to be, that is the question:", "JULIET:\nO Romeo, Romeo!"]
+
+
+def _greedy_tokens(llm) -> list[list[int]]:
+    from minengine.sampling_params import SamplingParams
+
+    outs = llm.generate(GREEDY_PROMPTS, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def _count_calls(monkeypatch, name: str) -> list[int]:
+    """Count the calls of ``minengine.layers.attention.<name>`` (still running it)."""
+    from minengine.layers import attention
+
+    calls, real = [0], getattr(attention, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention, name, counted)
+    return calls
+
+
+def test_reference_and_cpu_backends_give_identical_greedy_tokens(bundled_model, monkeypatch):
+    """The backend named is the one that runs, in every layer of every step: "reference" never calls the C++
+    kernel's wrapper, "cpu" does (where a compiler exists), and both give the same greedy tokens."""
+    from minengine.engine.llm import LLM
+
+    monkeypatch.delenv(cpu_attention.ENV_SWITCH, raising=False)
+    kernel_calls = _count_calls(monkeypatch, "paged_attention_cpu")
+    reference = LLM(bundled_model, attention_backend="reference", max_num_batched_tokens=16)
+    assert reference.llm_engine.runner.attention_backend == "reference"
+    tokens = _greedy_tokens(reference)
+    assert kernel_calls[0] == 0
+    if shutil.which("c++") is None or shutil.which("ninja") is None:
+        pytest.skip("no C++ compiler or ninja here: only the reference backend runs")
+    assert cpu_attention.get_kernel() is not None  # built (or loaded) before the engine starts
+    cpu = LLM(bundled_model, attention_backend="cpu", max_num_batched_tokens=16)
+    assert cpu.llm_engine.runner.attention_backend == "cpu"
+    assert _greedy_tokens(cpu) == tokens
+    assert kernel_calls[0] > 0
+
+
+def test_auto_backend_and_the_environment_switch(bundled_model, monkeypatch):
+    """"auto" is resolved once, when the engine is built: the C++ kernel on a CPU, the reference with
+    ``MINENGINE_CPU_KERNEL=0`` (the switch is an alias of attention_backend="reference")."""
+    from minengine.engine.llm import LLM
+
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
+    assert LLM(bundled_model).llm_engine.runner.attention_backend == "reference"
+    monkeypatch.delenv(cpu_attention.ENV_SWITCH)
+    assert LLM(bundled_model).llm_engine.runner.attention_backend == "cpu"
+
+
+@settings(max_examples=30, deadline=None)
+@given(name=st.text(max_size=12).filter(lambda s: s not in ("auto", "reference", "cpu", "triton")))
+def test_an_unknown_backend_is_an_error_naming_the_field_and_the_choices(name):
+    from minengine.config import EngineConfig
+    from minengine.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="attention_backend") as info:
+        EngineConfig(attention_backend=name)
+    assert all(choice in str(info.value) for choice in ("reference", "cpu", "triton", "auto"))
+
+
+def test_attention_backend_flag_on_every_command():
+    """``--attention-backend`` (vLLM's flag) reaches EngineConfig on run, generate, bench-serve and serve;
+    argparse refuses a name not in the choices."""
+    from minengine.__main__ import _config, build_parser
+
+    parser = build_parser()
+    for command in (["run"], ["generate", "x"], ["bench-serve"], ["serve"]):
+        args = parser.parse_args(command + ["--attention-backend", "reference"])
+        if command[0] != "serve":
+            assert _config(args).attention_backend == "reference"
+        assert args.attention_backend == "reference"
+        with pytest.raises(SystemExit):
+            parser.parse_args(command + ["--attention-backend", "flash"])

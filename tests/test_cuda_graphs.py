@@ -82,7 +82,7 @@ def test_load_resets_rows_past_the_batch(random_llama):
 def test_cuda_graphs_need_the_triton_backend(random_llama):
     e = LLM(random_llama, max_model_len=64).llm_engine
     with pytest.raises(ValueError, match="triton"):
-        ModelRunner(e.model, 8, 16, attention_backend="torch", cuda_graphs=True)
+        ModelRunner(e.model, 8, 16, attention_backend="reference", cuda_graphs=True)
     with pytest.raises(ValueError, match="attention_backend"):
         ModelRunner(e.model, 8, 16, attention_backend="flash")
-    assert ModelRunner(e.model, 8, 16).graphs is None  # CPU default: torch attention, no graphs
+    assert ModelRunner(e.model, 8, 16).graphs is None  # CPU default: a CPU backend, no graphs

@@ -130,9 +130,9 @@ def test_engine_args_cli_round_trip_and_mapping(bundled_model):
 
 
 def test_gpu_memory_utilization_and_swap_space(bundled_model):
-    from minengine.engine.llm_engine import _available_bytes
+    from minengine.worker.kv_pool import available_bytes
 
-    fraction = 100 * 32768 / _available_bytes("cpu")  # about 100 blocks of 32 KiB (the bundled model)
+    fraction = 100 * 32768 / available_bytes("cpu")  # about 100 blocks of 32 KiB (the bundled model)
     small = LLM(bundled_model, max_model_len=256, gpu_memory_utilization=fraction)
     assert 50 <= small.llm_engine.num_kv_blocks <= 200  # free memory moves a little between the two reads
     with pytest.raises(ValueError, match="gpu_memory_utilization"):

@@ -11,6 +11,13 @@ character over several tokens), and while a request runs its visible text holds 
 from __future__ import annotations
 
 import copy
+import logging
+from collections.abc import Callable
+
+from minengine.exceptions import RequestError
+from minengine.request import Request
+
+logger = logging.getLogger(__name__)
 
 _CONTEXT = 5  # prompt tokens decoded before the output, so tokenizers that mark word starts keep the space
 
@@ -162,3 +169,70 @@ class IncrementalDetokenizer:
             return self.output_text + _decode(self.tokenizer, self._ids[self._num_released:self.num_tokens],
                                               self.skip)
         return self.output_text
+
+
+class Detokenizers:
+    """The ``IncrementalDetokenizer`` of every unfinished request, and a step's tokens run through them.
+
+    ``detokenize`` builds new detokenizers and commits nothing (a step may still fail); ``commit`` keeps one
+    once its step has committed. ``num_errors`` counts final texts that failed to decode (each one logged).
+    """
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self._by_id: dict[str, IncrementalDetokenizer] = {}
+        self.num_errors = 0
+
+    def add(self, request: Request) -> None:
+        params = request.sampling_params
+        self._by_id[request.request_id] = IncrementalDetokenizer(
+            self.tokenizer, request.prompt_token_ids, params.stop, params.skip_special_tokens,
+            params.include_stop_str_in_output, params.min_tokens)
+
+    def remove(self, request_id: str) -> None:
+        del self._by_id[request_id]
+
+    def commit(self, request_id: str, detok: IncrementalDetokenizer) -> str | None:
+        """Keep ``detok`` as the request's; returns the stop string its text completed, or None."""
+        self._by_id[request_id] = detok
+        return detok.stop_reason
+
+    def detokenize(self, sampled: dict[str, list[int]], request_ids: list[str],
+                   tokens_before_stop: Callable[[str, list[int]], int],
+                   caller_id: Callable[[str], str]) -> tuple[dict[str, list[int]], dict[str, IncrementalDetokenizer]]:
+        """The tokens each of ``request_ids`` keeps of ``sampled`` and its detokenizer after them (new objects).
+        A request keeps its tokens up to the first stop (``tokens_before_stop(request_id, tokens)``: length, EOS,
+        stop token ids, the scheduler's rules) and up to the token that completes a stop string: with
+        speculative decoding a step may bring several tokens, and none after a stop may reach the output.
+
+        Raises:
+            RequestError: one request's detokenizing failed; names it (``caller_id``: the id its caller knows).
+        """
+        kept, detoks = {}, {}
+        for rid in request_ids:
+            tokens, detok = sampled[rid], self._by_id[rid]
+            try:
+                if len(tokens) == 1:
+                    kept[rid], detoks[rid] = tokens, detok.advanced(tokens[0])
+                    continue
+                tokens = tokens[:tokens_before_stop(rid, tokens)]
+                for i, token in enumerate(tokens):
+                    detok = detok.advanced(token)
+                    if detok.stop_reason is not None:
+                        tokens = tokens[:i + 1]
+                        break
+            except Exception as exc:  # this request's text failed: the others are not to blame
+                raise RequestError([caller_id(rid)], f"detokenizing request {rid!r} failed: {exc!r}") from exc
+            kept[rid], detoks[rid] = tokens, detok
+        return kept, detoks
+
+    def text(self, request_id: str, finished: bool) -> str:
+        """The request's text for its output; if the final full decode fails, the text streamed so far (logged
+        and counted: the tokens are right, only a held-back partial character may be missing)."""
+        detok = self._by_id[request_id]
+        try:
+            return detok.text(finished)
+        except Exception:
+            self.num_errors += 1
+            logger.exception("request %r: decoding its final text failed; sending the text so far", request_id)
+            return detok.output_text

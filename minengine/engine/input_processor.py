@@ -20,7 +20,7 @@ from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import as_float, check_unicode, token_ids
 from minengine.request import Request
 from minengine.sampling_params import SamplingParams
-from minengine.timing.clocks import Clock
+from minengine.timing.wall_clock import Clock
 
 Prompt = str | dict | list[int]
 

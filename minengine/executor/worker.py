@@ -50,7 +50,8 @@ class WorkerConfig:
         num_threads: torch intra-op threads of this process (CPU). timeout_s: the collectives' timeout.
         minengine_dir: the driver's ``minengine`` package directory; a worker that imported another copy
             (a different ``sys.path``) refuses to start.
-        kv_cache_dtype, quantization: ``EngineConfig``'s ("auto" / "fp8"; None / "int8").
+        kv_cache_dtype, quantization, attention_backend: ``EngineConfig``'s ("auto" / "fp8"; None / "int8";
+            "auto" / "reference" / "cpu" / "triton").
     """
 
     model_path: str
@@ -71,12 +72,13 @@ class WorkerConfig:
     minengine_dir: str
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
+    attention_backend: str = "auto"
 
 
 def worker_main(rank: int, config: WorkerConfig, conn) -> None:
     """The worker process (``conn``: its end of the driver's pipe). It ends with ``os._exit``: an interpreter
-    with torch loaded took ~3.5 s to tear itself down on this project's loaded 2-core machine, and a worker has
-    nothing to save (what it sent is in the pipe already)."""
+    with torch loaded can take seconds to tear itself down, and a worker has nothing to save (what it sent is
+    in the pipe already)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 1
     try:
@@ -131,7 +133,8 @@ def _start(rank: int, config: WorkerConfig):
     runner = ModelRunner(model, config.num_blocks, config.block_size, seed=config.seed,
                          num_swap_blocks=config.num_swap_blocks, max_num_seqs=config.max_num_seqs,
                          cuda_graphs=False if config.world_size > 1 else None,
-                         kv_cache_dtype=kv_cache_torch_dtype(config.kv_cache_dtype, dtype))
+                         kv_cache_dtype=kv_cache_torch_dtype(config.kv_cache_dtype, dtype),
+                         attention_backend=config.attention_backend)
     return runner, group
 
 

@@ -10,12 +10,17 @@ the layer's per-tensor ``k_scale`` / ``v_scale`` and every path below reads them
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
+from minengine.config import ATTENTION_BACKENDS
 from minengine.layers import cpu_attention
 from minengine.layers.kv_quant import is_fp8, round_trip, write_fp8_rows
 from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGroup
+
+logger = logging.getLogger(__name__)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -61,7 +66,7 @@ def paged_attention_reference(query: torch.Tensor, key: torch.Tensor, value: tor
             ``query_start_loc[i]:query_start_loc[i+1]``).
         key, value: [T, Hkv, D], this step's new K/V (already written to the cache too).
         k_cache, v_cache: [num_blocks, block_size, Hkv, D] with this step's K/V already written.
-        batch: the step's metadata (``ForwardBatch`` built with ``for_triton=False``).
+        batch: the step's metadata (``ForwardBatch`` built for a CPU backend: its attention groups).
         scale: softmax scale, usually ``1 / sqrt(D)``.
         k_scale, v_scale: an FP8 cache's per-tensor scales (a stored element times its scale is the true value).
 
@@ -155,24 +160,80 @@ def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return out
 
 
+# The attention backends by name (``EngineConfig.attention_backend``, vLLM's ``--attention-backend``,
+# ``ATTENTION_BACKENDS``): the ModelRunner resolves "auto" once, at construction, and every step's ForwardBatch
+# carries the name.
+
+
+def resolve_attention_backend(name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int,
+                              kv_cache_dtype: torch.dtype | None = None) -> str:
+    """The backend that runs for ``name`` on this device, model dtype, head_dim and cache dtype.
+
+    "auto": "triton" on CUDA where Triton is installed; on a CPU "cpu" where the C++ kernel takes the model
+    (``cpu_attention.applies``) unless ``MINENGINE_CPU_KERNEL=0`` (then "reference"); "reference" otherwise.
+    An FP8 cache on a GPU older than sm_89 gets "reference" instead of "triton" (Triton cannot convert it there).
+
+    Raises:
+        ValueError: ``name`` is not one of ``ATTENTION_BACKENDS``, or "cpu" on a CUDA device.
+    """
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {name!r}")
+    device = torch.device(device)
+    if name == "cpu" and device.type != "cpu":
+        raise ValueError(f"attention_backend 'cpu' (the C++ kernel) runs on a CPU, not on {device.type}")
+    if name == "auto" and device.type == "cuda":
+        from minengine.layers.triton_attention import triton_available
+
+        name = "triton" if triton_available() else "reference"
+    elif name == "auto":
+        name = "cpu" if cpu_attention.applies(device, dtype, head_dim, kv_cache_dtype) else "reference"
+    if (name == "triton" and kv_cache_dtype == torch.float8_e4m3fn and device.type == "cuda"
+            and torch.cuda.get_device_capability(device) < (8, 9)):
+        logger.warning("minengine: an FP8 KV cache needs compute capability 8.9+ for the Triton attention; "
+                       "using the reference attention")
+        name = "reference"
+    return name
+
+
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: ForwardBatch, scale: float, k_scale: float = 1.0,
                     v_scale: float = 1.0) -> torch.Tensor:
-    """Dispatch: the Triton kernel when the batch was built for it (``batch.block_tables`` set: CUDA with
-    Triton, or the Triton interpreter in tests); on the CPU, minengine's C++ kernel where it applies
-    (``cpu_attention.kernel_for``: float32/bfloat16, an FP8 cache too, built, not disabled by
-    ``MINENGINE_CPU_KERNEL=0``); the PyTorch reference otherwise. Shapes as in ``paged_attention_reference``;
-    ``key``/``value`` are the step's rows as computed (with an FP8 cache the paths that attend to them directly
-    first round them as the cache does, so every path sees the same keys); ``k_scale``/``v_scale``: an FP8
-    cache's per-tensor scales."""
-    if batch.block_tables is not None:
-        from minengine.layers.triton_attention import triton_paged_attention
+    """Attention through the backend the step's batch was built for (``batch.attention_backend``: "reference",
+    "cpu" or "triton", chosen once by the ``ModelRunner``). Shapes as in ``paged_attention_reference``;
+    ``key``/``value`` are the step's rows as computed; ``k_scale``/``v_scale``: an FP8 cache's per-tensor
+    scales."""
+    return _BACKENDS[batch.attention_backend](query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale)
 
-        return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
-                                      batch.seq_lens, scale, k_scale, v_scale)
+
+def _as_cached(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch,
+               k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's own K/V as the cache holds them: a prefill from position 0 attends to them directly, so with
+    an FP8 cache they are first rounded as the cache rounds them, and every path sees the same keys."""
     if is_fp8(k_cache) and any(g.from_start for g in batch.prefill_groups):
-        key, value = round_trip(key, k_scale), round_trip(value, v_scale)
-    kernel = cpu_attention.kernel_for(query, k_cache)
-    if kernel is not None:
-        return paged_attention_cpu(query, key, value, k_cache, v_cache, batch, scale, kernel, k_scale, v_scale)
+        return round_trip(key, k_scale), round_trip(value, v_scale)
+    return key, value
+
+
+def _reference_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale) -> torch.Tensor:
+    key, value = _as_cached(key, value, k_cache, batch, k_scale, v_scale)
     return paged_attention_reference(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale)
+
+
+def _cpu_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale) -> torch.Tensor:
+    """The C++ kernel (``cpu_attention.kernel_for``: float32/bfloat16, an FP8 cache too); the reference while
+    its background build is not ready, where it failed to build, or for a layer it does not take."""
+    key, value = _as_cached(key, value, k_cache, batch, k_scale, v_scale)
+    kernel = cpu_attention.kernel_for(query, k_cache)
+    if kernel is None:
+        return paged_attention_reference(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale)
+    return paged_attention_cpu(query, key, value, k_cache, v_cache, batch, scale, kernel, k_scale, v_scale)
+
+
+def _triton_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale) -> torch.Tensor:
+    from minengine.layers.triton_attention import triton_paged_attention
+
+    return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
+                                  batch.seq_lens, scale, k_scale, v_scale)
+
+
+_BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": _triton_backend}

@@ -94,7 +94,8 @@ class DecodeGraphs:
                 input_ids=self.input_ids[:size], positions=self.positions[:size],
                 slot_mapping=self.slot_mapping[:size], query_start_loc=self.query_start_loc[:size + 1],
                 seq_lens=self.seq_lens[:size], logits_indices=torch.arange(size), batch_order=None, first_rows=None,
-                block_size=self.block_size, block_tables=self.block_tables[:size], num_decodes=size)
+                block_size=self.block_size, block_tables=self.block_tables[:size], num_decodes=size,
+                attention_backend="triton")
         return self._batches[size]
 
     def load(self, batch: ForwardBatch, size: int) -> None:

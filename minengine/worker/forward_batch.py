@@ -98,10 +98,12 @@ class ForwardBatch:
         first_rows: [B] int64 numpy, per request in the scheduler's order, the row of its first new token.
         block_size: tokens per KV block.
         block_tables: [B, max_blocks] int32 physical block ids per request in batch order (entries past a
-            request's blocks are never read), for the Triton kernel; None when built for the torch attention.
-        decode_groups, prefill_groups: the torch attention's plan (``layers/attention.py``), computed once
+            request's blocks are never read), for the Triton kernel; None when built for a CPU backend.
+        decode_groups, prefill_groups: the CPU backends' plan (``layers/attention.py``), computed once
             per step and shared by every layer.
         num_decodes: requests with exactly one new token (the first ``num_decodes`` in batch order).
+        attention_backend: the ``paged_attention`` backend that reads this batch ("reference", "cpu",
+            "triton"; ``layers/attention.py``).
     """
 
     input_ids: torch.Tensor
@@ -117,6 +119,7 @@ class ForwardBatch:
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefill_groups: list[PrefillGroup] = field(default_factory=list)
     num_decodes: int = 0
+    attention_backend: str = "cpu"
 
     @property
     def num_tokens(self) -> int:
@@ -124,7 +127,8 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, scheduler_output: SchedulerOutput, block_size: int, device: torch.device | str = "cpu",
-              block_table: BlockTable | None = None, for_triton: bool = False) -> ForwardBatch:
+              block_table: BlockTable | None = None, for_triton: bool = False,
+              attention_backend: str | None = None) -> ForwardBatch:
         """Flatten a (non-empty) step.
 
         Args:
@@ -133,6 +137,9 @@ class ForwardBatch:
             device: where the tensors go.
             block_table: the runner's persistent ``BlockTable`` (updated here); None builds a throwaway one.
             for_triton: build ``block_tables`` for the Triton kernel instead of the torch attention's groups.
+            attention_backend: the backend ``paged_attention`` runs ("reference", "cpu", "triton"; the
+                ``ModelRunner``'s); None: "triton" ``for_triton``, else "cpu" (the C++ kernel where it is
+                ready, the reference otherwise).
 
         Raises:
             ValueError: an empty step (the runner skips those).
@@ -146,15 +153,8 @@ class ForwardBatch:
         num_reqs = len(scheduled)
         q_lens = np.fromiter((len(s.token_ids) for s in scheduled), np.int64, num_reqs)
         starts = np.fromiter((s.start_pos for s in scheduled), np.int64, num_reqs)
-        sample = np.fromiter((s.sample for s in scheduled), np.bool_, num_reqs)
         blocks_needed = -(-(starts + q_lens) // block_size)
-
-        # Batch order: decodes by blocks needed (descending), then prefill chunks grouped by (q_len, seq_len).
-        decodes = np.flatnonzero(q_lens == 1)
-        decodes = decodes[np.argsort(-blocks_needed[decodes], kind="stable")]
-        prefills = np.flatnonzero(q_lens > 1)
-        prefills = prefills[np.lexsort((starts[prefills] + q_lens[prefills], q_lens[prefills]))]
-        order = np.concatenate([decodes, prefills])
+        order, num_decodes = _batch_order(q_lens, starts, blocks_needed)
         q_lens, starts, rows, blocks_needed = q_lens[order], starts[order], rows[order], blocks_needed[order]
         seq_lens = starts + q_lens
 
@@ -169,32 +169,55 @@ class ForwardBatch:
         table = block_table.table
         slot_mapping = (table[rows[req_of_token], positions // block_size].astype(np.int64) * block_size
                         + positions % block_size)
-        # The sampling requests in the scheduler's order -> the row of their last token in batch order.
-        where = np.empty(num_reqs, dtype=np.int64)
+        where = np.empty(num_reqs, dtype=np.int64)  # scheduler index -> batch row
         where[order] = np.arange(num_reqs)
-        logits_indices = query_start_loc[where[np.flatnonzero(sample)] + 1] - 1
-        if scheduler_output.num_spec_tokens:  # speculative decodes: their last 1 + k rows, in order
-            num_sampled = np.fromiter((s.num_sampled for s in scheduled if s.sample), np.int64, len(logits_indices))
-            first = logits_indices - num_sampled + 1
-            logits_indices = (np.repeat(first - np.cumsum(num_sampled) + num_sampled, num_sampled)
-                              + np.arange(int(num_sampled.sum())))
 
         def t(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
             return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
 
         batch = cls(input_ids=t(input_ids, torch.long), positions=t(positions, torch.long),
                     slot_mapping=t(slot_mapping, torch.long), query_start_loc=t(query_start_loc, torch.int32),
-                    seq_lens=t(seq_lens, torch.int32), logits_indices=t(logits_indices, torch.long),
+                    seq_lens=t(seq_lens, torch.int32),
+                    logits_indices=t(_logits_indices(scheduler_output, where, query_start_loc), torch.long),
                     batch_order=order, first_rows=query_start_loc[where], block_size=block_size,
-                    num_decodes=len(decodes))
-        tables = table[rows, :int(blocks_needed.max())]
-        if for_triton:
-            batch.block_tables = t(tables, torch.int32)
-        else:
-            batch.decode_groups = _decode_groups(len(decodes), seq_lens, tables, blocks_needed, block_size, t)
-            batch.prefill_groups = _prefill_groups(len(decodes), q_lens, seq_lens, query_start_loc, tables,
-                                                   blocks_needed, t)
+                    num_decodes=num_decodes,
+                    attention_backend=attention_backend or ("triton" if for_triton else "cpu"))
+        batch._plan_attention(table[rows, :int(blocks_needed.max())], q_lens, seq_lens, query_start_loc,
+                              blocks_needed, t)
         return batch
+
+    def _plan_attention(self, tables, q_lens, seq_lens, query_start_loc, blocks_needed, t) -> None:
+        """The Triton kernel's ``block_tables``, or the CPU backends' decode and prefill groups."""
+        if self.attention_backend == "triton":
+            self.block_tables = t(tables, torch.int32)
+            return
+        self.decode_groups = _decode_groups(self.num_decodes, seq_lens, tables, blocks_needed, self.block_size, t)
+        self.prefill_groups = _prefill_groups(self.num_decodes, q_lens, seq_lens, query_start_loc, tables,
+                                              blocks_needed, t)
+
+
+def _batch_order(q_lens: np.ndarray, starts: np.ndarray, blocks_needed: np.ndarray) -> tuple[np.ndarray, int]:
+    """Batch order (scheduler indices) and the number of decodes: decodes by blocks needed (descending), then
+    prefill chunks grouped by (q_len, seq_len), so that every attention group is a slice of rows."""
+    decodes = np.flatnonzero(q_lens == 1)
+    decodes = decodes[np.argsort(-blocks_needed[decodes], kind="stable")]
+    prefills = np.flatnonzero(q_lens > 1)
+    prefills = prefills[np.lexsort((starts[prefills] + q_lens[prefills], q_lens[prefills]))]
+    return np.concatenate([decodes, prefills]), len(decodes)
+
+
+def _logits_indices(scheduler_output: SchedulerOutput, where: np.ndarray, query_start_loc: np.ndarray) -> np.ndarray:
+    """The rows sampled, sampling request after sampling request in the scheduler's order: each one's last row,
+    and a speculative decode's last 1 + k rows."""
+    scheduled = scheduler_output.scheduled
+    sample = np.fromiter((s.sample for s in scheduled), np.bool_, len(scheduled))
+    logits_indices = query_start_loc[where[np.flatnonzero(sample)] + 1] - 1
+    if scheduler_output.num_spec_tokens:
+        num_sampled = np.fromiter((s.num_sampled for s in scheduled if s.sample), np.int64, len(logits_indices))
+        first = logits_indices - num_sampled + 1
+        logits_indices = (np.repeat(first - np.cumsum(num_sampled) + num_sampled, num_sampled)
+                          + np.arange(int(num_sampled.sum())))
+    return logits_indices
 
 
 def plan_decode_groups(num_blocks_desc: np.ndarray, block_size: int, min_fill: float = DECODE_GROUP_MIN_FILL,

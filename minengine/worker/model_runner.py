@@ -8,25 +8,18 @@ import torch
 
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.layers import cpu_attention
+from minengine.layers.attention import resolve_attention_backend
 from minengine.models.llama import LlamaForCausalLM
 from minengine.worker.block_table import BlockTable
 from minengine.worker.cuda_graphs import DecodeGraphs, capture_sizes_for
 from minengine.worker.forward_batch import ForwardBatch
 from minengine.worker.host_memory import retain_freed_memory
+from minengine.worker.kv_pool import kv_bytes_per_block  # noqa: F401  (the course imports it from here)
 from minengine.worker.sampler import Sampler
 from minengine.worker.swap import CpuSwapSpace
 from minengine.worker.token_logprobs import TokenLogprobs, compute_prompt_logprobs
 
 logger = logging.getLogger(__name__)
-
-
-def kv_bytes_per_block(model: LlamaForCausalLM, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one KV block takes over all layers: 2 (K and V) x layers x block_size x Hkv x D x the cache dtype's
-    size (``dtype``: 4 float32, 2 bfloat16, 1 float8 e4m3 for ``kv_cache_dtype="fp8"``). An FP8 cache's scales
-    are per tensor (two floats per layer, on the model, ``layers/kv_quant.py``), not per block: they add 0 bytes
-    to a block, so the same memory holds 4x the float32 blocks and 2x the bfloat16 ones."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return 2 * len(model.model.layers) * block_size * model.num_kv_heads * model.head_dim * itemsize
 
 
 class ModelRunner:
@@ -38,11 +31,11 @@ class ModelRunner:
             [num_blocks, block_size, Hkv, D] in the model's dtype (one block more with ``cuda_graphs``).
         seed: seed of the sampler's shared generator.
         num_swap_blocks: CPU swap-space blocks for swap preemption (0 = none).
-        attention_backend: "triton" (the paged-attention kernel; the default on CUDA when Triton is
-            installed) or "torch" (the default elsewhere: on the CPU, minengine's C++ kernel where it builds,
-            ``layers/cpu_attention.py``, started here and built in the background, and
-            ``paged_attention_reference`` for the rest and until it is ready).
-            None picks the default.
+        attention_backend: ``EngineConfig.attention_backend``, resolved here once
+            (``layers/attention.resolve_attention_backend``): "reference" (the Python paged read), "cpu"
+            (minengine's C++ kernel, ``layers/cpu_attention.py``, started here and built in the background; the
+            reference runs until it is ready), "triton" (the paged-attention kernel); "auto" or None: "triton" on
+            CUDA with Triton installed, "cpu" on a CPU where the kernel takes the model, else "reference".
         cuda_graphs: replay decode-only steps from CUDA graphs (``worker/cuda_graphs.py``); None = on for CUDA
             with the Triton attention. True on a CPU runs the same padded static-buffer path eagerly (tests).
             Needs the Triton attention; one extra KV block is allocated as the padding rows' sink.
@@ -69,30 +62,18 @@ class ModelRunner:
         p = next(p for p in model.parameters() if p.is_floating_point())  # int8 weights: the activations' dtype
         self.device, self.dtype = p.device, p.dtype
         self.kv_cache_dtype = kv_cache_dtype or self.dtype
-        if attention_backend is None:
-            from minengine.layers.triton_attention import triton_available
-
-            attention_backend = "triton" if self.device.type == "cuda" and triton_available() else "torch"
-        if attention_backend not in ("torch", "triton"):
-            raise ValueError(f"attention_backend must be 'torch' or 'triton', got {attention_backend!r}")
-        if (attention_backend == "triton" and self.kv_cache_dtype == torch.float8_e4m3fn and self.device.type == "cuda"
-                and torch.cuda.get_device_capability(self.device) < (8, 9)):
-            # Triton converts float8e4nv only on sm_89+ (Ada, Hopper); the torch path converts with torch.
-            logger.warning("minengine: an FP8 KV cache needs compute capability 8.9+ for the Triton attention; "
-                           "using the torch attention path")
-            attention_backend = "torch"
-        self.attention_backend = attention_backend
+        self.attention_backend = resolve_attention_backend(attention_backend or "auto", self.device, self.dtype,
+                                                           model.head_dim, self.kv_cache_dtype)
         if self.device.type == "cpu":
             retain_freed_memory()  # per-step temporaries would otherwise page-fault (worker/host_memory.py)
-            if attention_backend == "torch" and cpu_attention.applies(self.device, self.dtype, model.head_dim,
-                                                                      self.kv_cache_dtype):
-                # a cached build loads now; a compile or another process's build goes on in the background (at
-                # most START_WAIT_S here) while the steps run the torch path, never in a request's TTFT
-                cpu_attention.start()
+        if self.attention_backend == "cpu":
+            # a cached build loads now; a compile or another process's build goes on in the background (at
+            # most START_WAIT_S here) while the steps run the reference path, never in a request's TTFT
+            cpu_attention.start()
         self.block_table = BlockTable()
         if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda" and attention_backend == "triton"
-        if cuda_graphs and attention_backend != "triton":
+            cuda_graphs = self.device.type == "cuda" and self.attention_backend == "triton"
+        if cuda_graphs and self.attention_backend != "triton":
             raise ValueError("cuda_graphs needs attention_backend='triton'")
         # The graphs' padding rows write into one extra block that the scheduler never hands out.
         shape = (num_blocks + (1 if cuda_graphs else 0), block_size, model.num_kv_heads, model.head_dim)
@@ -148,4 +129,4 @@ class ModelRunner:
     def prepare_inputs(self, scheduler_output: SchedulerOutput) -> ForwardBatch:
         """The step's ``ForwardBatch`` (host-side input preparation; updates the persistent block table)."""
         return ForwardBatch.build(scheduler_output, self.block_size, self.device, self.block_table,
-                                  for_triton=self.attention_backend == "triton")
+                                  attention_backend=self.attention_backend)

@@ -1,0 +1,109 @@
+"""What ``LLMEngine`` loads before it can schedule: the model and tokenizer (or, with worker processes, only
+the checkpoint's config), the KV bytes per block they imply, custom logits processors, the worker threads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minengine.config import EngineConfig
+
+
+@dataclass
+class LoadedModel:
+    """The model of an ``EngineConfig``: ``model`` None when worker processes hold it (each loads its shard);
+    ``device`` resolved ("cpu" / "cuda"); ``kv_bytes_per_block`` of one rank; ``kv_cache_dtype`` a torch dtype."""
+
+    model: object
+    hf_config: object
+    model_path: str
+    tokenizer: object
+    device: str
+    kv_bytes_per_block: int
+    kv_cache_dtype: object
+
+
+def load_model_and_tokenizer(config: EngineConfig) -> LoadedModel:
+    """Load the model and tokenizer of ``config`` (with worker processes, ``minengine.executor`` "mp", only
+    its config and tokenizer: each worker loads its own shard).
+
+    Raises:
+        ValueError: ``device="cuda"`` without a CUDA device; a checkpoint or tokenizer that cannot be used.
+    """
+    import torch
+
+    from minengine.executor import executor_backend
+    from minengine.layers.kv_quant import kv_cache_torch_dtype
+    from minengine.models.loader import load_model, load_tokenizer
+    from minengine.worker.kv_pool import kv_bytes_per_block
+
+    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[config.dtype]
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA device")
+    if device == "cpu" and config.num_cpu_threads is not None:
+        torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
+    kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)  # fp8: 1 byte per element
+    if executor_backend(config) == "mp":
+        return _read_model_config(config, device, kv_dtype)
+    model, hf_config, model_path = load_model(config.model, dtype, device, config.revision,
+                                              config.trust_remote_code, config.quantization)
+    tokenizer = load_tokenizer(config.tokenizer or model_path, required=config.tokenizer is not None,
+                               revision=config.revision if config.tokenizer else None,
+                               trust_remote_code=config.trust_remote_code)
+    return LoadedModel(model, hf_config, model_path, tokenizer, device,
+                       kv_bytes_per_block(model, config.block_size, kv_dtype), kv_dtype)
+
+
+def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> LoadedModel:
+    """The driver's side of worker processes: the checkpoint's config and tokenizer, no weights; the KV bytes
+    per block are one rank's (its KV heads: ``distributed.kv_heads_of_rank``)."""
+    from minengine.distributed import check_tensor_parallel_size, kv_heads_of_rank
+    from minengine.models.llama import _head_dim
+    from minengine.models.loader import check_model_config, load_config, load_tokenizer, resolve_model_path
+
+    model_path = resolve_model_path(config.model, config.revision)
+    cfg = load_config(model_path, config.trust_remote_code)
+    check_model_config(cfg, model_path)
+    tp = config.tensor_parallel_size
+    check_tensor_parallel_size(tp, cfg, device, config.allow_cpu_oversubscription)
+    tokenizer = load_tokenizer(config.tokenizer or model_path, required=config.tokenizer is not None,
+                               revision=config.revision if config.tokenizer else None,
+                               trust_remote_code=config.trust_remote_code)
+    _, kv_heads = kv_heads_of_rank(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads, tp, 0)
+    bytes_per_block = (2 * cfg.num_hidden_layers * config.block_size * kv_heads * _head_dim(cfg)
+                       * kv_cache_dtype.itemsize)
+    return LoadedModel(None, cfg, model_path, tokenizer, device, bytes_per_block, kv_cache_dtype)
+
+
+def eos_token_id(hf_config, tokenizer) -> int | None:
+    """The model's EOS id: the config's (the first of a list), else the tokenizer's; None when neither has one."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    return eos
+
+
+def custom_logits_processors(config: EngineConfig, hf_config):
+    """The engine's ``CustomLogitsProcessors`` (None without ``logits_processors``)."""
+    if not config.logits_processors:
+        return None
+    import torch
+
+    from minengine.config import VllmConfig
+    from minengine.worker.logits_processors import CustomLogitsProcessors, load_logits_processors
+
+    return CustomLogitsProcessors(load_logits_processors(config.logits_processors),
+                                  VllmConfig(config, hf_config.vocab_size), torch.device("cpu"))
+
+
+def worker_threads(config: EngineConfig) -> int:
+    """torch threads of each worker process: ``num_cpu_threads``, or the cores shared out when None."""
+    from minengine.distributed import available_cpu_cores
+
+    if config.num_cpu_threads is not None:
+        return config.num_cpu_threads
+    return max(1, available_cpu_cores() // config.tensor_parallel_size)
