@@ -348,6 +348,12 @@ class SamplingParams:
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
+    def needs_processing(self, output_index: int) -> bool:
+        """Whether the sampler's row for the ``output_index``-th output token needs more than an argmax
+        (``worker/logits_processing.py``)."""
+        return (not self.greedy or self.has_penalties or self.has_token_masks
+                or (output_index < self.min_tokens and bool(self.all_stop_token_ids)))
+
     def clone(self) -> SamplingParams:
         """A copy the engine can fill in without changing the caller's object."""
         c = copy.copy(self)

@@ -21,7 +21,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minengine.layers import cpu_attention
+from minengine.layers import cpu_attention, cpu_kernel_build
 
 needs_compiler = pytest.mark.skipif(shutil.which("c++") is None or shutil.which("ninja") is None,
                                     reason="no C++ compiler or ninja: the kernel cannot be built here")
@@ -158,7 +158,7 @@ def test_each_version_of_the_source_builds_under_its_own_name(monkeypatch, tmp_p
     assert before.startswith(f"minengine_cpu_attention_{cpu_attention.machine_tag()}_")
     changed = tmp_path / "cpu_attention.cpp"
     changed.write_text(cpu_attention.SOURCE.read_text() + "\n// another version\n")
-    monkeypatch.setattr(cpu_attention, "SOURCE", changed)
+    monkeypatch.setattr(cpu_kernel_build, "SOURCE", changed)  # what the build hashes
     assert cpu_attention.default_name() != before
 
 

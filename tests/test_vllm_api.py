@@ -27,7 +27,15 @@ SMALL = dict(max_model_len=256, num_kv_blocks=64)
 
 @pytest.fixture(scope="module")
 def llm(bundled_model):
-    return LLM(bundled_model, **SMALL)
+    return LLM(bundled_model, disable_log_stats=False, **SMALL)  # get_metrics below: vLLM's LLM keeps none by default
+
+
+def test_llm_keeps_no_prometheus_series_unless_asked(bundled_model):
+    """As vLLM's ``LLM``: ``disable_log_stats`` defaults to True offline, so ``get_metrics`` says how to turn it on."""
+    quiet = LLM(bundled_model, **SMALL)
+    assert quiet.llm_engine.config.disable_log_stats
+    with pytest.raises(RuntimeError, match="disable_log_stats"):
+        quiet.get_metrics()
 
 
 @pytest.mark.parametrize("kwargs, field", [

@@ -51,6 +51,9 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **kwargs):
+        # As vLLM's LLM: no Prometheus series unless asked (``disable_log_stats=False``); an offline run reads its
+        # numbers from the outputs' metrics and the engine's traces.
+        kwargs.setdefault("disable_log_stats", True)
         try:
             args = EngineArgs(model=model, **kwargs)
         except TypeError as exc:

@@ -137,9 +137,3 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
         return logits
     logits = apply_min_p(finite_overflow(logits / params.temperature, logits), params.min_p)
     return apply_top_k_top_p(logits, params.top_k, params.top_p)
-
-
-def needs_processing(p: SamplingParams, output_index: int) -> bool:
-    """Whether the request's row at ``output_index`` needs ``process_logits`` (else: the argmax)."""
-    return (not p.greedy or p.has_penalties or (output_index < p.min_tokens and bool(p.all_stop_token_ids))
-            or p.has_token_masks)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from minengine.core.scheduler_output import ScheduledRequest
-from minengine.worker.logits_processing import needs_processing, process_logits
+from minengine.worker.logits_processing import process_logits
 from minengine.worker.spec_verify import verify_proposals
 from minengine.worker.structured_sampling import sample_structured
 from minengine.worker.token_logprobs import TokenLogprobs, sampled_logprobs
@@ -84,7 +84,7 @@ class Sampler:
             for row, s in enumerate(requests):
                 if s.structured_output is not None:
                     tokens[row][0] = sample_structured(self, work, logits, row, s, 0)
-                elif needs_processing(s.sampling_params, s.output_index):
+                elif s.sampling_params.needs_processing(s.output_index):
                     tokens[row][0] = self.sample_row(work[row], s, 0)
         else:
             tokens, rows, row = [], [], 0
@@ -103,7 +103,7 @@ class Sampler:
         counting as generated), as a non-speculative step there would sample it."""
         p = s.sampling_params
         index = s.output_index + offset
-        if not needs_processing(p, index):
+        if not p.needs_processing(index):
             return int(row_logits.argmax())
         outputs = s.output_token_ids[:s.output_index]
         if offset:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from minengine.core.scheduler_output import ScheduledRequest
-from minengine.worker.logits_processing import needs_processing
 from minengine.worker.structured_sampling import sample_structured
 
 
@@ -19,7 +18,7 @@ def verify_proposals(sampler, work: torch.Tensor, raw: torch.Tensor, argmax: lis
             row = first_row + i
             if so is not None:
                 token = sample_structured(sampler, work, raw, row, s, i)
-            elif not needs_processing(s.sampling_params, s.output_index + i):
+            elif not s.sampling_params.needs_processing(s.output_index + i):
                 token = argmax[row]
             else:
                 token = sampler.sample_row(work[row], s, i)
