@@ -158,7 +158,7 @@ class EngineConfig:
             placeholders until its output arrives), so the host's scheduling hides behind the forward; needs
             worker processes ("mp"), not with ``speculative_config``. Outputs are the same as without it.
         allow_cpu_oversubscription: let ``tensor_parallel_size`` exceed the CPU cores this process may use
-            (refused otherwise: a rank per core). For correctness tests (TP 4 on a 2-core machine); never fast.
+            (refused otherwise: a rank per core). For correctness tests (TP 4 on fewer cores); never fast.
         execute_model_timeout_s: the longest wait, in seconds, for the workers' answer to one step (vLLM's
             ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``); a worker that raises or dies is reported at once.
 
