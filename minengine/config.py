@@ -158,7 +158,7 @@ class EngineConfig:
             placeholders until its output arrives), so the host's scheduling hides behind the forward; needs
             worker processes ("mp"), not with ``speculative_config``. Outputs are the same as without it.
         allow_cpu_oversubscription: let ``tensor_parallel_size`` exceed the CPU cores this process may use
-            (refused otherwise: a rank per core). For correctness tests (TP 4 on a 2-core machine); never fast.
+            (refused otherwise: a rank per core). For correctness tests (TP 4 on fewer cores); never fast.
         execute_model_timeout_s: the longest wait, in seconds, for the workers' answer to one step (vLLM's
             ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``); a worker that raises or dies is reported at once.
 
@@ -235,11 +235,6 @@ class EngineConfig:
             _invalid("dtype", f"dtype must be one of {_DTYPES}, got {show(self.dtype)}")
         if self.device not in ("cpu", "cuda", "auto"):
             _invalid("device", f"device must be 'cpu', 'cuda' or 'auto', got {show(self.device)}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            _invalid("attention_backend", f"attention_backend must be one of {ATTENTION_BACKENDS}, "
-                     f"got {show(self.attention_backend)}")
-        if self.attention_backend == "cpu" and self.device == "cuda":
-            _invalid("attention_backend", "attention_backend 'cpu' (the C++ CPU kernel) needs device 'cpu'")
         _positive("block_size", self.block_size, MAX_BLOCK_SIZE)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("max_num_seqs", self.max_num_seqs)
@@ -314,7 +309,13 @@ class EngineConfig:
             check_cpu_cores(tp, self.allow_cpu_oversubscription)
 
     def _check_loading(self) -> None:
-        """Validate the vLLM-compatible loading and memory settings (VLLMValidationError naming the field)."""
+        """Validate the vLLM-compatible loading, memory and attention settings (VLLMValidationError naming the
+        field)."""
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            _invalid("attention_backend", f"attention_backend must be one of {ATTENTION_BACKENDS}, "
+                     f"got {show(self.attention_backend)}")
+        if self.attention_backend == "cpu" and self.device == "cuda":
+            _invalid("attention_backend", "attention_backend 'cpu' (the C++ CPU kernel) needs device 'cpu'")
         u = self.gpu_memory_utilization
         if u is not None and (not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1):
             _invalid("gpu_memory_utilization", f"gpu_memory_utilization must be in (0, 1] or None, got {show(u)}")

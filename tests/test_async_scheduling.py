@@ -3,7 +3,7 @@
 The property test drives the real Scheduler and KVCacheManager (no model) with a fake device that keeps a
 paged KV cache of token ids and "samples" a function of everything a request reads through its block table, so
 a wrong block, a wrong prefix hit or a wrong placeholder changes the output. The async driver pipelines as
-``LLMEngine._step_async`` does (submit N+1, then process N), with EOS stops, max_tokens, preemption (recompute
+``AsyncSchedulingEngine.step`` does (submit N+1, then process N), with EOS stops, max_tokens, preemption (recompute
 and swap), prefix caching, chunking, aborts, request ids reused while a step is in flight, and failures while
 processing a step (the in-flight step drained, both rolled back, newest first); it must give exactly the
 tokens of the synchronous driver. The engine tests run the bundled model in a worker process.

@@ -48,6 +48,26 @@ def _invalid(parameter: str, message: str):
     raise VLLMValidationError(message, parameter=parameter)
 
 
+def _check_priority(priority: int) -> None:
+    if not isinstance(priority, int) or isinstance(priority, bool) or not -2**63 <= priority < 2**63:
+        _invalid("priority", f"priority must be an integer in [-2**63, 2**63) (64 bits), got {show(priority)}")
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and (as_float(deadline) is None or deadline != deadline):
+        _invalid("deadline", f"deadline must be a number (engine-clock seconds; inf = none) or None, "
+                 f"got {show(deadline)}")
+
+
+def _checked_params(params: SamplingParams | None) -> SamplingParams:
+    """``params`` (default ``SamplingParams()``) after ``verify()``."""
+    params = params if params is not None else SamplingParams()
+    if not isinstance(params, SamplingParams):
+        _invalid("sampling_params", f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+    params.verify()
+    return params
+
+
 class InputProcessor:
     """Turns prompts into requests for one engine.
 
@@ -140,33 +160,44 @@ class InputProcessor:
                 mapped onto the engine clock: ``wall_to_engine_clock``), the logits-processing fields
                 (``_check_logits_processing``).
         """
-        if not isinstance(request_id, str) or not request_id:
-            _invalid("request_id", f"request_id must be a non-empty string, got {show(request_id)}")
-        if self.request_id_in_use(request_id):
-            _invalid("request_id", f"request_id {show(request_id)} is already in use by an unfinished request")
-        if not isinstance(priority, int) or isinstance(priority, bool) or not -2**63 <= priority < 2**63:
-            _invalid("priority", f"priority must be an integer in [-2**63, 2**63) (64 bits), got {show(priority)}")
-        if deadline is not None and (as_float(deadline) is None or deadline != deadline):
-            _invalid("deadline", f"deadline must be a number (engine-clock seconds; inf = none) or None, "
-                     f"got {show(deadline)}")
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            _invalid("sampling_params", f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        params.verify()
+        self._check_request_id(request_id)
+        _check_priority(priority)
+        _check_deadline(deadline)
+        params = _checked_params(params)
         if params.n != 1:
             _invalid("n", f"make_request takes n == 1 (got n={params.n}); use make_requests or add_request")
         if params.stop and self.tokenizer is None:
             _invalid("stop", "stop strings need a tokenizer; use stop_token_ids with a model without one")
         text, ids = self.prompt_to_token_ids(prompt)
-        cfg = self.config
+        self._check_prompt_length(ids)
+        params = self._resolved_params(params, len(ids))
+        self._check_fits_in_pool(len(ids), params.max_tokens)
+        arrival = self._arrival(arrival_time)
+        grammar_state = self._check_logits_processing(params)
+        request = Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
+                          eos_token_id=self.eos_token_id, prompt=text, priority=priority,
+                          deadline=None if deadline is None else float(deadline))
+        request.structured_output = grammar_state
+        return request
+
+    def _check_request_id(self, request_id: str) -> None:
+        if not isinstance(request_id, str) or not request_id:
+            _invalid("request_id", f"request_id must be a non-empty string, got {show(request_id)}")
+        if self.request_id_in_use(request_id):
+            _invalid("request_id", f"request_id {show(request_id)} is already in use by an unfinished request")
+
+    def _check_prompt_length(self, ids: list[int]) -> None:
         if not ids:
             _invalid("prompt", "prompt is empty: it must have at least 1 token")
-        if len(ids) > cfg.max_model_len:
-            _invalid("prompt", f"prompt has {len(ids)} tokens, more than max_model_len ({cfg.max_model_len})")
+        if len(ids) > self.config.max_model_len:
+            _invalid("prompt", f"prompt has {len(ids)} tokens, more than max_model_len ({self.config.max_model_len})")
+
+    def _resolved_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """The request's own copy of ``params``: ``max_tokens`` bounded by what fits, stop token ids resolved."""
         params = params.clone()
         # None: as many as fit (vLLM); more than fit: clamped, as vLLM's offline LLM stops such a request at
         # max_model_len anyway. Either way max_tokens is then a real bound (no 10**400 reaches the statistics).
-        fits = max(1, cfg.max_model_len - len(ids))
+        fits = max(1, self.config.max_model_len - prompt_len)
         if params.max_tokens is None or params.max_tokens > fits:
             params.max_tokens = fits
             params.min_tokens = min(params.min_tokens, params.max_tokens)
@@ -177,29 +208,30 @@ class InputProcessor:
         if not params.ignore_eos and self.eos_token_id is not None:
             stop_ids.add(self.eos_token_id)
         params.all_stop_token_ids = frozenset(stop_ids)
-        # The longest this request can grow; one request alone must always fit in the pool, or it would
-        # preempt itself forever.
-        max_len = min(len(ids) + params.max_tokens, cfg.max_model_len)
+        return params
+
+    def _check_fits_in_pool(self, prompt_len: int, max_tokens: int) -> None:
+        """One request alone must always fit in the KV pool at its longest, or it would preempt itself forever."""
+        cfg = self.config
+        max_len = min(prompt_len + max_tokens, cfg.max_model_len)
         if cdiv(max_len, cfg.block_size) > self.num_kv_blocks:
-            _invalid("prompt", f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) needs "
+            _invalid("prompt", f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) needs "
                      f"{cdiv(max_len, cfg.block_size)} KV blocks, more than num_kv_blocks "
                      f"({self.num_kv_blocks}) of {cfg.block_size} tokens")
+
+    def _arrival(self, arrival_time: float | None) -> float:
+        """The request's arrival on the engine clock: now, or ``arrival_time`` (``wall_to_engine_clock``)."""
         if arrival_time is not None and (as_float(arrival_time) is None or not math.isfinite(arrival_time)):
             _invalid("arrival_time", f"arrival_time must be a finite number (engine-clock seconds) or None, "
                      f"got {show(arrival_time)}")
         now = self.clock()
-        if arrival_time is not None:
-            arrival_time = wall_to_engine_clock(float(arrival_time), now)
-        if arrival_time is not None and arrival_time > now:
+        if arrival_time is None:
+            return now
+        arrival_time = wall_to_engine_clock(float(arrival_time), now)
+        if arrival_time > now:
             _invalid("arrival_time", f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): "
                      "a request cannot arrive in the future (TTFT would be negative)")
-        arrival = now if arrival_time is None else float(arrival_time)
-        grammar_state = self._check_logits_processing(params)
-        request = Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
-                          eos_token_id=self.eos_token_id, prompt=text, priority=priority,
-                          deadline=None if deadline is None else float(deadline))
-        request.structured_output = grammar_state
-        return request
+        return float(arrival_time)
 
     def _check_logits_processing(self, params: SamplingParams):
         """Check the logits-processing fields of a request's own ``params`` against the model, fill its
@@ -261,17 +293,11 @@ class InputProcessor:
         """Validate a request of any ``n`` without adding it: for ``n > 1``, its ``n`` child requests
         (ids ``"{index}_{request_id}"``, seeds ``seed + index``; vLLM's parallel sampling). Raises
         ``ValueError`` as ``make_request``."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            _invalid("sampling_params", f"sampling_params must be a SamplingParams, got {type(params).__name__}")
-        params.verify()
+        params = _checked_params(params)
         if params.n == 1:
             return RequestGroup(request_id, params, [self.make_request(request_id, prompt, params, arrival_time,
                                                                        priority, deadline)])
-        if not isinstance(request_id, str) or not request_id:
-            _invalid("request_id", f"request_id must be a non-empty string, got {show(request_id)}")
-        if self.request_id_in_use(request_id):
-            _invalid("request_id", f"request_id {show(request_id)} is already in use by an unfinished request")
+        self._check_request_id(request_id)
         first = self.make_request(child_request_id(request_id, 0), prompt, child_sampling_params(params, 0),
                                   arrival_time, priority, deadline)
         tokenized = {"prompt_token_ids": first.prompt_token_ids, "prompt": first.prompt}  # tokenize once

@@ -92,54 +92,23 @@ class LLM:
         Raises:
             ValueError: any invalid prompt or parameter; nothing is queued then.
         """
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not isinstance(prompts, (list, tuple)):
-            raise VLLMValidationError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
-        prompts = list(prompts)
+        prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             sampling_params = self.get_default_sampling_params()
-        if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes)):
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise VLLMValidationError(f"sampling_params has {len(params)} entries for {len(prompts)} prompts",
-                                          parameter="sampling_params")
-        else:  # a dict of settings would otherwise be iterated as its keys and reported as a str
-            raise VLLMValidationError("sampling_params must be a SamplingParams or a list of them (one per prompt), "
-                                      f"got {type(sampling_params).__name__}", parameter="sampling_params")
-        if priority is None or (isinstance(priority, int) and not isinstance(priority, bool)):
-            priority = [priority or 0] * len(prompts)
-        elif not isinstance(priority, Sequence) or isinstance(priority, (str, bytes)):
-            raise VLLMValidationError("priority must be an int or a list of ints (one per prompt), "
-                                      f"got {type(priority).__name__}", parameter="priority")
-        priority = list(priority)
-        if len(priority) != len(prompts):
-            raise VLLMValidationError(f"priority has {len(priority)} entries for {len(prompts)} prompts",
-                                      parameter="priority")
-        final = []
-        for sp in params:  # one output per request, when it finishes (what vLLM's LLM does)
-            if not isinstance(sp, SamplingParams):
-                raise VLLMValidationError(f"sampling_params must be SamplingParams, got {type(sp).__name__}",
-                                          parameter="sampling_params")
-            sp = sp.clone()
-            sp.output_kind = RequestOutputKind.FINAL_ONLY
-            final.append(sp)
+        params = _one_per_prompt(sampling_params, len(prompts))
+        priorities = _priorities(priority, len(prompts))
+        params = _final_only(params)
         engine = self.llm_engine
         # Validate everything before queueing anything, so a bad prompt leaves the engine untouched.
         groups, used = [], set()
-        for p, sp, pr in zip(prompts, final, priority):
+        for p, sp, pr in zip(prompts, params, priorities):
             groups.append(engine.make_requests(self._next_id(used), p, sp, priority=pr))
             used.add(groups[-1].request_id)
         ids = [g.request_id for g in groups]
         for g in groups:
             engine.enqueue(g)
         finished: dict[str, RequestOutput] = {}
-        bar = None
-        if use_tqdm:
-            make_bar = use_tqdm if callable(use_tqdm) else tqdm
-            bar = make_bar(total=len(groups), desc="Processed prompts", dynamic_ncols=True)
+        bar = _progress_bar(use_tqdm, len(groups))
         try:
             while len(finished) < len(groups):
                 for out in engine.step():
@@ -189,3 +158,62 @@ class LLM:
                 or self.llm_engine.output_processor.is_in_use(rid):
             pass
         return rid
+
+
+def _as_prompt_list(prompts) -> list:
+    """One prompt (a string, a dict, a list of token ids) or a list / tuple of them, as a list of prompts."""
+    if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if not isinstance(prompts, (list, tuple)):
+        raise VLLMValidationError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
+    return list(prompts)
+
+
+def _one_per_prompt(sampling_params, num_prompts: int) -> list:
+    """``sampling_params`` for each prompt: one for all, or a sequence of one per prompt."""
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_prompts
+    if isinstance(sampling_params, Sequence) and not isinstance(sampling_params, (str, bytes)):
+        params = list(sampling_params)
+        if len(params) != num_prompts:
+            raise VLLMValidationError(f"sampling_params has {len(params)} entries for {num_prompts} prompts",
+                                      parameter="sampling_params")
+        return params
+    # a dict of settings would otherwise be iterated as its keys and reported as a str
+    raise VLLMValidationError("sampling_params must be a SamplingParams or a list of them (one per prompt), "
+                              f"got {type(sampling_params).__name__}", parameter="sampling_params")
+
+
+def _final_only(params: list) -> list[SamplingParams]:
+    """Copies with ``output_kind`` FINAL_ONLY: one output per request, when it finishes (what vLLM's LLM does)."""
+    final = []
+    for sp in params:
+        if not isinstance(sp, SamplingParams):
+            raise VLLMValidationError(f"sampling_params must be SamplingParams, got {type(sp).__name__}",
+                                      parameter="sampling_params")
+        sp = sp.clone()
+        sp.output_kind = RequestOutputKind.FINAL_ONLY
+        final.append(sp)
+    return final
+
+
+def _priorities(priority, num_prompts: int) -> list:
+    """``priority`` for each prompt: None (all 0), one int for all, or a sequence of one per prompt."""
+    if priority is None or (isinstance(priority, int) and not isinstance(priority, bool)):
+        return [priority or 0] * num_prompts
+    if not isinstance(priority, Sequence) or isinstance(priority, (str, bytes)):
+        raise VLLMValidationError("priority must be an int or a list of ints (one per prompt), "
+                                  f"got {type(priority).__name__}", parameter="priority")
+    priority = list(priority)
+    if len(priority) != num_prompts:
+        raise VLLMValidationError(f"priority has {len(priority)} entries for {num_prompts} prompts",
+                                  parameter="priority")
+    return priority
+
+
+def _progress_bar(use_tqdm: bool | Callable, total: int):
+    """tqdm (or the caller's ``use_tqdm`` callable, vLLM's signature) over ``total`` prompts; None: no bar."""
+    if not use_tqdm:
+        return None
+    make_bar = use_tqdm if callable(use_tqdm) else tqdm
+    return make_bar(total=total, desc="Processed prompts", dynamic_ncols=True)

@@ -3,8 +3,8 @@
 One step, one direction: schedule (``Scheduler.schedule()`` -> ``SchedulerOutput``) -> execute
 (``ModelRunner.execute()``, then detokenize and stop strings) -> commit (``Scheduler.update_from_output()``) ->
 outputs (``RequestOutput``s; the ``StepRecorder`` keeps the ``StepTrace`` and the Prometheus series).
-Async scheduling is its own engine, ``AsyncSchedulingEngine`` (``async_scheduling_engine.py``), which
-``LLMEngine(config)`` builds when ``config.async_scheduling`` is set.
+Async scheduling is its own engine (``AsyncSchedulingEngine``, ``async_scheduling_engine.py``). torch is imported
+where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``) schedules without it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from minengine.core.scheduler_config import SchedulerConfig
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import Detokenizers
 from minengine.engine.input_processor import InputProcessor, Prompt
-from minengine.engine.model_setup import eos_token_id, load_model_and_tokenizer
+from minengine.engine.model_setup import eos_token_id, load_model, make_runner
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest, RequestGroup
 from minengine.inputs import as_request_ids
@@ -33,9 +33,6 @@ from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock, as_clock
 from minengine.worker.kv_pool import size_kv_pool
-
-# torch is imported where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``)
-# schedules without it.
 
 
 class LLMEngine:
@@ -73,23 +70,18 @@ class LLMEngine:
                  runner=None):
         self.config = config
         self.clock = as_clock(clock)
-        if runner is None:
-            loaded = load_model_and_tokenizer(config)
-            self.model, self.hf_config, self.model_path = loaded.model, loaded.hf_config, loaded.model_path
-            self.tokenizer, self._kv_cache_dtype = loaded.tokenizer, loaded.kv_cache_dtype
-            device, bytes_per_block = loaded.device, loaded.kv_bytes_per_block
-        else:  # model-free: nothing to load, no KV tensors to allocate
-            device, bytes_per_block = None, runner.kv_bytes_per_block(config.block_size)
-            self.model, self.hf_config, self.model_path, self.tokenizer = None, runner.model_config, None, None
+        loaded = load_model(config, runner)  # a model-free runner: its sizes, nothing loaded
+        self.model, self.hf_config, self.model_path, self.tokenizer = (loaded.model, loaded.hf_config,
+                                                                       loaded.model_path, loaded.tokenizer)
         config.check_against_model(self.hf_config.max_position_embeddings)
         self.eos_token_id = eos_token_id(self.hf_config, self.tokenizer)
-        pool = size_kv_pool(config, bytes_per_block, device)
+        pool = size_kv_pool(config, loaded.kv_bytes_per_block, loaded.device)
         self.num_kv_blocks, self.num_swap_blocks = pool.num_blocks, pool.num_swap_blocks
         # Every rank holds its heads' slice of every block: bytes_per_block is one rank's; the total is all ranks'.
-        self.kv_cache_bytes = pool.num_blocks * bytes_per_block * config.tensor_parallel_size
+        self.kv_cache_bytes = pool.num_blocks * loaded.kv_bytes_per_block * config.tensor_parallel_size
         self.kv_cache_manager = KVCacheManager(pool.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = self._make_scheduler()
-        self.runner = runner if runner is not None else self._make_executor(device)
+        self.runner = runner if runner is not None else make_runner(config, loaded, pool)
         self.detokenizers = Detokenizers(self.tokenizer)
         self.request_metrics: dict[str, RequestMetrics] = {}
         self._past_metrics: list[RequestMetrics] = []  # finished requests whose id was used again
@@ -118,15 +110,6 @@ class LLMEngine:
         return build_scheduler(self.kv_cache_manager, scheduler_config, make_policy(config.scheduling_policy, settings),
                                config.speculative_config, config.output_length_predictor)
 
-    def _make_executor(self, device: str):
-        """The model in this process ("uni") or in worker processes ("mp": ``minengine.executor``)."""
-        from minengine.engine.model_setup import custom_logits_processors, worker_threads
-        from minengine.executor import make_executor
-
-        return make_executor(self.config, self.model, self.hf_config, self.model_path, device, self.num_kv_blocks,
-                             self.num_swap_blocks, worker_threads(self.config), self._kv_cache_dtype,
-                             logits_processors=custom_logits_processors(self.config, self.hf_config))
-
     def shutdown(self) -> None:
         """Stop the worker processes, if any (``minengine.executor``; also done when the engine is garbage
         collected and at interpreter exit). The engine runs no step afterwards. Idempotent."""
@@ -154,8 +137,7 @@ class LLMEngine:
 
     # ---- what the recorder keeps, under the engine's names ------------------------------------------------
     @property
-    def traces(self):
-        """One ``StepTrace`` per recorded step (``StepRecorder.traces``)."""
+    def traces(self):  # one ``StepTrace`` per recorded step
         return self.recorder.traces
 
     @property
@@ -239,20 +221,17 @@ class LLMEngine:
 
     # ---- one step -------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, execute (run the model, sample, detokenize), commit, outputs; returns an output for every
-        request that got a token or finished in this step (cumulative, delta or final-only as its
-        ``output_kind``; one per parent of ``n > 1`` children).
+        """Schedule, execute (run the model, sample, detokenize), commit, outputs: an output for every request
+        that got a token or finished in this step (cumulative, delta or final-only as its ``output_kind``; one per
+        parent of ``n > 1`` children).
 
         A step is a transaction. If the forward, the sampler, the detokenizer or the logprobs raise (or Ctrl-C
-        arrives there), the scheduler rolls the step back (``Scheduler.rollback``): the engine is as if the step
-        had not been scheduled (its preemptions stand, and are recorded in a ``rolled_back`` trace), no block it
-        would have written is in the prefix cache, and the exception propagates: as a ``RequestError`` naming
-        the requests when the failure was one request's (its detokenizing, its logprobs), else as it was. The
-        next ``step()`` serves the same requests again, or the caller aborts them (all, or the ones named);
-        outputs a failed step already owed (requests past their deadline) come with the next step.
-
-        Once the step commits (``update_from_output``) nothing raises: a statistic or trace that fails to record
-        is logged and counted in ``num_bookkeeping_errors``, so a step's outputs are never lost.
+        arrives), the scheduler rolls the step back (``Scheduler.rollback``): as if it had not been scheduled (its
+        preemptions stand, recorded in a ``rolled_back`` trace; no block it would have written is in the prefix
+        cache), and the exception propagates. The next ``step()`` serves the same requests again, or the caller
+        aborts them; outputs a failed step owed (requests past their deadline) come with the next step. Once the
+        step commits nothing raises: a trace or statistic that fails is logged, counted in
+        ``num_bookkeeping_errors``, and the outputs go out.
 
         Raises:
             RequestError: the step failed because of the requests in its ``request_ids`` (rolled back).

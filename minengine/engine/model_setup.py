@@ -6,12 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minengine.config import EngineConfig
+from minengine.worker.kv_pool import KVPoolSize
 
 
 @dataclass
 class LoadedModel:
-    """The model of an ``EngineConfig``: ``model`` None when worker processes hold it (each loads its shard);
-    ``device`` resolved ("cpu" / "cuda"); ``kv_bytes_per_block`` of one rank; ``kv_cache_dtype`` a torch dtype."""
+    """The model of an ``EngineConfig``: ``model`` None when worker processes hold it (each loads its shard) or
+    the engine is model-free; ``device`` resolved ("cpu" / "cuda"; None model-free); ``kv_bytes_per_block`` of
+    one rank; ``kv_cache_dtype`` a torch dtype."""
 
     model: object
     hf_config: object
@@ -22,13 +24,17 @@ class LoadedModel:
     kv_cache_dtype: object
 
 
-def load_model_and_tokenizer(config: EngineConfig) -> LoadedModel:
+def load_model(config: EngineConfig, runner=None) -> LoadedModel:
     """Load the model and tokenizer of ``config`` (with worker processes, ``minengine.executor`` "mp", only
-    its config and tokenizer: each worker loads its own shard).
+    its config and tokenizer: each worker loads its own shard). With a model-free ``runner`` nothing is loaded:
+    its ``model_config`` and ``kv_bytes_per_block``, no device.
 
     Raises:
         ValueError: ``device="cuda"`` without a CUDA device; a checkpoint or tokenizer that cannot be used.
     """
+    if runner is not None:
+        return LoadedModel(None, runner.model_config, None, None, None, runner.kv_bytes_per_block(config.block_size),
+                           None)
     import torch
 
     from minengine.executor import executor_backend
@@ -75,6 +81,19 @@ def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> Loa
     bytes_per_block = (2 * cfg.num_hidden_layers * config.block_size * kv_heads * _head_dim(cfg)
                        * kv_cache_dtype.itemsize)
     return LoadedModel(None, cfg, model_path, tokenizer, device, bytes_per_block, kv_cache_dtype)
+
+
+def make_runner(config: EngineConfig, loaded: LoadedModel, pool: KVPoolSize):
+    """The model in this process ("uni": a ``ModelRunner``) or in worker processes ("mp": ``minengine.executor``).
+
+    Raises:
+        WorkerFailedError: a worker process failed to start.
+    """
+    from minengine.executor import make_executor
+
+    return make_executor(config, loaded.model, loaded.hf_config, loaded.model_path, loaded.device, pool.num_blocks,
+                         pool.num_swap_blocks, worker_threads(config), loaded.kv_cache_dtype,
+                         logits_processors=custom_logits_processors(config, loaded.hf_config))
 
 
 def eos_token_id(hf_config, tokenizer) -> int | None:

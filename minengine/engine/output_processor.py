@@ -205,13 +205,7 @@ class OutputProcessor:
                 if parent.request_id not in updated:
                     updated[parent.request_id] = []
                     outputs.append(parent)
-                if parent.prompt_logprobs is None and state.index == 0:
-                    parent.prompt_logprobs = state.prompt_logprobs
-                if completion is not None:
-                    parent.update(completion, request.is_finished)
-                    updated[parent.request_id].append(completion)
-                elif request.is_finished:
-                    parent.unfinished.discard(state.index)
+                self._update_parent(state, request, completion, updated[parent.request_id])
             if request.is_finished:
                 del self.states[request.request_id]
         result = []
@@ -230,6 +224,19 @@ class OutputProcessor:
             if out.finished:
                 self.parents.pop(out.request_id, None)
         return result
+
+    @staticmethod
+    def _update_parent(state: _RequestState, request: Request, completion: CompletionOutput | None,
+                       updated: list[CompletionOutput]) -> None:
+        """An ``n > 1`` child's step reaches its parent: its completion (appended to ``updated``), its end."""
+        parent = state.parent
+        if parent.prompt_logprobs is None and state.index == 0:
+            parent.prompt_logprobs = state.prompt_logprobs
+        if completion is not None:
+            parent.update(completion, request.is_finished)
+            updated.append(completion)
+        elif request.is_finished:
+            parent.unfinished.discard(state.index)
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget aborted engine requests (no output is made for them, as in vLLM); a parent whose children

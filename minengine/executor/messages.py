@@ -43,10 +43,10 @@ class StepEncoder:
         self._known: dict[str, tuple[SamplingParams, Sequence[int]]] = {}  # what every worker has cached
         self.num_steps = 0
 
-    def encode(self, sched: SchedulerOutput) -> tuple[int, bytes]:
+    def encode(self, scheduler_output: SchedulerOutput) -> tuple[int, bytes]:
         """(step id, the message for every worker)."""
         known, new, requests = self._known, {}, []
-        for s in sched.scheduled:
+        for s in scheduler_output.scheduled:
             p, rid = s.sampling_params, s.request_id
             entry = known.get(rid)
             if entry is None or entry[0] is not p or entry[1] is not s.prompt_token_ids:  # new, or an id reused
@@ -63,8 +63,9 @@ class StepEncoder:
                 del known[rid]
         step_id = self.num_steps
         self.num_steps += 1
-        msg = (step_id, requests, new, forget, sched.preempted_ids, sched.admitted_ids, sched.blocks_to_swap_out,
-               sched.blocks_to_swap_in, sched.num_spec_tokens)
+        out = scheduler_output
+        msg = (step_id, requests, new, forget, out.preempted_ids, out.admitted_ids, out.blocks_to_swap_out,
+               out.blocks_to_swap_in, out.num_spec_tokens)
         return step_id, pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
 
 

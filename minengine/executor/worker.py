@@ -28,9 +28,9 @@ SHUTDOWN = b"shutdown"
 
 def plain_config(hf_config):
     """``hf_config`` (a transformers config) as a ``SimpleNamespace`` of its ``to_dict()``, which a worker
-    unpickles without importing transformers (its import was ~40 % of a worker's start on this project's loaded
-    2-core machine); the config itself when something may need transformers' class: a scaled RoPE
-    (``layers/rotary.py`` hands the config to transformers' initialisers) or an ``attribute_map`` (aliases)."""
+    unpickles without importing transformers (a large part of a worker's start); the config itself when
+    something may need transformers' class: a scaled RoPE (``layers/rotary.py`` hands the config to
+    transformers' initialisers) or an ``attribute_map`` (aliases)."""
     params = getattr(hf_config, "rope_parameters", None) or {}
     if (params.get("rope_type", params.get("type", "default")) != "default" or getattr(hf_config, "attribute_map", None)
             or not hasattr(hf_config, "to_dict")):
@@ -153,9 +153,9 @@ def _serve(rank: int, runner, group, conn) -> bool:
         step_id = -1
         try:
             t0 = time.monotonic()
-            step_id, sched = decoder.decode(data)
+            step_id, scheduler_output = decoder.decode(data)
             group.reset_counters()
-            sampled = runner.execute(sched)
+            sampled = runner.execute(scheduler_output)
             decoder.record(sampled)
             reply = WorkerReply(step_id, rank, sampled if rank == 0 else None, tokens_digest(sampled),
                                 runner.last_logprobs if rank == 0 else {},

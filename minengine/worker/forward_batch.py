@@ -163,12 +163,8 @@ class ForwardBatch:
         num_tokens = int(query_start_loc[-1])
         input_ids = np.fromiter(chain.from_iterable(scheduled[i].token_ids for i in order.tolist()), np.int64,
                                 num_tokens)
-        # Per token: its request, then its position = the request's start + its offset in the request's chunk.
-        req_of_token = np.repeat(np.arange(num_reqs), q_lens)
-        positions = np.arange(num_tokens) + np.repeat(starts - query_start_loc[:-1], q_lens)
         table = block_table.table
-        slot_mapping = (table[rows[req_of_token], positions // block_size].astype(np.int64) * block_size
-                        + positions % block_size)
+        positions, slot_mapping = _positions_and_slots(q_lens, starts, query_start_loc, table[rows], block_size)
         where = np.empty(num_reqs, dtype=np.int64)  # scheduler index -> batch row
         where[order] = np.arange(num_reqs)
 
@@ -194,6 +190,18 @@ class ForwardBatch:
         self.decode_groups = _decode_groups(self.num_decodes, seq_lens, tables, blocks_needed, self.block_size, t)
         self.prefill_groups = _prefill_groups(self.num_decodes, q_lens, seq_lens, query_start_loc, tables,
                                               blocks_needed, t)
+
+
+def _positions_and_slots(q_lens: np.ndarray, starts: np.ndarray, query_start_loc: np.ndarray, tables: np.ndarray,
+                         block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per token (batch order): its position in its request, and its slot ``block_id * block_size + offset``
+    through its request's block table (``tables``: one row per request)."""
+    num_tokens = int(query_start_loc[-1])
+    # Per token: its request, then its position = the request's start + its offset in the request's chunk.
+    req_of_token = np.repeat(np.arange(len(q_lens)), q_lens)
+    positions = np.arange(num_tokens) + np.repeat(starts - query_start_loc[:-1], q_lens)
+    slot_mapping = tables[req_of_token, positions // block_size].astype(np.int64) * block_size + positions % block_size
+    return positions, slot_mapping
 
 
 def _batch_order(q_lens: np.ndarray, starts: np.ndarray, blocks_needed: np.ndarray) -> tuple[np.ndarray, int]:
