@@ -26,7 +26,8 @@ and a row-parallel one keeps all of them. ``quantize_int8()`` (what ``layers/qua
 gives each layer's int8 replacement: a column-parallel shard's per-row scales are already the whole layer's (an
 ``Int8Linear``); a row-parallel shard takes the whole rows' absolute maxima from one all-reduce (max) at load
 time, so its int8 values and scales are exactly those of the unsharded int8 layer (``RowParallelInt8Linear``).
-At world size 1 every layer is exactly ``nn.Linear``: no copy, no collective.
+At world size 1 the model holds plain ``nn.Linear`` layers (the factories at the end of this file): nothing to split,
+no collective, and the default step never enters this file.
 """
 
 from __future__ import annotations
@@ -180,3 +181,27 @@ class VocabParallelLMHead(nn.Linear):
             local = F.pad(local, (0, width - self.out_features))
         parts = self.tp.all_gather(local)
         return torch.cat([part[:, :n] for part, n in zip(parts, sizes)], dim=1)
+
+
+# ---- what the model builds: plain ``nn.Linear`` at world size 1, the parallel layers otherwise ------------------
+
+def column_parallel_linear(in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup,
+                           shard: tuple[int, int] | None = None) -> nn.Linear:
+    """A ``ColumnParallelLinear`` for ``tp`` ranks; at world size 1 the whole ``nn.Linear``."""
+    if tp.world_size == 1:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return ColumnParallelLinear(in_features, out_features, bias, tp, shard=shard)
+
+
+def row_parallel_linear(in_features: int, out_features: int, bias: bool, tp: TensorParallelGroup) -> nn.Linear:
+    """A ``RowParallelLinear`` for ``tp`` ranks; at world size 1 the whole ``nn.Linear``."""
+    if tp.world_size == 1:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return RowParallelLinear(in_features, out_features, bias, tp)
+
+
+def lm_head(hidden_size: int, vocab_size: int, tp: TensorParallelGroup) -> nn.Linear:
+    """A ``VocabParallelLMHead`` for ``tp`` ranks; at world size 1 the whole ``nn.Linear`` (no bias)."""
+    if tp.world_size == 1:
+        return nn.Linear(hidden_size, vocab_size, bias=False)
+    return VocabParallelLMHead(hidden_size, vocab_size, tp)

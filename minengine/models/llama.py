@@ -21,7 +21,7 @@ from torch import nn
 
 from minengine.distributed import TensorParallelGroup, kv_heads_of_rank
 from minengine.layers.attention import paged_attention, write_kv
-from minengine.layers.linear import ColumnParallelLinear, RowParallelLinear, VocabParallelLMHead
+from minengine.layers.linear import column_parallel_linear, lm_head, row_parallel_linear
 from minengine.layers.norm import RMSNorm
 from minengine.layers.rotary import RotaryEmbedding, apply_rotary
 from minengine.worker.forward_batch import ForwardBatch
@@ -48,10 +48,10 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
         h = cfg.hidden_size
         kv_shard = (self.first_kv_head * d, self.num_kv_heads * d)
-        self.q_proj = ColumnParallelLinear(h, total_heads * d, qkv_bias, tp)
-        self.k_proj = ColumnParallelLinear(h, total_kv_heads * d, qkv_bias, tp, shard=kv_shard)
-        self.v_proj = ColumnParallelLinear(h, total_kv_heads * d, qkv_bias, tp, shard=kv_shard)
-        self.o_proj = RowParallelLinear(total_heads * d, h, getattr(cfg, "attention_bias", False), tp)
+        self.q_proj = column_parallel_linear(h, total_heads * d, qkv_bias, tp)
+        self.k_proj = column_parallel_linear(h, total_kv_heads * d, qkv_bias, tp, shard=kv_shard)
+        self.v_proj = column_parallel_linear(h, total_kv_heads * d, qkv_bias, tp, shard=kv_shard)
+        self.o_proj = row_parallel_linear(total_heads * d, h, getattr(cfg, "attention_bias", False), tp)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if qk_norm else None
 
@@ -79,9 +79,9 @@ class MLP(nn.Module):
     def __init__(self, cfg, tp: TensorParallelGroup):
         super().__init__()
         bias = getattr(cfg, "mlp_bias", False)
-        self.gate_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, bias, tp)
-        self.up_proj = ColumnParallelLinear(cfg.hidden_size, cfg.intermediate_size, bias, tp)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, bias, tp)
+        self.gate_proj = column_parallel_linear(cfg.hidden_size, cfg.intermediate_size, bias, tp)
+        self.up_proj = column_parallel_linear(cfg.hidden_size, cfg.intermediate_size, bias, tp)
+        self.down_proj = row_parallel_linear(cfg.intermediate_size, cfg.hidden_size, bias, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate = F.silu(self.gate_proj(x), inplace=True)  # in place: one [T, intermediate] buffer fewer
@@ -128,7 +128,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = hf_config
         self.tp = tp = tp or TensorParallelGroup()
         self.model = Backbone(hf_config, qkv_bias, qk_norm, tp)
-        self.lm_head = VocabParallelLMHead(hf_config.hidden_size, hf_config.vocab_size, tp)
+        self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size, tp)
         self.rotary = RotaryEmbedding(hf_config)
 
     @property

@@ -22,6 +22,11 @@ from minengine.worker.token_logprobs import TokenLogprobs, compute_prompt_logpro
 logger = logging.getLogger(__name__)
 
 
+def _no_swapped_blocks(kv_caches, scheduler_output: SchedulerOutput) -> float:
+    """Without a swap space no step moves a block: 0 seconds."""
+    return 0.0
+
+
 class ModelRunner:
     """Runs ``SchedulerOutput`` steps on a model with a paged KV cache.
 
@@ -82,8 +87,13 @@ class ModelRunner:
                           for _ in model.model.layers]
         self.logits_processors = logits_processors
         self.sampler = Sampler(seed, logits_processors)
-        self.swap_space = CpuSwapSpace(num_swap_blocks, len(self.kv_caches), block_size, model.num_kv_heads,
-                                       model.head_dim, self.kv_cache_dtype)
+        # Swap preemption's door: its CPU blocks and the copies before each forward (none without a swap space).
+        self.swap_space = None
+        self.copy_swapped_blocks = _no_swapped_blocks
+        if num_swap_blocks:
+            self.swap_space = CpuSwapSpace(num_swap_blocks, len(self.kv_caches), block_size, model.num_kv_heads,
+                                           model.head_dim, self.kv_cache_dtype)
+            self.copy_swapped_blocks = self.swap_space.copy_blocks
         self.last_swap_time_s = 0.0
         self.last_logprobs: dict[str, list[TokenLogprobs]] = {}
         self.last_prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs]]] = {}
@@ -103,8 +113,7 @@ class ModelRunner:
 
         The step's swap-outs and swap-ins are copied first: the forward may overwrite swapped-out blocks and
         reads swapped-in ones."""
-        self.last_swap_time_s = self.swap_space.swap(self.kv_caches, scheduler_output.blocks_to_swap_out,
-                                                     scheduler_output.blocks_to_swap_in)
+        self.last_swap_time_s = self.copy_swapped_blocks(self.kv_caches, scheduler_output)
         self.last_logprobs, self.last_prompt_logprobs = {}, {}
         if scheduler_output.is_empty:
             return {}

@@ -30,6 +30,10 @@ class CpuSwapSpace:
         self.caches: KVCaches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
                                  for _ in range(num_layers if num_blocks else 0)]
 
+    def copy_blocks(self, gpu_caches: KVCaches, scheduler_output) -> float:
+        """``swap`` of a step's ``blocks_to_swap_out`` and ``blocks_to_swap_in`` (a ``SchedulerOutput``)."""
+        return self.swap(gpu_caches, scheduler_output.blocks_to_swap_out, scheduler_output.blocks_to_swap_in)
+
     def swap(self, gpu_caches: KVCaches, blocks_to_swap_out: list[tuple[int, int]],
              blocks_to_swap_in: list[tuple[int, int]]) -> float:
         """Copy (GPU, CPU) pairs out, then (CPU, GPU) pairs in, in every layer; returns the seconds taken.
