@@ -177,3 +177,26 @@ def test_the_matcher_can_fail():
     assert _matches_in_order(["model: .../tiny  (3 parameters)", "...", "Mean TTFT (ms):   11.46"], printed) is None
     assert _matches_in_order(["Mean TTFT (ms):   11.47"], printed) == "Mean TTFT (ms):   11.47"
     assert _matches_in_order(["b", "a"], printed) == "a"  # order matters
+
+
+def test_the_readme_course_table_is_the_notebooks():
+    """The README's course table has one row per notebook, numbered as they are, and its count in words."""
+    text = README.read_text()
+    numbers = sorted(int(n) for n in re.findall(r"(?:^|\| )(\d\d) \|", text, re.M))
+    on_disk = sorted(int(p.name[:2]) for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert numbers == on_disk
+    words = {10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen", 15: "fifteen", 16: "sixteen"}
+    assert f"{words[len(on_disk)]}-chapter" in text
+
+
+def test_the_readme_preset_lines_are_the_presets():
+    """Preset (a)'s line names the textbook case the preset builds: its long prompt and decoding requests."""
+    import inspect
+
+    from minengine.viz import presets
+
+    decoding = inspect.signature(presets.textbook_long_prompt).parameters["num_decoding"].default
+    line = next(line for line in README.read_text().split("\n") if line.strip().startswith("- (a)"))
+    assert f"{presets.TEXTBOOK_LONG_PROMPT:,}-token prompt among {decoding} decodes" in line
+    assert [ln.strip()[3] for ln in README.read_text().split("\n") if re.match(r"\s+- \([a-z]\)", ln)] == list(
+        presets.PRESETS)
