@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+import unicodedata
 from functools import cache
 from pathlib import Path
 
@@ -42,9 +43,9 @@ def _prose(text: str) -> str:
 def _slug(heading: str) -> str:
     """Python-Markdown's toc anchor of a heading (what mkdocs and the links use): code marks and punctuation
     dropped, lower case, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading).strip().lower()
-    text = re.sub(r"[^\w\s-]", "", text)
-    return re.sub(r"[\s-]+", "-", text).strip("-")
+    text = unicodedata.normalize("NFKD", re.sub(r"[`*]", "", heading)).encode("ascii", "ignore").decode()
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[\s-]+", "-", text)
 
 
 def _anchors(page: Path) -> set[str]:
@@ -200,3 +201,11 @@ def test_the_readme_preset_lines_are_the_presets():
     assert f"{presets.TEXTBOOK_LONG_PROMPT:,}-token prompt among {decoding} decodes" in line
     assert [ln.strip()[3] for ln in README.read_text().split("\n") if re.match(r"\s+- \([a-z]\)", ln)] == list(
         presets.PRESETS)
+
+
+def test_anchor_slugs_are_python_markdowns():
+    """The anchors the link check computes are the ones the docs site (Python-Markdown's toc) gives the headings."""
+    toc = pytest.importorskip("markdown.extensions.toc")
+    for page in PAGES:
+        for heading in re.findall(r"^#{1,6} (.+?)\s*$", _prose_keep_headings(page.read_text()), re.M):
+            assert _slug(heading) == toc.slugify(heading.replace("`", ""), "-"), (page.name, heading)
