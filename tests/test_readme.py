@@ -6,10 +6,12 @@ each ``python3 -m minengine`` command is what that command prints."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import unicodedata
 from functools import cache
 from pathlib import Path
@@ -110,7 +112,8 @@ def test_every_relative_link_resolves(page):
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_page_speaks_the_authors_language(page):
     text = " ".join(page.read_text().split())  # a phrase broken over two lines is still found
-    for pattern in (r"\bissues? \d+", r"/work/", r"/tmp/", r"GPU was lent", r"\bthis session\b", r"\bthis branch\b", r"this project's"):
+    for pattern in (r"\bissues? \d+", r"/work/", r"/tmp/", r"GPU was lent", r"\bthis session\b", r"\bthis branch\b",
+                    r"this project's"):
         found = re.search(pattern, text, re.I)
         assert not found, f"{page.relative_to(ROOT)}: {found.group(0)!r} (project history or a machine's path)"
 
@@ -133,7 +136,10 @@ def _shown_commands(page: Path) -> list[tuple[str, list[str]]]:
 def _stdout_of(command: str) -> str:
     args = shlex.split(command)
     assert args[:3] == ["python3", "-m", "minengine"]
-    done = subprocess.run([sys.executable, *args[1:]], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    with tempfile.TemporaryDirectory() as no_data:  # what a fresh clone sees: no shared/data beside it
+        env = {**os.environ, "MINENGINE_DATA": no_data}
+        done = subprocess.run([sys.executable, *args[1:]], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                              env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
