@@ -78,10 +78,12 @@ def test_readme_fits_on_a_screen_with_the_virtualenv_first():
 
 
 def test_the_readme_size_claim_is_the_environment_it_installs():
-    """The README's "about N GB" is the installed site-packages of this environment, rounded."""
+    """The "about N GB" of README.md and docs/install.md is the installed site-packages of this environment."""
     import site
 
-    claimed = int(re.search(r"about (\d+) GB", README.read_text()).group(1))
+    claims = {int(n) for page in (README, DOCS / "install.md") for n in re.findall(r"about (\d+) GB", page.read_text())}
+    assert len(claims) == 1, f"README.md and docs/install.md state different sizes: {claims}"
+    (claimed,) = claims
     roots = [Path(p) for p in site.getsitepackages() if Path(p, "torch").is_dir()]
     if not roots:
         pytest.skip("torch is not installed in a site-packages of this Python")
