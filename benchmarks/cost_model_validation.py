@@ -18,7 +18,7 @@ TensorRT-LLM (and NIM's TensorRT-LLM backend) and llama.cpp. FP8 points use 1-by
 where the source built one: TensorRT-LLM's ``--fp8_kv_cache``).
 
     python benchmarks/cost_model_validation.py            # print the table
-    python benchmarks/cost_model_validation.py --write    # also the README section and the figure (results/)
+    python benchmarks/cost_model_validation.py --write    # also docs/time.md's section and the figure
 
 The figure (``benchmarks/results/cost_model_validation.png``, rendered with headless Chromium when playwright is
 installed; the same figure as a small HTML file otherwise) shows modelled vs published times, and a step's
@@ -28,6 +28,7 @@ time by kernel group against its size on one H100 for Llama-3-8B shapes.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 from collections.abc import Callable
@@ -37,7 +38,8 @@ from pathlib import Path
 from minengine.timing import LLAMA_2_7B, LLAMA_2_70B, LLAMA_3_8B, LLAMA_3_70B, ModelShape, StepCostModel
 
 RESULTS = Path(__file__).resolve().parent / "results"
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "docs" / "time.md"  # the manual page that shows the table
+DOCS_IMG = README.parent / "img"  # the site serves only docs/, so the page shows a copy of the figure
 BEGIN, END = "<!-- cost-model-validation:begin -->", "<!-- cost-model-validation:end -->"
 WITHIN = 0.30  # the band the summary counts
 
@@ -236,7 +238,7 @@ def markdown(rows: list[Point], seed: dict[str, float]) -> str:
               f"measured time - 1; no point set a parameter).", "",
               "Outside the band: " + "; ".join(f"{p.what}, {p.setup} ({p.error:+.0%})" for p in rows
                                                if abs(p.error) > WITHIN) + ". " + MISSES, "",
-              f"The seed case (issue 8: 10 requests decoding when an 8,000-token prompt arrives, one H100, "
+              f"The textbook case (10 requests decoding when an 8,000-token prompt arrives, one H100, "
               f"Llama-3-8B shapes, vLLM-like engine): without chunked prefill the decodes stall for "
               f"**{seed['stall_s'] * 1e3:.0f} ms** (the sources' range for this case: about 0.2-0.3 s); with "
               f"512-token chunks the {seed['chunked_steps']} steps take "
@@ -333,16 +335,18 @@ def update_readme(readme: Path, body: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--write", action="store_true", help="also write the figure and the README section")
-    p.add_argument("--readme", default=str(README), help="README with the section to fill")
+    p.add_argument("--write", action="store_true", help="also write the figure and the docs/time.md section")
+    p.add_argument("--readme", default=str(README), help="the page with the section to fill")
     a = p.parse_args(argv)
     rows = points()
     text = markdown(rows, seed_case())
     print(text)
     if a.write:
         path = write_figure(figure(rows), RESULTS)
+        if path.suffix == ".png":
+            shutil.copyfile(path, DOCS_IMG / path.name)
         update_readme(Path(a.readme), text)
-        print(f"\nwrote {path} and the README section")
+        print(f"\nwrote {path} and the docs/time.md section")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ settings, ``--repeats`` times after a warm-up, reporting medians. ``--busy N`` s
     python benchmarks/cpu_threads.py                       # threads 1 and 2, idle and with 1 busy process
     python benchmarks/cpu_threads.py --threads 1 2 4 --busy 2 --repeats 7
 
-The engine's default (``EngineConfig.num_cpu_threads``) was chosen from this measurement (README, "Time").
+The engine's default (``EngineConfig.num_cpu_threads``) was chosen from this measurement (docs/time.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What each dashboard preset's A/B tab opens on, as the page computes it, as a Markdown table (README's dashboard
+"""What each dashboard preset's A/B tab opens on, as the page computes it, as a Markdown table (docs/dashboard.md's
 section).
 
     MINENGINE_DATA=/work/shared/data python benchmarks/dashboard_ab.py

@@ -96,7 +96,7 @@ def start_server() -> ServerProcess:
 
 
 def lm_eval_command(port: int, out_dir: Path) -> list[str]:
-    """The lm-eval command line (also printed, and in the README)."""
+    """The lm-eval command line (also printed, and in docs/server.md)."""
     return ["lm-eval", "run", "--model", "local-completions", "--model_args",
             f"model={MODEL_NAME},base_url=http://127.0.0.1:{port}/v1/completions,num_concurrent=1,"
             "max_retries=1,tokenized_requests=True,tokenizer_backend=auto",

@@ -26,7 +26,7 @@ seconds on a laptop. Tokens do not change scheduling here: requests run to the t
     python benchmarks/predictive.py                  # ~2-4 minutes on 2 CPU cores
     python benchmarks/predictive.py --requests 1000 --speedup 3
 Prints the tables; ``--write`` also writes ``benchmarks/results/predictive.md`` and ``predictive.json`` (the
-numbers the README and ``minengine.viz.predicted_vs_true_figure`` / ``policy_latency_figure`` use).
+numbers docs/features/predictive.md and ``minengine.viz.predicted_vs_true_figure`` / ``policy_latency_figure`` use).
 """
 
 from __future__ import annotations

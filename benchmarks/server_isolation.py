@@ -3,7 +3,7 @@
 parsed), and how long SIGTERM takes to end a server whose stream would run for minutes (``--shutdown-timeout``).
 
 Run: ``python -m benchmarks.server_isolation`` (bundled model, CPU, 1 torch thread). Writes
-``benchmarks/results/server_isolation.json``; the README's server-errors paragraph quotes it. Wall-clock times,
+``benchmarks/results/server_isolation.json``; docs/server.md's server-errors paragraph quotes it. Wall-clock times,
 medians where repeated, with the machine's load average recorded beside them.
 """
 

@@ -1,4 +1,4 @@
-"""The README's figures of the dashboard's local runs, made the way a user would:
+"""The dashboard figures of local runs (docs/*.png: README.md, docs/dashboard.md), made the way a user would:
 
     python3 scripts/dashboard_screenshots.py [--out-dir docs]
 

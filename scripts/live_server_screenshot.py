@@ -1,4 +1,4 @@
-"""The README's figure of the dashboard attached to a live server under load, made the way a user would:
+"""The figure of the dashboard attached to a live server under load (docs/server.md), made the way a user would:
 
     python3 scripts/live_server_screenshot.py [--out docs/dashboard_live_server.png] [--lang en]
 

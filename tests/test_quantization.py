@@ -168,16 +168,16 @@ def test_quantization_benchmark_tiny(tmp_path):
     assert "| fp8 KV + int8 weights |" in (tmp_path / "q.md").read_text()
 
 
-def test_readme_modelled_step_table_is_the_cost_model_today():
-    """The README's "Llama-3-8B, H100" table is what ``benchmarks/quantization.py``'s ``modelled`` computes now: a
-    refit of the cost model left it stale once (8.02 / 15.23 ms against 7.66 / 22.29)."""
+def test_docs_modelled_step_table_is_the_cost_model_today():
+    """docs/features/quantization.md's "Llama-3-8B, H100" table is what ``benchmarks/quantization.py``'s
+    ``modelled`` computes now: a refit of the cost model left it stale once (8.02 / 15.23 ms against 7.66 / 22.29)."""
     import argparse
     import re
     from pathlib import Path
 
     from benchmarks import quantization
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "features" / "quantization.md").read_text()
     names = {("auto", None): "bfloat16", ("fp8", None): "fp8 KV", ("auto", "int8"): "int8 weights",
              ("fp8", "int8"): "fp8 KV + int8 weights"}
     for row in quantization.modelled(argparse.Namespace(context=2048, batch=64)):

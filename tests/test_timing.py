@@ -408,7 +408,7 @@ def test_validation_benchmark_points_and_seed_case():
     assert {"prefill", "decode"} <= {p.phase for p in rows}
     s = mod.summary(rows)
     assert s["gpus"] >= 2 and s["tp_gt_1"] >= 5
-    # what the README says (30 of 33 within 30 %, median 12 %): a regression of the fit shows here
+    # what docs/time.md says (30 of 33 within 30 %, median 12 %): a regression of the fit shows here
     assert s["within"] >= 0.85 * s["n"] and s["median"] <= 0.15
     seed = mod.seed_case()
     assert 0.2 <= seed["stall_s"] <= 0.3  # the sources' range for Llama-3-8B on one H100

@@ -89,15 +89,18 @@ def test_metric_names_are_vllms():
     assert all(n.startswith(("vllm:", "minengine:")) for n in exported)
 
 
-def test_readme_quick_start_runs(monkeypatch, capsys):
-    """The README's quick start (written to run on vLLM too) runs as it is."""
-    readme = (ROOT / "README.md").read_text()
-    start = readme.index("## Quick start")
-    blocks = readme[start:readme.index("\n## ", start + 10)].split("```python\n")[1:]
-    assert len(blocks) >= 2
+@pytest.mark.parametrize("page, heading, min_blocks", [("README.md", "## Quick start", 1),
+                                                       ("docs/quickstart.md", "## From Python", 3)])
+def test_quick_start_runs(page, heading, min_blocks, monkeypatch, capsys):
+    """The quick start's Python blocks (README and docs/quickstart.md; written to run on vLLM too) run as they are."""
+    text = (ROOT / page).read_text()
+    start = text.index(heading)
+    end = text.find("\n## ", start + len(heading))
+    blocks = text[start:end if end >= 0 else len(text)].split("```python\n")[1:]
+    assert len(blocks) >= min_blocks
     monkeypatch.chdir(ROOT)
     for block in blocks:
         code = block.split("```")[0]
-        exec(compile(code, "README quick start", "exec"), {"__name__": "__readme__"})
+        exec(compile(code, f"{page} quick start", "exec"), {"__name__": "__readme__"})
     assert capsys.readouterr().out.strip()
     assert os.getcwd() == str(ROOT)

@@ -404,7 +404,7 @@ from minengine.worker.model_runner import kv_bytes_per_block
         Every small op is split over all cores and waits for the slowest slice; when another process holds a core,
         the op waits for the operating system to give it back, and the wall clock counts that wait. This project measured
         a 20x slowdown of the engine with 2 threads next to one busy process, against 1.1x with 1 thread (source: this
-        project's README, *Measured time that holds still*). Process CPU time does not count time spent waiting for a core, and one
+        project's manual, docs/time.md, *Measured time that holds still*). Process CPU time does not count time spent waiting for a core, and one
         thread never waits for a sibling, so the numbers hold still.
         """),
     *summary([
