@@ -202,15 +202,19 @@ def rewrite_links(text: str, src_dir: Path, page_dir: str, built: set[str], as_h
 
 
 def stage_docs(stage: Path, built: set[str]) -> None:
-    """docs/ into ``stage`` with its links mapped (see ``rewrite_links``), and the course index."""
+    """docs/ into ``stage`` with its links mapped (see ``rewrite_links``), and the course index (also the home page
+    where docs/ has no ``index.md``)."""
     shutil.copytree(DOCS, stage, ignore=shutil.ignore_patterns("__pycache__"))
     for page in stage.rglob("*.md"):
         src_dir = DOCS / page.parent.relative_to(stage)
         page_dir = page.parent.relative_to(stage).as_posix()
         page.write_text(rewrite_links(page.read_text(), src_dir, page_dir, built))
     (stage / COURSE).mkdir(exist_ok=True)
-    index = rewrite_links((NOTEBOOKS / "README.md").read_text(), NOTEBOOKS, COURSE, built)
-    (stage / COURSE / "index.md").write_text(index)
+    course_index = (NOTEBOOKS / "README.md").read_text()
+    (stage / COURSE / "index.md").write_text(rewrite_links(course_index, NOTEBOOKS, COURSE, built))
+    if not (stage / "index.md").exists():  # no manual in this checkout: the site opens on the course
+        print("docs/index.md missing: the course index is the home page", file=sys.stderr)
+        (stage / "index.md").write_text(rewrite_links(course_index, NOTEBOOKS, "", built))
 
 
 def stage_course(stage: Path, notebooks: dict, sources: dict, with_images: bool) -> int:
