@@ -29,6 +29,7 @@ import argparse
 import copy
 import html
 import json
+import logging
 import os
 import re
 import shutil
@@ -320,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fast", action="store_true", help="with --execute: MINENGINE_FAST=1 workloads")
     ap.add_argument("--executed", type=Path, help="a folder of already executed notebooks (NN_name.ipynb)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("-v", "--verbose", action="store_true", help="mkdocs's progress too, not only its warnings")
     ap.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
                     help="static SVG fallbacks of the figures with kaleido (default: on)")
     a = ap.parse_args(argv)
@@ -327,8 +329,16 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(chapters) - set(CHAPTERS))
     if unknown:
         raise SystemExit(f"unknown chapters {unknown}; choose from {CHAPTERS}")
+    log = logging.getLogger("mkdocs")  # mkdocs's warnings (a dead link or anchor) on stderr, as its CLI shows them
+    log.addHandler(logging.StreamHandler())
+    log.setLevel(logging.INFO if a.verbose else logging.WARNING)
     notebooks = load_chapters(chapters, a.executed, a.execute, a.fast)
-    out = build(notebooks, a.out, with_images=a.images, strict=a.strict)
+    from mkdocs.exceptions import Abort
+
+    try:
+        out = build(notebooks, a.out, with_images=a.images, strict=a.strict)
+    except (Abort, ValueError) as exc:
+        raise SystemExit(f"build_docs: {exc}") from exc
     print(f"wrote the site ({len(notebooks)} chapters) to {out}; open {out / 'index.html'}")
 
 
