@@ -13,6 +13,7 @@ The real chapters, executed, are built and opened the same way by
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,37 @@ def test_search_finds_a_chapter_offline(site):
     found = search_hits(site / "course" / "index.html", "PagedAttention")
     assert found["errors"] == [] and found["outside"] == []
     assert any(hit.startswith("02 · PagedAttention") for hit in found["hits"]), found["hits"]
+
+
+def _nav_pages(nav: list) -> list[str]:
+    pages = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+@pytest.mark.parametrize("anchor, fails", [("#no-such-section", True), ("#exercise-1", False)])
+def test_strict_build_fails_on_a_dead_anchor_into_a_chapter(tmp_path, monkeypatch, anchor, fails):
+    """A docs tree made here with every page of the nav: ``--strict`` stops on a link to a section a chapter does
+    not have (mkdocs learns a notebook page's ids from scripts/docs_hooks.py) and passes the same link to one it
+    has."""
+    from mkdocs.exceptions import Abort
+
+    config = yaml.safe_load(build_docs.CONFIG.read_text())
+    docs = tmp_path / "docs"
+    shutil.copytree(build_docs.DOCS / "assets", docs / "assets")
+    for page in _nav_pages(config["nav"]):
+        if not page.startswith("course/"):
+            (docs / page).parent.mkdir(parents=True, exist_ok=True)
+            (docs / page).write_text(f"# {page}\n")
+    (docs / "index.md").write_text(f"# Home\n\nSee [the tour's first exercise](../notebooks/00_tour.ipynb{anchor}).\n")
+    (tmp_path / "notebooks").symlink_to(build_docs.NOTEBOOKS)  # so that ../notebooks/ from docs/ is the course
+    monkeypatch.setattr(build_docs, "DOCS", docs)
+    tour = {"00_tour": nbformat.read(build_docs.NOTEBOOKS / "00_tour.ipynb", as_version=4)}
+    if fails:
+        with pytest.raises(Abort, match="warning"):
+            build_docs.build(tour, tmp_path / "site", with_images=False, strict=True)
+    else:
+        site = build_docs.build(tour, tmp_path / "site", with_images=False, strict=True)
+        assert f'href="course/00_tour.html{anchor}"' in (site / "index.html").read_text()
