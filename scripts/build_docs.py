@@ -172,7 +172,11 @@ def export_images(figures: list[tuple[dict, str | None]], course_dir: Path) -> N
 
 def site_path(target: Path, built: set[str]) -> str | None:
     """Where a repository file is in the staged site (a path relative to the site's root), or None when the site
-    does not hold it: docs/X is X, notebooks/README.md the course index, a built chapter its page."""
+    does not hold it: docs/X is X, notebooks/README.md the course index, a built chapter its page. A page of docs/
+    may also name the course as the site does (``course/index.md``, ``course/NN_name.ipynb``)."""
+    if target.is_relative_to(DOCS / COURSE):
+        name = target.relative_to(DOCS / COURSE).as_posix()
+        target = NOTEBOOKS / ("README.md" if name == "index.md" else name)
     if target.is_relative_to(DOCS):
         return target.relative_to(DOCS).as_posix()
     if target.parent == NOTEBOOKS and target.name == "README.md":

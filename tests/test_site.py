@@ -131,20 +131,22 @@ def test_a_page_is_the_learner_view_with_figures_as_blocks():
 @given(built=st.sets(st.sampled_from(build_docs.CHAPTERS)), chapter=st.sampled_from(build_docs.CHAPTERS),
        in_features=st.booleans(), anchor=st.sampled_from(["", "#a-section"]))
 def test_links_point_into_the_site_or_lose_their_link(built, chapter, in_features, anchor):
-    """From any page of docs/ (top level or features/): a chapter link goes to its course page when the chapter is
-    built and becomes plain text when it is not; the course index, a docs page, an image and a web link stay links;
-    a repository file outside the site becomes plain text."""
+    """From any page of docs/ (top level or features/): a chapter link (into notebooks/, or to course/ as the site
+    names it) goes to its course page when the chapter is built and becomes plain text when it is not; the course
+    index, a docs page, an image and a web link stay links; a repository file outside the site becomes plain text."""
     up = "../.." if in_features else ".."
     src_dir = build_docs.DOCS / "features" if in_features else build_docs.DOCS
     page_dir = "features" if in_features else ""
     here = "../" if in_features else ""
     text = (f"[ch]({up}/notebooks/{chapter}.ipynb{anchor}) [idx]({up}/notebooks/README.md) "
             f"[ro]({here}reading_order.md#the-path) ![pic]({here}dashboard_ab_d.png) [web](https://vllm.ai) "
-            f"[src]({up}/minengine/engine.py) [top](#top)")
+            f"[src]({up}/minengine/engine.py) [top](#top) [ch]({here}course/{chapter}.ipynb{anchor}) "
+            f"[idx]({here}course/index.md)")
     out = build_docs.rewrite_links(text, src_dir, page_dir, built)
     chapter_link = f"[ch]({here}course/{chapter}.ipynb{anchor})" if chapter in built else "ch"
     assert out == (f"{chapter_link} [idx]({here}course/index.md) [ro]({here}reading_order.md#the-path) "
-                   f"![pic]({here}dashboard_ab_d.png) [web](https://vllm.ai) src [top](#top)")
+                   f"![pic]({here}dashboard_ab_d.png) [web](https://vllm.ai) src [top](#top) {chapter_link} "
+                   f"[idx]({here}course/index.md)")
     in_course = build_docs.rewrite_links(f"[ch]({chapter}.ipynb)", build_docs.NOTEBOOKS, "course", built,
                                          as_html=True)
     assert in_course == (f"[ch]({chapter}.html)" if chapter in built else "ch")
