@@ -288,3 +288,13 @@ def test_strict_build_fails_on_a_dead_anchor_into_a_chapter(tmp_path, monkeypatc
     else:
         site = build_docs.build(tour, tmp_path / "site", with_images=False, strict=True)
         assert f'href="course/00_tour.html{anchor}"' in (site / "index.html").read_text()
+
+
+def test_the_site_names_only_scripts_that_exist():
+    """Every ``scripts/...`` file a page of the site names (docs/, the course index) is in the repository, so a
+    reader's command runs (the site's builder is scripts/build_docs.py)."""
+    pages = [*build_docs.DOCS.rglob("*.md"), build_docs.NOTEBOOKS / "README.md"]
+    named = {(p.relative_to(build_docs.ROOT).as_posix(), m) for p in pages
+             for m in re.findall(r"\bscripts/[\w/.-]+\.(?:py|sh)\b", p.read_text())}
+    assert any(m == "scripts/build_docs.py" for _, m in named)
+    assert sorted((page, m) for page, m in named if not (build_docs.ROOT / m).exists()) == []
