@@ -20,7 +20,8 @@ mkdocs.yml holds the theme, the plugins and the nav; this script stages what the
 - figures offline: each plotly figure becomes a block drawn by ``Plotly.newPlot`` from the site's own plotly.js
   (``assets/plotly.min.js``, copied from the installed plotly package; scripts/docs_hooks.py loads it on the pages
   that have figures), with a static SVG (kaleido, headless Chromium) inside ``<noscript>``;
-- the nav of mkdocs.yml less the pages and chapters not staged (listed on stderr; ``--strict`` fails on them).
+- the nav of mkdocs.yml less the pages and chapters not staged (listed on stderr; ``--strict`` fails on a page of
+  docs/ missing, not on a chapter left out with ``--only``).
 """
 
 from __future__ import annotations

@@ -240,9 +240,20 @@ def test_a_partial_build_lists_only_the_chapters_built(site, visits):
     assert 'href="00_tour.html"' in page and "05_prefix_caching" not in page and "engine.py" not in page
 
 
+def _markdown_headings() -> dict[str, list[str]]:
+    """{file: its markdown headings} for every page of docs/, the course index and every chapter's markdown cells."""
+    texts = {p.name: p.read_text() for p in [*build_docs.DOCS.rglob("*.md"), build_docs.NOTEBOOKS / "README.md"]}
+    for chapter in build_docs.CHAPTERS:
+        nb = nbformat.read(build_docs.NOTEBOOKS / f"{chapter}.ipynb", as_version=4)
+        texts[chapter] = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    return {name: re.findall(r"^#+ (.*)$", text, re.M) for name, text in texts.items()}
+
+
 def test_no_heading_speaks_of_issues_or_editions(site):
+    """Every heading of the built site, and of every source page and chapter (built here or not)."""
     headings = {p.relative_to(site).as_posix(): [re.sub(r"<[^>]+>", "", h) for h in HEADING_RE.findall(p.read_text())]
                 for p in site.rglob("*.html")}
+    headings.update(_markdown_headings())
     assert sum(map(len, headings.values())) > len(headings)
     assert {name: [h for h in hs if HISTORY_RE.search(h)] for name, hs in headings.items()
             if any(HISTORY_RE.search(h) for h in hs)} == {}
