@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", nargs="+", metavar="CHAPTER", default=None,
                     help=f"chapters to build (default: all of {CHAPTERS[0]} ... {CHAPTERS[-1]})")
-    ap.add_argument("--strict", action="store_true", help="fail on any warning and on a nav page missing")
+    ap.add_argument("--strict", action="store_true",
+                    help="fail on any warning of mkdocs and on a page of the nav missing from docs/")
     ap.add_argument("--execute", action="store_true", help="run the chapters first (nbclient, kernel python3)")
     ap.add_argument("--fast", action="store_true", help="with --execute: MINENGINE_FAST=1 workloads")
     ap.add_argument("--executed", type=Path, help="a folder of already executed notebooks (NN_name.ipynb)")
@@ -330,6 +331,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--images", action=argparse.BooleanOptionalAction, default=True,
                     help="static SVG fallbacks of the figures with kaleido (default: on)")
     a = ap.parse_args(argv)
+    if a.fast and not a.execute:
+        ap.error("--fast sets the workloads of --execute: give both")
+    if a.execute and a.executed:
+        ap.error("--execute runs the chapters, --executed reads them already run: give one")
     chapters = a.only or CHAPTERS
     unknown = sorted(set(chapters) - set(CHAPTERS))
     if unknown:
