@@ -34,7 +34,6 @@ SOLUTION_RE = re.compile(r"```python\n(.*?)\n```", re.S)
 CJK_RE = re.compile(r"[\u4e00-\u9fff]")
 WIDGET_RE = re.compile(r"interact_manual\((\w+)")
 EXECUTED: dict = {}  # chapter -> its executed (instrumented) notebook, for the site test at the end
-SITE_PAGES = ("02_paged_attention", "11_attention_kernels", "13_spec_decode_math")  # opened in the browser
 
 
 def load(chapter: str):
@@ -280,40 +279,41 @@ def test_executes_with_solutions_and_rejects_wrong_answers(chapter, monkeypatch)
 
 
 def test_site_from_executed_notebooks(tmp_path):
-    """The course site (``scripts/build_site.py --fast``) built from the notebooks executed above, without static
-    images; three pages opened in headless Chromium: every figure block drawn by plotly.js (SVG paths present), no
-    JavaScript error, no request outside the site's folder, and every block carries its ``<noscript>`` fallback."""
+    """The docs site (``scripts/build_docs.py``) built from the notebooks executed above, without static images,
+    every page opened from disk in headless Chromium: every figure block of the chapters drawn by the site's own
+    plotly.js (SVG paths present), no JavaScript error, no request outside the site's folder, no dead link or
+    anchor; each figure block carries its ``<noscript>`` fallback and no page shows a cell the tests inserted."""
     if not EXECUTED:
         pytest.skip("no chapter was executed in this session")
-    from scripts import build_site
+    from scripts import build_docs
 
     start = time.perf_counter()
-    pages = {p.stem: p for p in build_site.build_site(dict(EXECUTED), tmp_path, with_images=False)}
+    site = build_docs.build(dict(EXECUTED), tmp_path / "site", with_images=False)
     built_s = time.perf_counter() - start
-    assert set(pages) == set(EXECUTED) and (tmp_path / "index.html").exists()
-    index = (tmp_path / "index.html").read_text()
-    assert all(f'href="{c}.html"' in index for c in pages), "the index links every page"
+    pages = {c: site / "course" / f"{c}.html" for c in EXECUTED}
+    assert all(p.exists() for p in pages.values()) and (site / "course" / "index.html").exists()
+    index = (site / "course" / "index.html").read_text()
+    assert all(f'href="{c}.html"' in index for c in pages), "the course index links every chapter built"
     for chapter, page in pages.items():
         text = page.read_text()
         assert "cdnjs" not in text and "unpkg.com" not in text, f"{chapter}: a script from a CDN"
         blocks = text.count('class="minengine-figure"')
         assert blocks == text.count("<noscript>"), f"{chapter}: a figure without its fallback"
         assert "test-wrong" not in text and "# test: the widget" not in text
-    print(f"site: {len(pages)} pages in {built_s:.1f} s")
+    print(f"site: {len(pages)} chapters in {built_s:.1f} s")
     pytest.importorskip("playwright.sync_api")
-    from tests.site_checks import CHROMIUM, figures_drawn
+    from tests.site_checks import CHROMIUM, dead_links, visit
 
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
-    chosen = [c for c in SITE_PAGES if c in pages] or sorted(pages)
-    chosen = (chosen + [c for c in sorted(pages) if c not in chosen])[:3]
-    seen = figures_drawn([pages[c] for c in chosen])
+    seen = visit(site)
     for name, page in seen.items():
         assert page["errors"] == [] and page["outside"] == [], f"{name}: {page['errors']} {page['outside']}"
-        assert page["figures"], f"{name}: no figure"
         undrawn = [i for i, f in enumerate(page["figures"]) if not (f["drawn"] and f["paths"] > 0)]
         assert not undrawn, f"{name}: figures {undrawn} not drawn"
-    print("drawn:", {name: len(page["figures"]) for name, page in seen.items()})
+    assert dead_links(seen, site) == []
+    assert any(seen[f"course/{c}.html"]["figures"] for c in EXECUTED), "no chapter drew a figure"
+    print("drawn:", {c: len(seen[f"course/{c}.html"]["figures"]) for c in EXECUTED})
 
 
 class _CountdownEngine:

@@ -1,0 +1,46 @@
+"""mkdocs hooks (mkdocs.yml ``hooks:``): keep the notebook pages offline.
+
+mkdocs-jupyter renders a notebook with nbconvert's JupyterLab template, which writes two loaders that point at a
+CDN: MathJax's (a ``<script src>`` fetched on every page) and Mermaid's (imported when a page has a diagram). The
+course has neither math nor diagrams, so both are taken out of the page, and no page can ask the network for them.
+A page with plotly figures (blocks written by scripts/build_docs.py that call ``Plotly.newPlot``) gets the site's
+own plotly.js, loaded before its first figure; the other pages do not load it. mkdocs learns each notebook
+page's ids, so that a link to a missing section of a chapter is a warning (an error with ``--strict``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from mkdocs.utils import get_relative_url
+
+PLOTLY_JS = "assets/plotly.min.js"  # where scripts/build_docs.py stages plotly.js
+ID_RE = re.compile(r"""\sid=["']([^"']+)["']""")
+FIGURE_MARK = '<div class="minengine-figure">'
+MATHJAX_RE = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
+MERMAID_RE = re.compile(r"<script type=\"module\">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*?</script>", re.S)
+
+
+def offline_notebook_html(html: str, plotly_src: str) -> str:
+    """A notebook page's HTML without the CDN loaders, with ``<script src=plotly_src>`` before its first figure.
+
+    Raises:
+        ValueError: a ``cdnjs`` URL left in the page (nbconvert's template changed: update the patterns above).
+    """
+    html = MERMAID_RE.sub("", MATHJAX_RE.sub("", html))
+    if "cdnjs.cloudflare.com" in html:
+        raise ValueError("a notebook page still loads from cdnjs.cloudflare.com: nbconvert's template changed")
+    if FIGURE_MARK in html:
+        at = html.index(FIGURE_MARK)
+        html = f'{html[:at]}<script src="{plotly_src}"></script>{html[at:]}'
+    return html
+
+
+def on_page_content(html, page, config, files):  # noqa: ARG001  (mkdocs passes every argument by name)
+    if not page.file.src_uri.endswith(".ipynb"):
+        return html
+    html = offline_notebook_html(html, get_relative_url(PLOTLY_JS, page.file.url))
+    # mkdocs checks a link's #anchor against the ids its own markdown rendering found; a notebook page is rendered
+    # by mkdocs-jupyter, so hand mkdocs the page's ids (else a link to a missing section of a chapter passes).
+    page.present_anchor_ids = set(ID_RE.findall(html))
+    return html
