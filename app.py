@@ -60,7 +60,7 @@ from minengine.viz.clock_label import (
 )
 from minengine.viz.compare import ab_request_figure, ab_work_sentence, share_y_range
 from minengine.viz.i18n import t
-from minengine.viz.kernel_note import kernel_note, kernel_state
+from minengine.viz.kernel_note import IN_PROGRESS, kernel_note, kernel_state
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
 from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
 from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
@@ -82,6 +82,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
 QUANTIZATIONS = (None, "int8")  # EngineConfig.quantization (weight-only int8)
 LIVE_STORY_STEPS = 4  # the live view's last few steps in words
+KERNEL_NOTE_TICK_S = 1.0  # the kernel note's seconds count up while it compiles, and it goes once it is ready
 
 
 # ---- cached heavy work ---------------------------------------------------------------------------------------
@@ -301,6 +302,21 @@ def show_kernel_note(lang: str) -> None:
         getattr(st, kind)(text)
 
 
+def kernel_note_view(lang: str) -> None:
+    """``show_kernel_note`` below a finished run: while the kernel is still on its way, a fragment redraws the
+    line every ``KERNEL_NOTE_TICK_S`` (its seconds count up) and, once it is ready or fell back, reruns the page
+    once so the line goes and the timer stops."""
+    in_progress = kernel_state().state in IN_PROGRESS
+
+    @st.fragment(run_every=KERNEL_NOTE_TICK_S if in_progress else None)
+    def note() -> None:
+        if in_progress and kernel_state().state not in IN_PROGRESS:
+            st.rerun()  # the whole page: the fragment is registered again without a timer
+        show_kernel_note(lang)
+
+    note()
+
+
 def draw_live(player: LivePlayer, lang: str) -> None:
     show_kernel_note(lang)
     traces = player.traces
@@ -310,9 +326,11 @@ def draw_live(player: LivePlayer, lang: str) -> None:
         return
     last = traces[-1]
     state = t("live_paused", lang) if player.paused else t("live_running", lang)
+    clock = clock_label(run.config.clock, lang)
     st.markdown(t("live_status", lang).format(state=state, step=last.step, finished=run.num_finished,
                                               total=run.num_requests, time_s=last.end_time - traces[0].start_time,
-                                              clock=clock_label(run.config.clock, lang)))
+                                              clock=clock))
+    played_speed_note(player, lang, clock)
     left, right = st.columns(2)
     with left:
         st.plotly_chart(block_pool_figure(last, lang, request_ids=run_request_ids(traces)), key="live_pool")
@@ -322,6 +340,21 @@ def draw_live(player: LivePlayer, lang: str) -> None:
     st.plotly_chart(step_token_timeline_figure(traces, lang, clock_label(run.config.clock, lang)),
                     key="live_timeline")
     st.caption(t("cap_live", lang))
+
+
+def played_speed_note(player: LivePlayer, lang: str, clock: str) -> None:
+    """The speed the live view really plays (``LivePlayer.played_speed``, measured from its own ticks) beside the
+    asked one; a warning saying why when a busy machine makes it drop steps (``LivePlayer.falls_short``)."""
+    played = player.played_speed
+    if played is None or player.paused:
+        return
+    asked = player.speed
+    if player.falls_short:
+        st.warning(t("live_busy", lang).format(played=played, asked=asked, clock=clock))
+    elif asked:
+        st.caption(t("live_played", lang).format(played=played, asked=asked))
+    else:
+        st.caption(t("live_played_full", lang).format(played=played))
 
 
 # ---- views ----------------------------------------------------------------------------------------------------
@@ -772,7 +805,7 @@ def main() -> None:
     st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces), clock=clock))
     if res.budget_raised:
         st.info(t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget))
-    show_kernel_note(lang)  # a fallback to the torch path stays true after the run
+    kernel_note_view(lang)  # a compile still going on counts up; a fallback to the torch path stays true
 
     # 0 = auto, from the run on screen; the A/B tab uses the same threshold for both of its runs
     threshold_s = threshold_ms / 1000 if threshold_ms > 0 else auto_stall_threshold(res.request_metrics)

@@ -25,6 +25,7 @@ from minengine.viz.server_feed import short_request_id  # noqa: E402
 from scripts.live_server_screenshot import ClientLoad  # noqa: E402
 from tests.canned_server import ENGINE, CannedServer, chunk, http_head, sse, step_dict  # noqa: E402
 from tests.server_helpers import free_socket, running_server  # noqa: E402
+from tests.streamlit_colors import rewritten_colors  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -68,8 +69,10 @@ def status_step(at: AppTest) -> int:
 
 
 def titles(at: AppTest) -> list[str]:
+    """Every chart's title; each chart is also checked for a colour Streamlit's frontend would repaint."""
     out = []
     for c in at.get("plotly_chart"):
+        assert rewritten_colors(c.proto.spec) == [], c.proto.spec[:200]
         title = json.loads(c.proto.spec)["layout"].get("title", {})
         out.append(title.get("text", "") if isinstance(title, dict) else str(title))
     return out

@@ -27,8 +27,10 @@ def test_kernel_note_says_what_the_engine_waits_for(lang):
     KS = kernel_note.KernelState
     assert kernel_note.kernel_note(KS("ready"), lang) is None
     assert kernel_note.kernel_note(KS("not_started"), lang) is None
-    kind, text = kernel_note.kernel_note(KS("building", seconds=3.0), lang)
-    assert kind == "info" and ("Building the CPU attention kernel" in text or "正在构建" in text)
+    for seconds in (3.0, 104.4):  # it says how long it has compiled so far, and promises no duration
+        kind, text = kernel_note.kernel_note(KS("building", seconds=seconds), lang)
+        assert kind == "info" and ("Compiling the CPU attention kernel" in text or "正在编译" in text)
+        assert f"{seconds:.0f} " in text and "~" not in text and "约" not in text
     kind, text = kernel_note.kernel_note(KS("waiting", seconds=42.4), lang)
     assert kind == "info" and "42" in text
     kind, text = kernel_note.kernel_note(KS("fallback", reason="TimeoutError: stuck"), lang)
