@@ -2,6 +2,7 @@
 
     streamlit run app.py
 
+Two pages in the sidebar (``st.navigation``): "Scheduler", this file's ``main``, and "Fleet", ``pages/Fleet.py``.
 The sidebar's source is either a local run or a live server: ``python -m minengine serve`` attached by URL, its
 step feed read by ``minengine.viz.server_feed.ServerFeed`` (a background thread owned by this session) and
 animated by the same ``LivePlayer`` and figure builders.
@@ -822,4 +823,7 @@ def main() -> None:
         ab_view(config, workload, lang, threshold_s, workload.name)
 
 
-main()
+# The sidebar's page list names what each page shows (a plain pages/ folder would list this file as "app"); a URL
+# keeps working as before: the scheduler at /, the fleet at /Fleet.
+PAGES = [st.Page(main, title="Scheduler", default=True), st.Page("pages/Fleet.py", title="Fleet")]
+st.navigation(PAGES).run()

@@ -121,9 +121,12 @@ _STRINGS: dict[str, tuple[str, str]] = {
                         "{rid} 在前缀缓存命中 {cached:,} 词元之后的一个 {tokens:,} 词元分块"),
     "story_admitted": ("{ids} admitted", "{ids} 被准入"),
     "story_preempted": ("{ids} preempted (no free block; {why})", "{ids} 被抢占（没有空闲块；{why}）"),
-    "story_recompute": ("its K/V to be recomputed", "其 K/V 之后重算"),
+    "story_recompute": ("its K/V to be recomputed", "其 K/V 之后重算"),  # one request preempted
+    "story_recompute_many": ("their K/V to be recomputed", "它们的 K/V 之后重算"),  # two or more
     "story_swapped_out": ("{blocks:,} blocks swapped out to the CPU", "{blocks:,} 个块换出到 CPU"),
+    "story_swapped_out_one": ("1 block swapped out to the CPU", "1 个块换出到 CPU"),
     "story_swapped_in": ("{blocks:,} blocks swapped back in", "{blocks:,} 个块换回"),
+    "story_swapped_in_one": ("1 block swapped back in", "1 个块换回"),
     "story_finished": ("{ids} finished", "{ids} 完成"),
     "story_timed_out": ("{ids} timed out", "{ids} 超时"),
     "story_waiting": ("{n} waiting", "{n} 个等待"),
