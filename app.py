@@ -68,6 +68,7 @@ from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
 from minengine.viz.step_story import step_sentence, step_sentences
 from minengine.viz.timeline_figures import AUTO_STALL_FACTOR
 from minengine.viz.workload import Workload
+from minengine.viz.workload_figure import workload_figure
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
 
 LIVE_MIN_STEPS = 40  # the live batch bars start on a 40-step axis (it widens as the run goes on)
@@ -776,6 +777,8 @@ def main() -> None:
         start_run(config, workload, speed, lang)
     if "submitted" not in st.session_state:
         st.write(t("press_run", lang))
+        if workload is not None:  # the run's own requests, and the browser loads plotly before the live view
+            st.plotly_chart(workload_figure(workload, lang), key="workload")
         return
     if st.session_state["submitted"] != (config, workload):
         st.warning(t("stale_run", lang))

@@ -171,6 +171,18 @@ def test_every_preset_in_both_languages(app, preset):
     assert app.radio(key=f"ab_knob_{preset}_zh").value == presets.PRESET_COMPARISON[preset]
 
 
+def test_the_page_draws_the_workload_before_run(app):
+    """Before Run the page already draws a figure: the chosen preset's requests (its plotly code loads in the
+    browser then, not when the live view's first step comes)."""
+    for preset, lang in (("c", "en"), ("b", "zh")):
+        app.radio(key="lang").set_value(lang).run()
+        app.selectbox(key=f"preset_{lang}").set_value(preset).run()
+        assert not app.exception
+        titles = figure_titles(app)
+        n = EXPECTED_REQUESTS[preset]
+        assert len(titles) == 1 and (f"{n} requests" in titles[0] or f"{n} 个请求" in titles[0]), titles
+
+
 def step_slider(at: AppTest):
     return next(s for s in at.slider if (s.key or "").startswith("step_"))
 
