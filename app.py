@@ -80,6 +80,8 @@ SERVER_WINDOW = 100  # the default: ~0.3 s of steps at ~8 ms each (bundled model
 SERVER_TICK_S = 2.0  # a live server's view redraws seven figures (~0.5 s of plotly on a busy 2-core machine)
 SERVER_IDLE_TICK_S = 6.0  # ... every 6 s once no step came for SERVER_IDLE_AFTER_S (an idle server: ~1/3 the CPU)
 SERVER_IDLE_AFTER_S = 10.0
+SERVER_CONNECT_WAIT_S = 2.0  # Connect waits this long at most for the server's first steps, to draw them at once
+SERVER_FIRST_TICK_S = 0.5  # ... and until a first step came, the view looks again this often
 PREEMPTION_MODES = ("recompute", "swap")
 KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
 QUANTIZATIONS = (None, "int8")  # EngineConfig.quantization (weight-only int8)
@@ -557,6 +559,7 @@ def connect_server(url: str, window: int) -> None:
         return
     st.session_state.pop("server_error", None)
     st.session_state["server_player"] = LivePlayer(feed.start(), speed=0, keep=max(SERVER_WINDOWS))
+    feed.wait_first_step(SERVER_CONNECT_WAIT_S)  # its history replay: the rerun after this click draws it
 
 
 def disconnect_server() -> None:
@@ -611,13 +614,16 @@ def server_live_view(player: LivePlayer, lang: str, window: int) -> None:
             st.button(t("live_pause", lang), key="server_pause", on_click=player.pause)
 
     idle = st.session_state.get("server_idle", False)
-    tick_s = SERVER_IDLE_TICK_S if idle else SERVER_TICK_S
+    if live and not player.paused and not player.traces:
+        player.tick()  # steps that came on Connect (the history replay) are drawn in this very rerun
+    first = not player.traces  # no step yet: look often, so the first figures come right after the first step
+    tick_s = SERVER_FIRST_TICK_S if first else SERVER_IDLE_TICK_S if idle else SERVER_TICK_S
 
     @st.fragment(run_every=tick_s if live and not player.paused else None)
     def frame() -> None:
         new = player.tick()
-        if live and feed.done:
-            st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause)
+        if live and (feed.done or (first and player.traces)):
+            st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause), or the tick's interval
         # the redraw rate follows the traffic: back to SERVER_TICK_S at the first new step, slower when quiet
         now = time.monotonic()
         if new or "server_last_new" not in st.session_state:

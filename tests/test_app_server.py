@@ -172,6 +172,8 @@ def test_attach_to_a_live_server_under_load_in_both_languages(app, server):
     assert app.button(key="server_disconnect").disabled
 
     attach(app, server.url)  # again, then leave for a local run: the feed goes with the source
+    # drawn on Connect: the server's history replay is in the very rerun that the click made
+    assert len(titles(app)) == SERVER_FIGURES and status_step(app) == server.engine.traces[-1].step
     tick_until(app, lambda: feed(app).state == "connected", what="connected again")
     the_feed = feed(app)
     app.radio(key="source_en").set_value("local").run()
