@@ -2,6 +2,7 @@
 
     streamlit run app.py
 
+Two pages in the sidebar (``st.navigation``): "Scheduler", this file's ``main``, and "Fleet", ``pages/Fleet.py``.
 The sidebar's source is either a local run or a live server: ``python -m minengine serve`` attached by URL, its
 step feed read by ``minengine.viz.server_feed.ServerFeed`` (a background thread owned by this session) and
 animated by the same ``LivePlayer`` and figure builders.
@@ -60,13 +61,14 @@ from minengine.viz.clock_label import (
 )
 from minengine.viz.compare import ab_request_figure, ab_work_sentence, share_y_range
 from minengine.viz.i18n import t
-from minengine.viz.kernel_note import kernel_note, kernel_state
+from minengine.viz.kernel_note import IN_PROGRESS, kernel_note, kernel_state
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
 from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
 from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
 from minengine.viz.step_story import step_sentence, step_sentences
 from minengine.viz.timeline_figures import AUTO_STALL_FACTOR
 from minengine.viz.workload import Workload
+from minengine.viz.workload_figure import workload_figure
 from minengine.workloads import azure_conv_path, find_data_dir, load_azure_trace, parse_azure_csv
 
 LIVE_MIN_STEPS = 40  # the live batch bars start on a 40-step axis (it widens as the run goes on)
@@ -78,10 +80,13 @@ SERVER_WINDOW = 100  # the default: ~0.3 s of steps at ~8 ms each (bundled model
 SERVER_TICK_S = 2.0  # a live server's view redraws seven figures (~0.5 s of plotly on a busy 2-core machine)
 SERVER_IDLE_TICK_S = 6.0  # ... every 6 s once no step came for SERVER_IDLE_AFTER_S (an idle server: ~1/3 the CPU)
 SERVER_IDLE_AFTER_S = 10.0
+SERVER_CONNECT_WAIT_S = 2.0  # Connect waits this long at most for the server's first steps, to draw them at once
+SERVER_FIRST_TICK_S = 0.5  # ... and until a first step came, the view looks again this often
 PREEMPTION_MODES = ("recompute", "swap")
 KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
 QUANTIZATIONS = (None, "int8")  # EngineConfig.quantization (weight-only int8)
 LIVE_STORY_STEPS = 4  # the live view's last few steps in words
+KERNEL_NOTE_TICK_S = 1.0  # the kernel note's seconds count up while it compiles, and it goes once it is ready
 
 
 # ---- cached heavy work ---------------------------------------------------------------------------------------
@@ -301,6 +306,21 @@ def show_kernel_note(lang: str) -> None:
         getattr(st, kind)(text)
 
 
+def kernel_note_view(lang: str) -> None:
+    """``show_kernel_note`` below a finished run: while the kernel is still on its way, a fragment redraws the
+    line every ``KERNEL_NOTE_TICK_S`` (its seconds count up) and, once it is ready or fell back, reruns the page
+    once so the line goes and the timer stops."""
+    in_progress = kernel_state().state in IN_PROGRESS
+
+    @st.fragment(run_every=KERNEL_NOTE_TICK_S if in_progress else None)
+    def note() -> None:
+        if in_progress and kernel_state().state not in IN_PROGRESS:
+            st.rerun()  # the whole page: the fragment is registered again without a timer
+        show_kernel_note(lang)
+
+    note()
+
+
 def draw_live(player: LivePlayer, lang: str) -> None:
     show_kernel_note(lang)
     traces = player.traces
@@ -310,9 +330,11 @@ def draw_live(player: LivePlayer, lang: str) -> None:
         return
     last = traces[-1]
     state = t("live_paused", lang) if player.paused else t("live_running", lang)
+    clock = clock_label(run.config.clock, lang)
     st.markdown(t("live_status", lang).format(state=state, step=last.step, finished=run.num_finished,
                                               total=run.num_requests, time_s=last.end_time - traces[0].start_time,
-                                              clock=clock_label(run.config.clock, lang)))
+                                              clock=clock))
+    played_speed_note(player, lang, clock)
     left, right = st.columns(2)
     with left:
         st.plotly_chart(block_pool_figure(last, lang, request_ids=run_request_ids(traces)), key="live_pool")
@@ -322,6 +344,21 @@ def draw_live(player: LivePlayer, lang: str) -> None:
     st.plotly_chart(step_token_timeline_figure(traces, lang, clock_label(run.config.clock, lang)),
                     key="live_timeline")
     st.caption(t("cap_live", lang))
+
+
+def played_speed_note(player: LivePlayer, lang: str, clock: str) -> None:
+    """The speed the live view really plays (``LivePlayer.played_speed``, measured from its own ticks) beside the
+    asked one; a warning saying why when a busy machine makes it drop steps (``LivePlayer.falls_short``)."""
+    played = player.played_speed
+    if played is None or player.paused:
+        return
+    asked = player.speed
+    if player.falls_short:
+        st.warning(t("live_busy", lang).format(played=played, asked=asked, clock=clock))
+    elif asked:
+        st.caption(t("live_played", lang).format(played=played, asked=asked))
+    else:
+        st.caption(t("live_played_full", lang).format(played=played))
 
 
 # ---- views ----------------------------------------------------------------------------------------------------
@@ -522,6 +559,7 @@ def connect_server(url: str, window: int) -> None:
         return
     st.session_state.pop("server_error", None)
     st.session_state["server_player"] = LivePlayer(feed.start(), speed=0, keep=max(SERVER_WINDOWS))
+    feed.wait_first_step(SERVER_CONNECT_WAIT_S)  # its history replay: the rerun after this click draws it
 
 
 def disconnect_server() -> None:
@@ -576,13 +614,16 @@ def server_live_view(player: LivePlayer, lang: str, window: int) -> None:
             st.button(t("live_pause", lang), key="server_pause", on_click=player.pause)
 
     idle = st.session_state.get("server_idle", False)
-    tick_s = SERVER_IDLE_TICK_S if idle else SERVER_TICK_S
+    if live and not player.paused and not player.traces:
+        player.tick()  # steps that came on Connect (the history replay) are drawn in this very rerun
+    first = not player.traces  # no step yet: look often, so the first figures come right after the first step
+    tick_s = SERVER_FIRST_TICK_S if first else SERVER_IDLE_TICK_S if idle else SERVER_TICK_S
 
     @st.fragment(run_every=tick_s if live and not player.paused else None)
     def frame() -> None:
         new = player.tick()
-        if live and feed.done:
-            st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause)
+        if live and (feed.done or (first and player.traces)):
+            st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause), or the tick's interval
         # the redraw rate follows the traffic: back to SERVER_TICK_S at the first new step, slower when quiet
         now = time.monotonic()
         if new or "server_last_new" not in st.session_state:
@@ -742,6 +783,8 @@ def main() -> None:
         start_run(config, workload, speed, lang)
     if "submitted" not in st.session_state:
         st.write(t("press_run", lang))
+        if workload is not None:  # the run's own requests, and the browser loads plotly before the live view
+            st.plotly_chart(workload_figure(workload, lang), key="workload")
         return
     if st.session_state["submitted"] != (config, workload):
         st.warning(t("stale_run", lang))
@@ -772,7 +815,7 @@ def main() -> None:
     st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces), clock=clock))
     if res.budget_raised:
         st.info(t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget))
-    show_kernel_note(lang)  # a fallback to the torch path stays true after the run
+    kernel_note_view(lang)  # a compile still going on counts up; a fallback to the torch path stays true
 
     # 0 = auto, from the run on screen; the A/B tab uses the same threshold for both of its runs
     threshold_s = threshold_ms / 1000 if threshold_ms > 0 else auto_stall_threshold(res.request_metrics)
@@ -789,4 +832,7 @@ def main() -> None:
         ab_view(config, workload, lang, threshold_s, workload.name)
 
 
-main()
+# The sidebar's page list names what each page shows (a plain pages/ folder would list this file as "app"); a URL
+# keeps working as before: the scheduler at /, the fleet at /Fleet.
+PAGES = [st.Page(main, title="Scheduler", default=True), st.Page("pages/Fleet.py", title="Fleet")]
+st.navigation(PAGES).run()

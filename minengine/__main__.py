@@ -78,6 +78,29 @@ def _config(a: argparse.Namespace) -> EngineConfig:
     return EngineArgs.from_cli_args(a).create_engine_config()
 
 
+PROMPT_TAIL_CHARS = 200  # `run` shows this much of a prompt's end before its completion
+
+
+def prompt_tail(prompt: str, max_chars: int = PROMPT_TAIL_CHARS) -> str:
+    """The end of ``prompt`` in at most ``max_chars`` characters plus a leading "…" when cut. The cut falls on a
+    word boundary (the first whitespace inside the kept part), so the text never starts mid-word; a kept part with
+    no whitespace at all is cut where it is.
+
+    Raises:
+        ValueError: ``max_chars`` < 1.
+    """
+    if max_chars < 1:
+        raise ValueError(f"max_chars must be >= 1, got {max_chars!r}")
+    if len(prompt) <= max_chars:
+        return prompt
+    kept = prompt[-max_chars:]
+    if not prompt[-max_chars - 1].isspace():  # the cut is inside a word: start at the next word
+        words = kept.split(maxsplit=1)
+        if len(words) == 2 and not kept[0].isspace():
+            kept = kept[len(kept) - len(words[1]):]
+    return "…" + kept.lstrip()
+
+
 def cmd_run(a: argparse.Namespace) -> None:
     from tqdm.auto import tqdm
 
@@ -121,7 +144,7 @@ def cmd_run(a: argparse.Namespace) -> None:
         print(f"\n--- request {rid} ({len(out.prompt_token_ids)} prompt tokens, "
               f"{len(out.outputs[0].token_ids)} generated, finish: {out.outputs[0].finish_reason}) ---")
         bold, plain = ("\033[1m", "\033[0m") if sys.stdout.isatty() else ("", "")  # highlight the completion
-        print((out.prompt or "")[-200:] + bold + out.outputs[0].text + plain)
+        print(prompt_tail(out.prompt or "") + bold + out.outputs[0].text + plain)
     print("\n" + engine.summary().as_table())
 
 

@@ -14,3 +14,5 @@ fi
 # newer one is already installed, so a new machine and an old one test the same libraries
 "$PY" -m pip install --quiet -c constraints.txt -r requirements.txt
 "$PY" -m pip install --quiet --no-deps -e .
+# The course's JupyterLab stays offline: no news / update-check pop-up reaching for the internet
+"$PY" scripts/jupyter_offline.py

@@ -25,6 +25,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from minengine.viz import presets  # noqa: E402
 from minengine.workloads import azure_conv_path, find_data_dir  # noqa: E402
 from tests.dashboard_model import dashboard_model  # noqa: E402
+from tests.streamlit_colors import rewritten_colors  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 # block pool, block tables, animation | batch | timeline, ITL | queue, KV, CDF | TTFT, TBT per request, 2 x (ITL,
@@ -45,8 +46,11 @@ def app(monkeypatch):
 
 
 def figure_titles(at: AppTest) -> list[str]:
+    """The titles of every figure on the page; each figure is also checked for a colour that Streamlit's frontend
+    would repaint (``tests/streamlit_colors.py``)."""
     titles = []
     for chart in at.get("plotly_chart"):
+        assert rewritten_colors(chart.proto.spec) == [], chart.proto.spec[:200]
         title = json.loads(chart.proto.spec)["layout"].get("title", {})
         titles.append(title.get("text", "") if isinstance(title, dict) else str(title))
     return titles
@@ -165,6 +169,18 @@ def test_every_preset_in_both_languages(app, preset):
     assert sorted(m_zh.values()) == sorted(m.values())
     assert any("第 0 步：" in md.value for md in app.markdown)
     assert app.radio(key=f"ab_knob_{preset}_zh").value == presets.PRESET_COMPARISON[preset]
+
+
+def test_the_page_draws_the_workload_before_run(app):
+    """Before Run the page already draws a figure: the chosen preset's requests (its plotly code loads in the
+    browser then, not when the live view's first step comes)."""
+    for preset, lang in (("c", "en"), ("b", "zh")):
+        app.radio(key="lang").set_value(lang).run()
+        app.selectbox(key=f"preset_{lang}").set_value(preset).run()
+        assert not app.exception
+        titles = figure_titles(app)
+        n = EXPECTED_REQUESTS[preset]
+        assert len(titles) == 1 and (f"{n} requests" in titles[0] or f"{n} 个请求" in titles[0]), titles
 
 
 def step_slider(at: AppTest):
@@ -454,9 +470,9 @@ def test_live_run_says_while_the_cpu_kernel_builds(app, monkeypatch):
     choose(app, "c")
     app.select_slider(key="live_speed_en").set_value(1).run()
     start(app)
-    assert any(c.value.startswith("Building the CPU attention kernel (once, ~10 s)") for c in app.info)
+    assert any(c.value.startswith("Compiling the CPU attention kernel (3 s so far") for c in app.info)
     app.radio(key="lang").set_value("zh").run()
-    assert any(c.value.startswith("正在构建 CPU 注意力内核") for c in app.info)
+    assert any(c.value.startswith("正在编译 CPU 注意力内核") for c in app.info)
     app.radio(key="lang").set_value("en").run()
     status_is(cpu_attention.KernelState.FALLBACK, reason="no g++", seconds=4.0)
     app.button(key="live_finish").click().run()

@@ -25,6 +25,7 @@ from minengine.viz.server_feed import short_request_id  # noqa: E402
 from scripts.live_server_screenshot import ClientLoad  # noqa: E402
 from tests.canned_server import ENGINE, CannedServer, chunk, http_head, sse, step_dict  # noqa: E402
 from tests.server_helpers import free_socket, running_server  # noqa: E402
+from tests.streamlit_colors import rewritten_colors  # noqa: E402
 
 APP = Path(__file__).resolve().parents[1] / "app.py"
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -68,8 +69,10 @@ def status_step(at: AppTest) -> int:
 
 
 def titles(at: AppTest) -> list[str]:
+    """Every chart's title; each chart is also checked for a colour Streamlit's frontend would repaint."""
     out = []
     for c in at.get("plotly_chart"):
+        assert rewritten_colors(c.proto.spec) == [], c.proto.spec[:200]
         title = json.loads(c.proto.spec)["layout"].get("title", {})
         out.append(title.get("text", "") if isinstance(title, dict) else str(title))
     return out
@@ -169,6 +172,8 @@ def test_attach_to_a_live_server_under_load_in_both_languages(app, server):
     assert app.button(key="server_disconnect").disabled
 
     attach(app, server.url)  # again, then leave for a local run: the feed goes with the source
+    # drawn on Connect: the server's history replay is in the very rerun that the click made
+    assert len(titles(app)) == SERVER_FIGURES and status_step(app) == server.engine.traces[-1].step
     tick_until(app, lambda: feed(app).state == "connected", what="connected again")
     the_feed = feed(app)
     app.radio(key="source_en").set_value("local").run()

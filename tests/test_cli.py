@@ -5,6 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minengine.__main__ import prompt_tail
+
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minengine", *args], capture_output=True, text=True, timeout=600)
@@ -49,3 +55,34 @@ def test_speculative_config_flag(bundled_model):
                       ("{nope", "speculative-config")):
         p = run("generate", "ROMEO:", "--speculative-config", bad)
         assert p.returncode == 2 and text in p.stderr and "Traceback" not in p.stderr, (bad, p.stderr)
+
+
+@settings(max_examples=300, deadline=None)
+@given(words=st.lists(st.text(alphabet="abcdeé漢", min_size=1, max_size=30), max_size=60),
+       seps=st.lists(st.sampled_from([" ", "\n", "  ", "\t"]), min_size=60, max_size=60),
+       max_chars=st.integers(1, 250))
+def test_a_prompt_tail_is_cut_at_a_word_boundary(words, seps, max_chars):
+    """``run`` prints a long prompt's end from a word's start, after an ellipsis, never longer than asked."""
+    prompt = "".join(w + s for w, s in zip(words, seps)).rstrip()
+    tail = prompt_tail(prompt, max_chars)
+    if len(prompt) <= max_chars:
+        assert tail == prompt
+        return
+    assert tail.startswith("…") and len(tail) <= max_chars + 1
+    body = tail[1:]
+    assert prompt.endswith(body) and body == body.lstrip()
+    start = len(prompt) - len(body)
+    fits_a_word = any(c.isspace() for c in prompt[-max_chars:].strip())
+    if fits_a_word and body:  # the kept text starts a word: the character before it is whitespace
+        assert prompt[start - 1].isspace()
+
+
+def test_a_prompt_tail_examples():
+    assert prompt_tail("to be or not to be", 9) == "…not to be"
+    assert prompt_tail("to be or not to be", 10) == "…not to be"
+    assert prompt_tail("to be or not to be", 11) == "…not to be"
+    assert prompt_tail("to be or not to be", 12) == "…or not to be"
+    assert prompt_tail("x" * 300, 200) == "…" + "x" * 200
+    assert prompt_tail("short", 200) == "short"
+    with pytest.raises(ValueError, match="max_chars"):
+        prompt_tail("abc", 0)

@@ -14,6 +14,8 @@ pytest.importorskip("plotly")
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
+from tests.streamlit_colors import rewritten_colors  # noqa: E402
+
 PAGE = Path(__file__).resolve().parents[1] / "pages" / "Fleet.py"
 
 
@@ -28,6 +30,9 @@ def page():
 
 
 def chart_titles(at: AppTest) -> list[str]:
+    """Every chart's title; each chart is also checked for a colour Streamlit's frontend would repaint."""
+    for c in at.get("plotly_chart"):
+        assert rewritten_colors(c.proto.spec) == [], c.proto.spec[:200]
     return [json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart")]
 
 

@@ -108,3 +108,22 @@ def pressure_traces():
                                        model=dashboard_model()), presets.memory_pressure(6, 32, 32))
     assert any(tr.preempted_ids for tr in res.traces)
     return res.traces
+
+
+@settings(max_examples=60, deadline=None)
+@given(preempted=st.lists(st.sampled_from([f"r{i}" for i in range(12)]), unique=True, min_size=1, max_size=6),
+       out_blocks=st.sampled_from([0, 1, 2, 37]), in_blocks=st.sampled_from([0, 1, 5]))
+def test_preemption_words_agree_with_how_many(preempted, out_blocks, in_blocks):
+    """One request preempted: "its K/V"; several: "their K/V" (and 它们的 in Chinese); one block is "1 block"."""
+    en = step_sentence(step(3, [], preempted=preempted, out_blocks=out_blocks, in_blocks=in_blocks), "en")
+    zh = step_sentence(step(3, [], preempted=preempted, out_blocks=out_blocks, in_blocks=in_blocks), "zh")
+    one = len(preempted) == 1
+    if out_blocks == 0:
+        assert ("its K/V" in en) == one and ("their K/V" in en) == (not one)
+        assert ("其 K/V" in zh) == one and ("它们的 K/V" in zh) == (not one)
+    else:
+        assert "K/V" not in en and "K/V" not in zh
+    for n, what in ((out_blocks, "swapped out"), (in_blocks, "swapped back in")):
+        if n:
+            assert (f"{n} block {what}" if n == 1 else f"{n} blocks {what}") in en
+    assert not re.search(r"\b1 blocks\b", en)

@@ -12,6 +12,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 pytest.importorskip("plotly")
 
@@ -22,7 +24,14 @@ from minengine.timing import ClockSpec  # noqa: E402
 from minengine.viz import i18n, presets  # noqa: E402
 from minengine.viz.clock_label import clock_label  # noqa: E402
 from minengine.viz.colors import REQUEST_PALETTE, SHARED_COLOR  # noqa: E402
-from minengine.viz.live import LivePlayer, trace_from_dict  # noqa: E402
+from minengine.viz.live import (  # noqa: E402
+    MEASURE_MIN_S,
+    MEASURE_WINDOW_S,
+    SPEEDS,
+    TICK_S,
+    LivePlayer,
+    trace_from_dict,
+)
 from minengine.viz.runner import DashboardConfig, WorkloadRun, run_workload  # noqa: E402
 from minengine.viz.workload import Workload, WorkloadRequest  # noqa: E402
 from tests.dashboard_model import dashboard_model  # noqa: E402
@@ -583,6 +592,69 @@ def test_live_player_paces_pauses_resumes_and_finishes():
     other = LivePlayer(_FakeStream(7), timer=lambda: now[0])
     other.finish()
     assert other.done and len(other.traces) == 7
+
+
+class _CostlyStream(_FakeStream):
+    """Steps that take ``cost_s`` seconds each on the fake clock ``now``: a poll stops once its budget is spent
+    (at least one step), as ``WorkloadRun.poll`` does."""
+
+    def __init__(self, n, now, cost_s):
+        super().__init__(n)
+        self.now, self.cost_s = now, cost_s
+
+    def poll(self, max_steps, budget_s=math.inf):
+        deadline, out = self.now[0] + budget_s, []
+        while len(out) < max_steps and not self.done:
+            out += super().poll(1)
+            self.now[0] += self.cost_s
+            if self.now[0] >= deadline:
+                break
+        return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(speed=hst.sampled_from([s for s in SPEEDS if s]), cost_s=hst.sampled_from([0.0, 0.01, 0.05, 0.2, 0.6]),
+       gap_s=hst.sampled_from([0.1, 0.4, 0.9, 2.5]), num_ticks=hst.integers(2, 12))
+def test_live_player_reports_the_speed_it_really_plays(speed, cost_s, gap_s, num_ticks):
+    """The played speed is the measured ticks' steps over the real time between them, whatever slows the ticks
+    (steps that cost real time, a page that ticks late); it is said to fall short exactly when steps were
+    dropped, and surely when it plays below 90 % by more than one tick's rounding."""
+    now = [0.0]
+    player = LivePlayer(_CostlyStream(10_000, now, cost_s), speed=speed, timer=lambda: now[0])
+    starts, counts = [], []
+    for _ in range(num_ticks):
+        starts.append(now[0])
+        counts.append(len(player.tick()))
+        now[0] += gap_s
+    elapsed = starts[-1] - starts[0]
+    if elapsed < MEASURE_MIN_S:
+        assert player.played_speed is None and not player.falls_short
+        return
+    if elapsed - (starts[1] - starts[0]) >= MEASURE_WINDOW_S:
+        return  # older ticks left the window; the window's own arithmetic is covered by the case below
+    played = sum(counts[1:]) / elapsed
+    assert player.played_speed == pytest.approx(played)
+    fast = cost_s * speed <= 0.5 and gap_s <= 4 * TICK_S  # every owed step fits its tick's budget, none is late
+    if fast:
+        assert not player.falls_short
+    if played < 0.9 * speed - 1 / elapsed:
+        assert player.falls_short
+    player.speed = 0
+    assert player.played_speed is None and not player.falls_short  # a new speed is measured afresh
+
+
+def test_live_player_measures_the_last_seconds_only():
+    now = [0.0]
+    player = LivePlayer(_CostlyStream(10_000, now, 0.0), speed=10, timer=lambda: now[0])
+    for _ in range(20):  # 8 s at full pace
+        player.tick()
+        now[0] += 0.4
+    assert player.played_speed == pytest.approx(10, rel=0.05) and not player.falls_short
+    player.stream.cost_s = 0.2  # the machine gets busy: each step now takes 0.2 s of the 0.5 s budget
+    for _ in range(20):
+        player.tick()
+        now[0] += 0.4
+    assert player.played_speed < 5 and player.falls_short
 
 
 class _SlowStream(_FakeStream):

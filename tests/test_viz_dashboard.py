@@ -27,8 +27,10 @@ def test_kernel_note_says_what_the_engine_waits_for(lang):
     KS = kernel_note.KernelState
     assert kernel_note.kernel_note(KS("ready"), lang) is None
     assert kernel_note.kernel_note(KS("not_started"), lang) is None
-    kind, text = kernel_note.kernel_note(KS("building", seconds=3.0), lang)
-    assert kind == "info" and ("Building the CPU attention kernel" in text or "正在构建" in text)
+    for seconds in (3.0, 104.4):  # it says how long it has compiled so far, and promises no duration
+        kind, text = kernel_note.kernel_note(KS("building", seconds=seconds), lang)
+        assert kind == "info" and ("Compiling the CPU attention kernel" in text or "正在编译" in text)
+        assert f"{seconds:.0f} " in text and "~" not in text and "约" not in text
     kind, text = kernel_note.kernel_note(KS("waiting", seconds=42.4), lang)
     assert kind == "info" and "42" in text
     kind, text = kernel_note.kernel_note(KS("fallback", reason="TimeoutError: stuck"), lang)
@@ -189,3 +191,24 @@ def test_trace_speedup_divides_the_arrival_times():
     for bad in (0, -1, float("inf")):
         with pytest.raises(ValueError, match="speedup"):
             presets.from_trace(trace, 1 / 8, speedup=bad)
+
+
+# ---- the workload before it runs -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize("make", [presets.textbook_long_prompt, presets.shared_system_prompt, presets.memory_pressure,
+                                  presets.speculative_decoding, lambda: presets.custom(12, (8, 64), (4, 16), 20.0)])
+def test_workload_figure_shows_each_request_s_tokens_in_arrival_order(make, lang):
+    from minengine.viz.workload_figure import workload_figure
+    from tests.streamlit_colors import rewritten_colors
+
+    wl = make()
+    fig = workload_figure(wl, lang)
+    prompt, output = fig.data
+    by_id = {r.request_id: r for r in wl.requests}
+    assert sorted(prompt.x) == sorted(by_id) and list(prompt.x) == list(output.x)
+    assert list(prompt.y) == [by_id[i].prompt_len for i in prompt.x]
+    assert list(output.y) == [by_id[i].max_tokens for i in output.x]
+    order = [(by_id[i].arrival_step is None, by_id[i].arrival_step or 0, by_id[i].arrival_time) for i in prompt.x]
+    assert order == sorted(order)
+    assert str(len(wl.requests)) in fig.layout.title.text
+    assert rewritten_colors(fig.to_plotly_json()) == []

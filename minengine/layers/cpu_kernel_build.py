@@ -325,8 +325,8 @@ class KernelStatus:
 
     @property
     def message(self) -> str:
-        """One line for a person (English), e.g. "building the CPU attention kernel (once, ~10 s); the torch
-        attention path runs meanwhile"."""
+        """One line for a person (English), e.g. "compiling the CPU attention kernel (12 s so far; once per machine
+        and environment); the torch attention path runs meanwhile"."""
         meanwhile = "the torch attention path runs meanwhile"
         if self.state is KernelState.NOT_STARTED:
             return "the CPU attention kernel is not started"
@@ -336,7 +336,9 @@ class KernelStatus:
             return (f"waiting for another process to finish building the CPU attention kernel ({self.seconds:.0f} s "
                     f"so far); {meanwhile}")
         if self.state is KernelState.BUILDING:
-            return f"building the CPU attention kernel (once, ~10 s); {meanwhile}"
+            # no promised duration: a compile takes several times longer on a busy machine
+            return (f"compiling the CPU attention kernel ({self.seconds:.0f} s so far; once per machine and "
+                    f"environment); {meanwhile}")
         if self.state is KernelState.READY:
             how = "switched to it from the torch path" if self.in_background else "cached build"
             return f"CPU attention kernel ready after {self.seconds:.1f} s ({how})"

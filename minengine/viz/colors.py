@@ -57,6 +57,27 @@ def request_color(request_id: str) -> str:
     return REQUEST_PALETTE[half + zlib.crc32(request_id.encode()) % (len(REQUEST_PALETTE) - half)]
 
 
+# Streamlit's plotly frontend replaces #000001 ... #000010 anywhere in a figure's JSON with its categorical palette
+# (placeholders for its theme), so Magma's black #000004 would paint an empty queue pink. Near-blacks stay clear of
+# #0000[01][0-9], one step wider than that set.
+_REPAINTED_BY_STREAMLIT = re.compile(r"^#0000[01][0-9]$", re.IGNORECASE)
+
+
+def streamlit_safe_colorscale(name: str) -> list[list]:
+    """Plotly's named colorscale ``name`` (e.g. "Magma") as [position, "#rrggbb"] pairs, with any colour that
+    Streamlit's frontend repaints (``#0000bb`` for bb in 00-19) raised to ``#0101bb``: the same near-black to the eye.
+
+    Raises:
+        plotly.exceptions.PlotlyError: an unknown colorscale name.
+    """
+    scale = []
+    for pos, colour in plotly.colors.get_colorscale(name):
+        if colour.startswith("rgb"):  # some of plotly's scales (Greys, Blues) are written as rgb(r, g, b)
+            colour = "#{:02x}{:02x}{:02x}".format(*(round(v) for v in plotly.colors.unlabel_rgb(colour)))
+        scale.append([pos, "#0101" + colour[5:] if _REPAINTED_BY_STREAMLIT.match(colour) else colour])
+    return scale
+
+
 def discrete_colorscale(colors: list[str]) -> list[list]:
     """A Plotly colorscale that paints integer z = i in ``colors[i]`` when used with
     ``zmin=-0.5, zmax=len(colors) - 0.5`` (each colour owns one equal band)."""

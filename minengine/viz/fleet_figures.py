@@ -11,6 +11,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from minengine.viz.colors import streamlit_safe_colorscale
 from minengine.viz.i18n import LANGUAGES
 
 _STRINGS: dict[str, tuple[str, str]] = {
@@ -243,7 +244,7 @@ def fleet_lanes_figure(result, metric: str = "kv", lang: str = "en", num_bins: i
         # counts from 0 to at least 1: an all-zero queue is drawn as 0 (black), not as the middle of a -0.5..0.5 scale
         zmax, bar_title = max(1.0, peak), what
     fig = go.Figure(go.Heatmap(
-        z=z, x=grid, y=names, colorscale="Viridis" if metric == "kv" else "Magma",
+        z=z, x=grid, y=names, colorscale="Viridis" if metric == "kv" else streamlit_safe_colorscale("Magma"),
         zmin=0, zmax=zmax, colorbar={"title": bar_title},
         hovertemplate="%{y} · %{x:.1f} s<br>%{z:.0f}<extra></extra>"))
     fig.update_layout(title=ft("lanes_title", lang).format(what=what, label=label),

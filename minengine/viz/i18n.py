@@ -121,9 +121,12 @@ _STRINGS: dict[str, tuple[str, str]] = {
                         "{rid} 在前缀缓存命中 {cached:,} 词元之后的一个 {tokens:,} 词元分块"),
     "story_admitted": ("{ids} admitted", "{ids} 被准入"),
     "story_preempted": ("{ids} preempted (no free block; {why})", "{ids} 被抢占（没有空闲块；{why}）"),
-    "story_recompute": ("its K/V to be recomputed", "其 K/V 之后重算"),
+    "story_recompute": ("its K/V to be recomputed", "其 K/V 之后重算"),  # one request preempted
+    "story_recompute_many": ("their K/V to be recomputed", "它们的 K/V 之后重算"),  # two or more
     "story_swapped_out": ("{blocks:,} blocks swapped out to the CPU", "{blocks:,} 个块换出到 CPU"),
+    "story_swapped_out_one": ("1 block swapped out to the CPU", "1 个块换出到 CPU"),
     "story_swapped_in": ("{blocks:,} blocks swapped back in", "{blocks:,} 个块换回"),
+    "story_swapped_in_one": ("1 block swapped back in", "1 个块换回"),
     "story_finished": ("{ids} finished", "{ids} 完成"),
     "story_timed_out": ("{ids} timed out", "{ids} 超时"),
     "story_waiting": ("{n} waiting", "{n} 个等待"),
@@ -209,12 +212,21 @@ _STRINGS: dict[str, tuple[str, str]] = {
                         "停顿阈值（毫秒；0 = 本次运行词元间延迟中位数的 {k:g} 倍）"),
     "run": ("Run", "运行"),
     "press_run": ("Choose a workload and press Run.", "选择负载并点击“运行”。"),
+    "wl_title": ("The workload: {n} requests, before they run", "负载：{n} 个请求（运行之前）"),
+    "wl_prompt": ("prompt tokens", "提示词元"),
+    "wl_output": ("output tokens (max_tokens)", "输出词元（max_tokens）"),
+    "wl_request": ("request (in arrival order)", "请求（按到达顺序）"),
+    "wl_tokens": ("tokens", "词元"),
+    "wl_arrives_s": ("arrives at {s:.3f} s", "于 {s:.3f} 秒到达"),
+    "wl_arrives_step": ("arrives before step {step}", "于第 {step} 步之前到达"),
     "stale_run": ("The controls changed since this run: press Run to run the new settings.",
                   "本次运行之后控件已更改：点击“运行”以运行新的设置。"),
     "running_engine": ("Running the engine…", "正在运行引擎…"),
     "loading_engine": ("Loading the model and building the engine…", "正在加载模型并构建引擎…"),
-    "kernel_building": ("Building the CPU attention kernel (once, ~10 s); the torch attention path runs meanwhile.",
-                        "正在构建 CPU 注意力内核（仅首次，约 10 秒）；其间使用 torch 注意力路径。"),
+    "kernel_building": ("Compiling the CPU attention kernel ({seconds:.0f} s so far; once per machine, slower while "
+                        "the machine is busy); the torch attention path runs meanwhile.",
+                        "正在编译 CPU 注意力内核（已用 {seconds:.0f} 秒；每台机器只编译一次，机器繁忙时更慢）；"
+                        "其间使用 torch 注意力路径。"),
     "kernel_waiting": ("Waiting for another process to finish building the CPU attention kernel ({seconds:.0f} s so "
                        "far); the torch attention path runs meanwhile.",
                        "正在等待另一个进程构建完 CPU 注意力内核（已等 {seconds:.0f} 秒）；其间使用 torch 注意力路径。"),
@@ -225,10 +237,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
                    "runs.", "CPU 注意力内核已关闭（MINENGINE_CPU_KERNEL=0）：使用 torch 注意力路径。"),
     "kernel_reason_in_log": ("its build failed; the reason is in the server's log", "其构建失败；原因见服务器日志"),
     "loading_engine_kernel": ("Loading the model and building the engine; the first engine of this process also "
-                              "builds or loads the CPU attention kernel (a compile of ~10 s the first time on this "
-                              "machine)…",
-                              "正在加载模型并构建引擎；本进程的第一个引擎还要构建或加载 CPU 注意力内核"
-                              "（本机第一次需编译约 10 秒）…"),
+                              "loads the CPU attention kernel, or starts compiling it in the background…",
+                              "正在加载模型并构建引擎；本进程的第一个引擎还要加载 CPU 注意力内核，或在后台开始编译它…"),
     "live_pause": ("❚❚ Pause", "❚❚ 暂停"),
     "live_resume": ("▶ Resume", "▶ 继续"),
     "finish_now": ("Finish now", "立即完成"),
@@ -238,6 +248,14 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "live_running": ("running", "运行中"),
     "live_paused": ("paused", "已暂停"),
     "live_waiting": ("Waiting for the first step…", "等待第一步…"),
+    "live_played": ("Playing {played:.1f} steps/s ({asked:g} asked).",
+                    "实际播放每秒 {played:.1f} 步（设定 {asked:g}）。"),
+    "live_played_full": ("Playing {played:.1f} steps/s (full speed).", "实际播放每秒 {played:.1f} 步（全速）。"),
+    "live_busy": ("This machine is busy: the live view plays {played:.1f} steps/s of the {asked:g} asked (each "
+                  "redraw can take only the steps that fit its time). The run is the same, only slower to watch: its "
+                  "times are on its own clock ({clock}).",
+                  "本机繁忙：实时视图实际每秒播放 {played:.1f} 步，设定为 {asked:g} 步（每次重绘只能取其时间内"
+                  "来得及的步骤）。运行本身不变，只是看起来更慢：它的时间记在它自己的时钟上（{clock}）。"),
     "live_status": ("**Live, {state}:** step {step}, {finished} of {total} requests finished, {time_s:.3f} s on "
                     "the clock ({clock}).", "**实时，{state}：** 第 {step} 步，已完成 {finished} / {total} 个请求，"
                     "时钟（{clock}）{time_s:.3f} 秒。"),

@@ -13,6 +13,7 @@ from minengine.layers import cpu_attention
 from minengine.viz.i18n import t
 
 STATES = ("not_started", "loading", "waiting", "building", "ready", "fallback", "off")
+IN_PROGRESS = ("loading", "waiting", "building")  # states that change by themselves: a page redraws the note
 
 
 @dataclass(frozen=True)

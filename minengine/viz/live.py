@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
@@ -24,6 +25,9 @@ from minengine.metrics.trace import ScheduledChunk, StepTrace
 SPEEDS = (1, 2, 5, 10, 20, 50, 0)  # steps per second; 0 = as fast as the engine runs
 DEFAULT_SPEED = 10
 TICK_S = 0.4  # seconds between two redraws of a live view (each redraws three figures: gentle on 2 cores)
+MEASURE_MIN_S = 1.0  # the played speed is reported once this much real time of ticks backs it
+MEASURE_WINDOW_S = 5.0  # ... over the ticks of about the last 5 s (a machine can get busy mid-run)
+SHORT_FRACTION = 0.9  # more than 10 % of the asked steps dropped: the view says it plays slower
 
 
 @runtime_checkable
@@ -68,6 +72,7 @@ class LivePlayer:
         self._credit = 1.0  # steps owed: the first tick shows a step at once
         self._last: float | None = None
         self._lock = threading.Lock()  # one caller at a time polls the stream (see the module docstring)
+        self._speed = math.nan
         self.speed = speed
 
     @property
@@ -78,7 +83,41 @@ class LivePlayer:
     def speed(self, value: float) -> None:
         if not value >= 0:
             raise ValueError(f"speed must be >= 0 steps/s (0 = full speed), got {value!r}")
+        if float(value) != self._speed:
+            self._reset_measure()  # the played speed is measured at one asked speed
         self._speed = float(value)
+
+    def _reset_measure(self) -> None:
+        # (seconds since the previous tick, steps taken, steps owed but dropped) per tick, the latest last
+        self._measured: deque[tuple[float, int, float]] = deque()
+
+    def _measure(self, seconds: float, steps: int, dropped: float) -> None:
+        self._measured.append((seconds, steps, dropped))
+        while sum(s for s, _, _ in self._measured) - self._measured[0][0] >= MEASURE_WINDOW_S:
+            self._measured.popleft()
+
+    @property
+    def played_speed(self) -> float | None:
+        """Steps per second this player really took at the current ``speed``, from its own ticks of about the last
+        ``MEASURE_WINDOW_S`` seconds: their steps over the real time between them (each tick's steps over the time
+        since the tick before; pauses and the first tick after one are not counted). None until ticks spanning
+        ``MEASURE_MIN_S`` seconds back it."""
+        seconds = sum(s for s, _, _ in self._measured)
+        if seconds < MEASURE_MIN_S:
+            return None
+        return sum(n for _, n, _ in self._measured) / seconds
+
+    @property
+    def falls_short(self) -> bool:
+        """True when the player dropped more than ``1 - SHORT_FRACTION`` of the steps asked of it over the measured
+        ticks: steps owed that a tick's time budget could not take, or real time a late tick could not turn into
+        owed steps (more than ``4 * TICK_S`` since the previous one). Never at full speed (0) or once the stream
+        has ended. Counting drops, not comparing ``played_speed``, keeps a slow speed's rounding (one step every
+        few ticks) from reading as a shortfall."""
+        if self.played_speed is None or self._speed == 0 or self.done:
+            return False
+        asked = self._speed * sum(s for s, _, _ in self._measured)
+        return sum(d for _, _, d in self._measured) > (1 - SHORT_FRACTION) * asked
 
     @property
     def done(self) -> bool:
@@ -110,19 +149,23 @@ class LivePlayer:
         if self.paused or self.done:
             self._last = None
             return []
+        dropped = 0.0  # steps owed at the asked speed that this tick lets go
         if self._speed == 0:
             due = math.inf
         else:
             if self._last is not None:
                 # owed steps grow with real time, but never by more than one tick's worth after a slow tick
                 self._credit += min(now - self._last, 4 * TICK_S) * self._speed
+                dropped = max(0.0, now - self._last - 4 * TICK_S) * self._speed
             due = math.floor(self._credit)
-        self._last = now
-        if due < 1:
-            return []
-        new = self.stream.poll(due if math.isfinite(due) else 1 << 30, self.budget_s)
-        if math.isfinite(due):
+        previous, self._last = self._last, now
+        new = [] if due < 1 else self.stream.poll(due if math.isfinite(due) else 1 << 30, self.budget_s)
+        if due >= 1 and math.isfinite(due):
             self._credit -= due  # steps a budget-limited tick could not take are dropped, not owed
+            if not self.stream.done:
+                dropped += due - len(new)
+        if previous is not None:  # this tick's steps, over the real time since the previous tick began
+            self._measure(now - previous, len(new), dropped)
         self._append(new)
         return new
 

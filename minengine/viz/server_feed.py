@@ -198,6 +198,7 @@ class ServerFeed:
         self._pending: deque[StepTrace] = deque(maxlen=max_pending or None)
         self._lock = threading.RLock()
         self._stop = threading.Event()
+        self._news = threading.Event()  # set at the first step, or once the feed has failed or stopped
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._thread = threading.Thread(target=self._thread_main, name=f"minengine-feed {self.url}", daemon=True)
@@ -217,6 +218,7 @@ class ServerFeed:
             if self.stop_reason is None and self.state not in ("failed", "stopped"):
                 self.stop_reason = reason
             self._stop.set()
+            self._news.set()  # nothing more to wait for
             loop, task = self._loop, self._task
         if loop is not None and task is not None:
             try:
@@ -226,6 +228,18 @@ class ServerFeed:
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
+
+    def wait_first_step(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the first step (a server replays ``history`` steps at once after
+        its ``engine`` event), or for the feed to fail or stop; returns True if either came. A page that waits a
+        moment on Connect can draw the server's figures in that same rerun.
+
+        Raises:
+            ValueError: a negative ``timeout_s``.
+        """
+        if not timeout_s >= 0:
+            raise ValueError(f"timeout_s must be >= 0 seconds, got {timeout_s!r}")
+        return self._news.wait(timeout_s)
 
     @property
     def done(self) -> bool:
@@ -267,6 +281,7 @@ class ServerFeed:
             if self.state != "failed":
                 self.state = "stopped"
                 self.stop_reason = self.stop_reason or "disconnect"
+        self._news.set()
 
     def _fail(self, kind: str, detail: str) -> None:
         with self._lock:
@@ -275,6 +290,7 @@ class ServerFeed:
                 self.state = "failed"
             else:
                 self.state = "stopped"
+        self._news.set()
 
     async def _read(self) -> None:
         timeout = httpx.Timeout(connect=self.connect_timeout_s, read=self.idle_timeout_s, write=10.0, pool=10.0)
@@ -358,6 +374,7 @@ class ServerFeed:
             self.num_finished += len(trace.finished_ids)
             self.num_dropped = max(self.num_dropped, dropped)
             self.last_trace = trace
+        self._news.set()
 
     def _display_name(self, request_id: str) -> str:
         name = self._names.get(request_id)

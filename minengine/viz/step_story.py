@@ -25,6 +25,11 @@ def _ids(ids: Sequence[str], lang: str) -> str:
     return shown
 
 
+def _blocks(key: str, n: int, lang: str) -> str:
+    """A count of blocks in words, singular for one ("1 block swapped back in")."""
+    return t(f"{key}_one", lang) if n == 1 else t(key, lang).format(blocks=n)
+
+
 def _prefill(c: ScheduledChunk, admitted: bool, lang: str) -> str:
     """One prefill chunk in words: whole / chunk / last chunk, after a prefix-cache hit when it was admitted this
     step with tokens already computed."""
@@ -66,11 +71,13 @@ def step_sentence(tr: StepTrace, lang: str = "en") -> str:
     if tr.admitted_ids:
         parts.append(t("story_admitted", lang).format(ids=_ids(tr.admitted_ids, lang)))
     if tr.preempted_ids:
-        why = (t("story_swapped_out", lang).format(blocks=tr.num_swapped_out_blocks) if tr.num_swapped_out_blocks
-               else t("story_recompute", lang))
+        if tr.num_swapped_out_blocks:
+            why = _blocks("story_swapped_out", tr.num_swapped_out_blocks, lang)
+        else:  # "r3 ... its K/V", "r5, r4 ... their K/V"
+            why = t("story_recompute" if len(tr.preempted_ids) == 1 else "story_recompute_many", lang)
         parts.append(t("story_preempted", lang).format(ids=_ids(tr.preempted_ids, lang), why=why))
     if tr.num_swapped_in_blocks:
-        parts.append(t("story_swapped_in", lang).format(blocks=tr.num_swapped_in_blocks))
+        parts.append(_blocks("story_swapped_in", tr.num_swapped_in_blocks, lang))
     timed_out = [r for r in tr.timed_out_ids]
     finished = [r for r in tr.finished_ids if r not in set(timed_out)]
     if finished:
