@@ -261,12 +261,14 @@ class OpenAIServing:
         token ids as given (the engine checks them against the vocabulary).
 
         Raises:
-            OpenAIError: 400 for a string prompt the tokenizer cannot take (no tokenizer, not valid Unicode).
+            OpenAIError: 400 for a string prompt the tokenizer cannot take (no tokenizer, not valid Unicode), or
+                longer than ``max_model_len`` (found after tokenizing a bounded part of it: ``tokenize_within``).
         """
         if not isinstance(prompt, str):
             return prompt
         try:
-            return {"prompt_token_ids": await self.tokenizer.encode(prompt, add_special_tokens), "prompt": prompt}
+            ids = await self.tokenizer.encode(prompt, add_special_tokens, limit=self.max_model_len)
+            return {"prompt_token_ids": ids, "prompt": prompt}
         except ValueError as exc:
             raise OpenAIError.of(exc, param="prompt") from exc
 
@@ -417,7 +419,7 @@ class OpenAIServing:
         try:
             text, ids = await self.tokenizer.render_chat(
                 body.messages, body.chat_template or self.chat_template, body.add_generation_prompt,
-                body.continue_final_message, body.chat_template_kwargs)
+                body.continue_final_message, body.chat_template_kwargs, limit=self.max_model_len)
         except ValueError as exc:
             message = exc.message if isinstance(exc, VLLMValidationError) else str(exc)
             raise OpenAIError(message, param="messages" if message.startswith("messages") else "chat_template") \
@@ -498,10 +500,11 @@ class OpenAIServing:
         try:
             if body.messages is not None:
                 _, ids = await self.tokenizer.render_chat(body.messages, body.chat_template or self.chat_template,
-                                                          body.add_generation_prompt, body.continue_final_message)
+                                                          body.add_generation_prompt, body.continue_final_message,
+                                                          limit=self.max_model_len)
             else:
                 special = True if body.add_special_tokens is None else body.add_special_tokens
-                ids = await self.tokenizer.encode(body.prompt, special)
+                ids = await self.tokenizer.encode(body.prompt, special, limit=self.max_model_len)
         except ValueError as exc:
             raise OpenAIError.of(exc, param="messages" if body.messages is not None else "prompt") from exc
         strs = await self.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
