@@ -21,7 +21,6 @@ from minengine.inputs import as_float, check_unicode, token_ids
 from minengine.request import Request
 from minengine.sampling_params import SamplingParams
 from minengine.timing.clocks import Clock
-from minengine.tokenize_within import encode_within
 
 Prompt = str | dict | list[int]
 
@@ -85,9 +84,8 @@ class InputProcessor:
 
         Raises:
             VLLMValidationError: (a ``ValueError``) wrong type (a dict's ``"prompt"`` must be a string: prompts do
-                not nest), a string prompt without a tokenizer or with more than ``max_model_len`` tokens (found
-                after tokenizing a bounded part of it: ``tokenize_within``), ids that are not integers or are
-                outside the vocabulary.
+                not nest), a string prompt without a tokenizer, ids that are not integers or are outside the
+                vocabulary.
         """
         if isinstance(prompt, dict):
             text = prompt.get("prompt")
@@ -107,8 +105,7 @@ class InputProcessor:
                 _invalid("prompt", "prompt is a string but the model has no tokenizer: pass "
                          "{'prompt_token_ids': [...]} or EngineConfig(tokenizer=...)")
             check_unicode(prompt, "prompt")
-            # tokenized only as far as needed to know it is too long: a huge text costs a few pieces' work
-            text, ids = prompt, encode_within(self.tokenizer, prompt, self.config.max_model_len)
+            text, ids = prompt, self.tokenizer(prompt)["input_ids"]
         elif isinstance(prompt, (list, tuple)) or (hasattr(prompt, "tolist") and hasattr(prompt, "__iter__")):
             text, ids = None, prompt
         else:
