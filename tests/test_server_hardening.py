@@ -12,6 +12,7 @@ import re
 import select
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -259,3 +260,9 @@ def test_the_body_deadline_is_total_not_idle():
     start = sent[0]
     assert start["status"] == 408 and (b"connection", b"close") in start["headers"], sent
     assert b"--request-body-timeout" in sent[1]["body"]
+
+
+def test_the_dashboard_listens_on_localhost_unless_asked():
+    text = (Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml").read_text()
+    server = re.split(r"^\[", text.split("\n[server]\n", 1)[1], flags=re.MULTILINE)[0]  # tomllib needs 3.11
+    assert re.findall(r'^address\s*=\s*"([^"]*)"', server, flags=re.MULTILINE) == ["localhost"], server
