@@ -266,3 +266,37 @@ def test_the_dashboard_listens_on_localhost_unless_asked():
     text = (Path(__file__).resolve().parents[1] / ".streamlit" / "config.toml").read_text()
     server = re.split(r"^\[", text.split("\n[server]\n", 1)[1], flags=re.MULTILINE)[0]  # tomllib needs 3.11
     assert re.findall(r'^address\s*=\s*"([^"]*)"', server, flags=re.MULTILINE) == ["localhost"], server
+
+
+# ---- the user-facing page states only numbers the code gives ------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-server.md"
+
+
+def test_every_number_on_the_docs_page_is_the_codes():
+    from transformers import AutoTokenizer
+
+    from minengine.config import BUNDLED_MODEL
+    from minengine.tokenize_within import PromptTooLongError, encode_within
+
+    text = " ".join(DOC.read_text().split())  # the prose wraps lines
+    with pytest.raises(PromptTooLongError) as refusal:  # the example: the reported prompt, the test server's limit
+        encode_within(AutoTokenizer.from_pretrained(BUNDLED_MODEL), "a " * 4_000_000, LIMIT)
+    assert f"`{refusal.value.message}`" in text
+    defaults = FrontendArgs()
+    mib = defaults.max_request_body_bytes / 2**20
+    stated = {
+        f"{PIECE_CHARS:,}": f"pieces of {PIECE_CHARS:,} characters",
+        f"{mib:g}": f"{mib:g} MiB by default",
+        f"{defaults.request_body_timeout:g}": f"(default {defaults.request_body_timeout:g})",
+        f"{round(defaults.max_request_body_bytes / defaults.request_body_timeout / 1000)}":
+            f"{mib:g} MiB arriving in the default {defaults.request_body_timeout:g} s is about "
+            f"{round(defaults.max_request_body_bytes / defaults.request_body_timeout / 1000)} kB/s",
+    }
+    for phrase in stated.values():
+        assert phrase in text, phrase
+    statuses = {"400", "401", "408"}  # the statuses the tests above assert
+    in_example = set(re.findall(r"\d[\d,]*", refusal.value.message))
+    prose = re.sub(r"\b\d+\.\d+\.\d+\.\d+\b", "", text)  # an address is not a quantity
+    numbers = set(re.findall(r"(?<![\w/])(?:\d[\d,.]*\d|\d)", prose))  # not the 1 of /v1
+    assert numbers <= set(stated) | statuses | in_example, numbers - set(stated) - statuses - in_example
