@@ -32,8 +32,8 @@ class FrontendArgs:
             tokenizer's settings and paths).
         max_request_body_bytes: the largest request body read, in bytes (8 MiB); a larger one is answered 413
             before it is read whole, so before any JSON parsing or tokenizing. 8 MiB holds a 128k-token prompt
-            (about 0.5 MB of English text, or 1 MB of token ids) many times over; tokenizing that much takes
-            seconds of one CPU core (in the server's tokenizer thread, not on the event loop).
+            (about 0.5 MB of English text, or 1 MB of token ids) many times over. A text prompt longer than
+            max_model_len is not tokenized whole: it is refused after a bounded part (``tokenize_within``).
         max_requests_per_call: the most engine requests one call may queue, prompts x ``n`` (each choice of
             each prompt is a request): above it the call is answered 400, before anything is
             tokenized. ``n`` alone stays at most 128, OpenAI's limit.
