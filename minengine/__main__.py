@@ -244,7 +244,8 @@ def cmd_serve(a: argparse.Namespace) -> None:
     config = _config(a)
     engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
     print(f"minengine serving {config.served_model_name!r} ({engine.engine.model_path}) on http://{a.host}:{a.port} "
-          f"(OpenAI API under /v1{', API key required' if api_keys else ''}, Prometheus at /metrics, step feed at "
+          f"(OpenAI API under /v1{', API key required but for /health, /ping, /version' if api_keys else ''}, "
+          "Prometheus at /metrics, step feed at "
           "/v1/engine/steps)", flush=True)
     run_server(engine, a.host, a.port, a.uvicorn_log_level, frontend, generation_config=a.generation_config)
 

@@ -23,7 +23,8 @@ def test_serve_command_answers_the_openai_client(bundled_model):
         r = client.completions.create(model="bard", prompt="ROMEO:", max_tokens=8, temperature=0)
         assert r.model == "bard" and r.usage.completion_tokens == 8
         assert httpx.get(server.url + "/v1/models", timeout=10).status_code == 401  # no key
-        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401  # every route but the probes
+        metrics = httpx.get(server.url + "/metrics", headers={"Authorization": "Bearer k3y"}, timeout=10).text
         assert 'model_name="bard"' in metrics and 'num_gpu_blocks="64"' in metrics
     finally:
         server.stop(timeout_s=60)

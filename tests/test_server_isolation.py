@@ -1,6 +1,6 @@
 """Issue 21, section 1, through the real server: one poisoned request among concurrent streams fails alone (the
 official openai client sees the others' text unchanged); the work of one call is bounded (bytes, prompts x n);
-``/health`` answers while a huge prompt is tokenized; a client that leaves aborts every child of its call; every
+``/health`` answers while a huge prompt is refused; a client that leaves aborts every child of its call; every
 4xx is OpenAI's error body; and for random JSON in every field the server answers 200 or a 4xx, never a 500,
 and leaks no KV block."""
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import statistics
 import threading
 import time
 
@@ -151,10 +150,11 @@ def test_a_25_mb_prompt_is_refused_without_tokenizing_it(server):
     assert "8388608 bytes" in err["message"] and time.monotonic() - start < 30
 
 
-def test_health_answers_while_a_huge_prompt_is_tokenized(server):
-    """Tokenizing a 1 MB prompt takes seconds on a CPU core; on the event loop it held every other client for all
-    of it. Now it runs in the tokenizer thread: /health answers in a small fraction of the call's time (and
-    under 2 s, generously for a loaded 2-core machine). The prompt is then refused as too long, as before."""
+def test_health_answers_while_a_huge_prompt_is_refused(server):
+    """Tokenizing a 1 MB prompt took seconds on a CPU core; on the event loop it held every other client for all
+    of it. It runs in the tokenizer thread, and is now refused after counting a bounded part of it
+    (``tests/test_server_hardening.py`` counts the tokenizer's calls): /health answers meanwhile, each time
+    under 2 s (generously for a loaded 2-core machine), and the prompt is refused as too long."""
     result = {}
 
     def huge_call():
@@ -174,8 +174,7 @@ def test_health_answers_while_a_huge_prompt_is_tokenized(server):
     thread.join()
     duration, r = result["call"]
     assert is_openai_error(r, 400)["param"] == "prompt"
-    assert len(latencies) >= 3, (duration, latencies)
-    assert max(latencies) < 2.0 and statistics.median(latencies) < duration / 5, (duration, latencies)
+    assert max(latencies, default=0.0) < 2.0, (duration, latencies)
 
 
 # ---- a client that leaves aborts every child of its call ----------------------------------------------------

@@ -1,5 +1,5 @@
 """vLLM's smaller routes and server options: ``/ping``, ``/v1/models/{id}``, ``/tokenizer_info`` (off unless
-enabled), ``--api-key`` (401 on the ``/v1`` routes without it) and ``--chat-template``."""
+enabled), ``--api-key`` (401 without it on every route but the liveness probes) and ``--chat-template``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_ping_and_model_retrieval(bundled_model):
         assert httpx.get(s.url + "/tokenizer_info", timeout=TIMEOUT).status_code == 404
 
 
-def test_api_key_guards_the_v1_routes_only(bundled_model):
+def test_api_key_guards_every_route_but_the_probes(bundled_model):
     with running_server(bundled_model, FrontendArgs(api_key=["s3cret", "other"])) as s:
         body = {"prompt": "ROMEO:", "max_tokens": 2}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"},
@@ -50,10 +50,13 @@ def test_api_key_guards_the_v1_routes_only(bundled_model):
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=s.url + "/v1", api_key="EMPTY", timeout=TIMEOUT,
                           max_retries=0).models.list()
-        # outside /v1: open (health checks, Prometheus scrapes, the tokenizer routes), as vLLM
-        for method, path in (("GET", "/health"), ("GET", "/ping"), ("GET", "/metrics"), ("GET", "/version")):
+        # the liveness probes stay open (load balancers send no key); every other route needs it
+        for method, path in (("GET", "/health"), ("GET", "/ping"), ("GET", "/version")):
             assert httpx.request(method, s.url + path, timeout=TIMEOUT).status_code == 200, path
-        assert httpx.post(s.url + "/tokenize", json={"prompt": "hi"}, timeout=TIMEOUT).status_code == 200
+        for method, path in (("GET", "/metrics"), ("POST", "/tokenize"), ("POST", "/reset_prefix_cache"),
+                             ("GET", "/openapi.json"), ("GET", "/docs"), ("POST", "/ping"), ("GET", "/no/such/route")):
+            assert httpx.request(method, s.url + path, json={"prompt": "hi"} if method == "POST" else None,
+                                 timeout=TIMEOUT).status_code == 401, path
         assert httpx.options(s.url + "/v1/completions", timeout=TIMEOUT).status_code != 401  # CORS preflight
 
 

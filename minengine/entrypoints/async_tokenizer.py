@@ -4,7 +4,8 @@ Tokenizing a long prompt takes a CPU core for a while (megabytes of text: second
 stalls every other client, ``/health`` included; done in the engine loop it stalls every step. So the server
 tokenizes here: one worker thread with its own copy of the tokenizer (a Hugging Face fast tokenizer is not meant
 to be used from two threads at once, and the engine's detokenizer uses the engine's copy meanwhile). Calls are
-served one at a time, in order.
+served one at a time, in order; a long prompt is tokenized as several short calls (``tokenize_within``), so it
+never holds the thread for long, and one longer than ``max_model_len`` is refused after a few of them.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import copy
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
-from minengine.entrypoints.chat_utils import render_chat
+from minengine.entrypoints.chat_utils import render_chat_text
 from minengine.inputs import check_unicode
+from minengine.tokenize_within import BoundedEncoding
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +45,25 @@ class AsyncTokenizer:
             raise ValueError("this model has no tokenizer: give prompts as token ids")
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """The token ids of ``text``.
+    async def encode(self, text: str, add_special_tokens: bool = True, *, limit: int,
+                     field: str = "prompt") -> list[int]:
+        """The token ids of ``text``, if it has at most ``limit`` tokens (``max_model_len``). A long text is counted
+        in pieces, one call of the thread each (``tokenize_within``): other requests' calls run in between, and
+        an oversized one is refused after a few pieces, without tokenizing the rest.
 
         Raises:
             ValueError: no tokenizer, or ``text`` is not valid Unicode (a lone surrogate).
+            PromptTooLongError: (a ``ValueError``) more than ``limit`` tokens; names ``field``.
         """
-        check_unicode(text, "prompt")
-        return await self._run(lambda: self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        check_unicode(text, field)
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: give prompts as token ids")
+        return await self._encode_in_steps(BoundedEncoding(self.tokenizer, text, limit, add_special_tokens, field))
+
+    async def _encode_in_steps(self, encoding: BoundedEncoding) -> list[int]:
+        while (ids := await self._run(encoding.step)) is None:
+            pass
+        return ids
 
     async def decode(self, token_ids: list[int]) -> str:
         """The text of ``token_ids`` (their special tokens included)."""
@@ -60,17 +73,21 @@ class AsyncTokenizer:
         return await self._run(self.tokenizer.convert_ids_to_tokens, token_ids)
 
     async def render_chat(self, messages, chat_template: str | None = None, add_generation_prompt: bool = True,
-                          continue_final_message: bool = False,
-                          chat_template_kwargs: dict | None = None) -> tuple[str, list[int]]:
-        """A conversation through the chat template: (prompt text, token ids); see ``chat_utils.render_chat``.
+                          continue_final_message: bool = False, chat_template_kwargs: dict | None = None, *,
+                          limit: int) -> tuple[str, list[int]]:
+        """A conversation through the chat template: (prompt text, token ids), the ids only if there are at most
+        ``limit`` of them (counted as ``encode`` does); see ``chat_utils.render_chat``.
 
         Raises:
             ValueError: as ``render_chat`` (bad messages, no template, a template error).
+            PromptTooLongError: (a ``ValueError``) more than ``limit`` tokens; names ``messages``.
         """
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer with a chat template; this model has no tokenizer")
-        return await self._run(render_chat, self.tokenizer, messages, chat_template, add_generation_prompt,
+        text = await self._run(render_chat_text, self.tokenizer, messages, chat_template, add_generation_prompt,
                                continue_final_message, chat_template_kwargs)
+        encoding = BoundedEncoding(self.tokenizer, text, limit, add_special_tokens=False, field="messages")
+        return text, await self._encode_in_steps(encoding)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,12 +1,18 @@
-"""``--api-key``: vLLM's bearer-token check in front of the OpenAI routes (``AuthenticationMiddleware``).
+"""``--api-key``: a bearer-token check in front of every route but the liveness probes (vLLM's
+``AuthenticationMiddleware``).
 
-Every request to a path under ``/v1`` (the OpenAI API and minengine's step feed) must carry
-``Authorization: Bearer <key>`` with one of the server's keys, or it gets 401 with OpenAI's error JSON, message
-"Unauthorized" (vLLM's body is ``{"error": "Unauthorized"}``; every other 4xx here is OpenAI's shape, so this
-one is too).
-Other paths (``/health``, ``/ping``, ``/metrics``, ``/tokenize``, ``/version``...) and CORS preflights
-(``OPTIONS``) stay open, as in vLLM. Keys are compared by their SHA-256 digests in constant time, so the
-comparison takes the same time whichever byte differs.
+Every request must carry ``Authorization: Bearer <key>`` with one of the server's keys, or it gets 401 with
+OpenAI's error JSON, message "Unauthorized" (vLLM's body is ``{"error": "Unauthorized"}``; every other 4xx here
+is OpenAI's shape, so this one is too). Only ``GET``/``HEAD`` of ``/health``, ``/ping`` and ``/version`` stay open
+(load balancers and orchestrators probe them without credentials), and CORS preflights (``OPTIONS``), as in vLLM.
+
+The rule is vLLM's newest one, closed by default: older vLLM guarded only paths under ``/v1``, leaving
+``/reset_prefix_cache``, ``/tokenize`` and friends open; newer vLLM guards every registered route except a public
+list. minengine's public list is shorter than vLLM's (which also opens ``/metrics`` and the API docs): the
+metrics and the OpenAPI schema describe the server to whoever asks, so they need the key too (a Prometheus scrape
+sends it with ``authorization: {credentials: KEY}`` in its scrape config). A path that matches no route is
+guarded as well, so a route added later is guarded without a change here. Keys are compared by their SHA-256
+digests in constant time, so the comparison takes the same time whichever byte differs.
 """
 
 from __future__ import annotations
@@ -19,7 +25,13 @@ from starlette.responses import JSONResponse
 
 from minengine.entrypoints.protocol import error_body
 
-GUARDED_PREFIX = "/v1"
+OPEN_PATHS = frozenset({"/health", "/ping", "/version"})  # liveness and version probes
+OPEN_METHODS = frozenset({"GET", "HEAD"})  # reads only: POST /ping needs the key like every other POST
+
+
+def is_open(method: str | None, path: str) -> bool:
+    """Whether a request may go without a key: a read of a liveness or version probe."""
+    return method in OPEN_METHODS and path in OPEN_PATHS
 
 
 def _digest(key: str) -> bytes:
@@ -56,7 +68,7 @@ class APIKeyMiddleware:
         if scope["type"] not in ("http", "websocket") or scope.get("method") == "OPTIONS":
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if path.startswith(GUARDED_PREFIX) and not self.authorized(Headers(scope=scope)):
+        if not is_open(scope.get("method"), path) and not self.authorized(Headers(scope=scope)):
             body = error_body("Unauthorized", 401, type_="AuthenticationError")
             return await JSONResponse(body, status_code=401)(scope, receive, send)
         return await self.app(scope, receive, send)

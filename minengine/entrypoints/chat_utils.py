@@ -54,6 +54,18 @@ def render_chat(tokenizer, messages, chat_template: str | None = None, add_gener
     """The prompt text and token ids of a conversation (special tokens come from the template only).
 
     Raises:
+        ValueError: as ``render_chat_text``.
+    """
+    text = render_chat_text(tokenizer, messages, chat_template, add_generation_prompt, continue_final_message,
+                            chat_template_kwargs)
+    return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def render_chat_text(tokenizer, messages, chat_template: str | None = None, add_generation_prompt: bool = True,
+                     continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> str:
+    """The prompt text of a conversation through the chat template (not tokenized).
+
+    Raises:
         ValueError: no tokenizer, no chat template (neither the model's nor ``chat_template``), bad messages,
             or a template error.
     """
@@ -72,7 +84,7 @@ def render_chat(tokenizer, messages, chat_template: str | None = None, add_gener
     except Exception as exc:  # jinja errors, raise_exception() in templates: the caller's input
         raise VLLMValidationError(f"chat template failed: {exc}") from exc
     check_unicode(text, "chat template output")  # a surrogate from chat_template or chat_template_kwargs
-    return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text
 
 
 def load_chat_template(template: str | None) -> str | None:

@@ -2,7 +2,8 @@
 limits that keep one request from taking the server down, and the graceful stop.
 
 The engine's settings are ``EngineConfig`` / ``EngineArgs`` (``EngineArgs.add_cli_args``); these are the HTTP
-front end's: the API keys, the server's chat template, the opt-in routes, how large a body it reads, how much work
+front end's: the API keys, the server's chat template, the opt-in routes, how large a body it reads and how long
+it waits for one, how much work
 one call may queue, how long a SIGTERM waits for the streams in flight. ``add_cli_args`` adds them to a parser
 (``minengine serve --api-key K --max-request-body-bytes ...``), ``from_cli_args`` reads them back: one definition,
 as ``EngineArgs`` is for the engine's flags.
@@ -22,20 +23,24 @@ class FrontendArgs:
     """The server's settings, limits and shutdown (vLLM's names).
 
     Attributes:
-        api_key: require one of these keys as 'Authorization: Bearer KEY' on the /v1 routes (401 otherwise;
-            ``entrypoints/auth.py``); None = open. ``minengine serve`` also reads the VLLM_API_KEY environment
-            variable, as vLLM.
+        api_key: require one of these keys as 'Authorization: Bearer KEY' on every route but GET /health, /ping
+            and /version (401 otherwise; ``entrypoints/auth.py``); None = open. ``minengine serve`` also reads
+            the VLLM_API_KEY environment variable, as vLLM.
         chat_template: the chat template for requests that give none: a file, or the Jinja template itself
             (``chat_utils.load_chat_template``); None = the tokenizer's.
         enable_tokenizer_info_endpoint: serve GET /tokenizer_info (off by default, as vLLM: it shows the
             tokenizer's settings and paths).
         max_request_body_bytes: the largest request body read, in bytes (8 MiB); a larger one is answered 413
             before it is read whole, so before any JSON parsing or tokenizing. 8 MiB holds a 128k-token prompt
-            (about 0.5 MB of English text, or 1 MB of token ids) many times over; tokenizing that much takes
-            seconds of one CPU core (in the server's tokenizer thread, not on the event loop).
+            (about 0.5 MB of English text, or 1 MB of token ids) many times over. A text prompt longer than
+            max_model_len is not tokenized whole: it is refused after a bounded part (``tokenize_within``).
         max_requests_per_call: the most engine requests one call may queue, prompts x ``n`` (each choice of
             each prompt is a request): above it the call is answered 400, before anything is
             tokenized. ``n`` alone stays at most 128, OpenAI's limit.
+        request_body_timeout: seconds within which a request's whole body must arrive, counted from its headers
+            (30 s: 8 MiB, the default body limit, at about 280 kB/s); a body still incomplete then is answered
+            408 and its connection closed, so a client trickling bytes cannot hold a connection forever
+            (``entrypoints/body_timeout.py``).
         shutdown_timeout: seconds a SIGTERM (or Ctrl-C) waits for the requests in flight to finish (vLLM's
             ``--shutdown-timeout``; 10 s, well under Kubernetes' 30 s grace period before a SIGKILL); then the
             remaining streams get an error chunk and ``[DONE]``, waiting calls a 503, and the server exits. New
@@ -50,6 +55,7 @@ class FrontendArgs:
     enable_tokenizer_info_endpoint: bool = False
     max_request_body_bytes: int = 8 * 2**20
     max_requests_per_call: int = 1024
+    request_body_timeout: float = 30.0
     shutdown_timeout: float = 10.0
 
     def __post_init__(self) -> None:
@@ -69,6 +75,10 @@ class FrontendArgs:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 2**40:
                 raise VLLMValidationError(f"{name} must be an integer in [1, 2**40], got {show(v)}", parameter=name)
+        t = self.request_body_timeout
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not (math.isfinite(t) and 0 < t <= 86_400):
+            raise VLLMValidationError(f"request_body_timeout must be a number of seconds in (0, 86400], got "
+                                      f"{show(t)}", parameter="request_body_timeout")
         t = self.shutdown_timeout
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not (math.isfinite(t) and 0 <= t <= 86_400):
             raise VLLMValidationError(f"shutdown_timeout must be a number of seconds in [0, 86400], got {show(t)}",

@@ -5,8 +5,8 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (JSON, or server
 ``GET|POST /ping``, ``GET /version``, ``GET /metrics`` (Prometheus text, vLLM's series names), ``POST /tokenize``,
 ``POST /detokenize``, ``GET /tokenizer_info`` (with ``enable_tokenizer_info_endpoint``, as vLLM),
 ``POST /reset_prefix_cache``, and minengine's ``GET /v1/engine/steps``: every ``StepTrace`` as it happens
-(server-sent events), the feed the dashboard's live mode draws. With ``api_keys`` every ``/v1`` route needs
-``Authorization: Bearer <key>`` (``entrypoints/auth.py``).
+(server-sent events), the feed the dashboard's live mode draws. With ``api_keys`` every route but ``GET /health``,
+``/ping`` and ``/version`` needs ``Authorization: Bearer <key>`` (``entrypoints/auth.py``).
 
 Handlers never touch the engine: they enqueue work for the engine loop and await it, and tokenize in a thread
 of their own (``AsyncTokenizer``), so the event loop only moves bytes. A client that disconnects (mid-stream or
@@ -14,7 +14,9 @@ while waiting for a non-streamed answer) aborts its requests, every prompt's and
 applied before the engine's next step, so their KV blocks are free by then. One request whose step fails in the
 engine fails alone (its stream ends with an error chunk); the others go on.
 
-Bad input is answered with OpenAI's error JSON before it costs anything: a body over the byte limit (413),
+Bad input is answered with OpenAI's error JSON before it costs anything: a body over the byte limit (413), or
+not in within ``--request-body-timeout`` (408, connection closed: ``body_timeout.py``), a prompt longer than
+``max_model_len`` (400, found after tokenizing a bounded part of it: ``tokenize_within.py``),
 invalid UTF-8 or JSON, nesting too deep, a bad field (400 naming it), more work than one call may ask for
 (prompts x n, 400), an explicit ``max_tokens`` beyond what fits in ``max_model_len`` (400, as vLLM), an unknown
 model or route (404); never a 500. The limits are ``FrontendArgs`` (``minengine serve`` flags), and so is the
@@ -43,6 +45,7 @@ from minengine.engine.llm import default_sampling_overrides
 from minengine.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError, EngineDrainingError, RequestStream
 from minengine.entrypoints.async_tokenizer import AsyncTokenizer
 from minengine.entrypoints.auth import APIKeyMiddleware
+from minengine.entrypoints.body_timeout import BodyTimeoutMiddleware
 from minengine.entrypoints.chat_utils import load_chat_template, normalize_messages
 from minengine.entrypoints.cli_args import FrontendArgs
 from minengine.entrypoints.protocol import (
@@ -261,12 +264,14 @@ class OpenAIServing:
         token ids as given (the engine checks them against the vocabulary).
 
         Raises:
-            OpenAIError: 400 for a string prompt the tokenizer cannot take (no tokenizer, not valid Unicode).
+            OpenAIError: 400 for a string prompt the tokenizer cannot take (no tokenizer, not valid Unicode), or
+                longer than ``max_model_len`` (found after tokenizing a bounded part of it: ``tokenize_within``).
         """
         if not isinstance(prompt, str):
             return prompt
         try:
-            return {"prompt_token_ids": await self.tokenizer.encode(prompt, add_special_tokens), "prompt": prompt}
+            ids = await self.tokenizer.encode(prompt, add_special_tokens, limit=self.max_model_len)
+            return {"prompt_token_ids": ids, "prompt": prompt}
         except ValueError as exc:
             raise OpenAIError.of(exc, param="prompt") from exc
 
@@ -417,7 +422,7 @@ class OpenAIServing:
         try:
             text, ids = await self.tokenizer.render_chat(
                 body.messages, body.chat_template or self.chat_template, body.add_generation_prompt,
-                body.continue_final_message, body.chat_template_kwargs)
+                body.continue_final_message, body.chat_template_kwargs, limit=self.max_model_len)
         except ValueError as exc:
             message = exc.message if isinstance(exc, VLLMValidationError) else str(exc)
             raise OpenAIError(message, param="messages" if message.startswith("messages") else "chat_template") \
@@ -498,10 +503,11 @@ class OpenAIServing:
         try:
             if body.messages is not None:
                 _, ids = await self.tokenizer.render_chat(body.messages, body.chat_template or self.chat_template,
-                                                          body.add_generation_prompt, body.continue_final_message)
+                                                          body.add_generation_prompt, body.continue_final_message,
+                                                          limit=self.max_model_len)
             else:
                 special = True if body.add_special_tokens is None else body.add_special_tokens
-                ids = await self.tokenizer.encode(body.prompt, special)
+                ids = await self.tokenizer.encode(body.prompt, special, limit=self.max_model_len)
         except ValueError as exc:
             raise OpenAIError.of(exc, param="messages" if body.messages is not None else "prompt") from exc
         strs = await self.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
@@ -542,7 +548,8 @@ class OpenAIServing:
     async def engine_info(self) -> dict:
         def run(e) -> dict:
             c = e.config
-            return {"model": c.served_model_name, "model_path": str(e.model_path), "block_size": c.block_size,
+            # the served name only: the checkpoint's path on the server's disk is none of a client's business
+            return {"model": c.served_model_name, "block_size": c.block_size,
                     "num_kv_blocks": e.num_kv_blocks, "num_swap_blocks": e.num_swap_blocks,
                     "max_num_batched_tokens": c.max_num_batched_tokens, "max_num_seqs": c.max_num_seqs,
                     "max_model_len": c.max_model_len, "enable_chunked_prefill": c.enable_chunked_prefill,
@@ -609,9 +616,10 @@ def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
 
     Args:
         engine: the async engine. frontend: the server's settings (``FrontendArgs``; None = the defaults): its
-            ``api_key`` (vLLM's ``--api-key``: when given, ``/v1`` routes need one of them as a bearer token, 401
-            otherwise), ``chat_template``, ``enable_tokenizer_info_endpoint`` (serve ``GET /tokenizer_info``, off
-            by default as in vLLM: it shows the tokenizer's configuration and paths) and the limits.
+            ``api_key`` (vLLM's ``--api-key``: when given, every route but the liveness probes needs one of them
+            as a bearer token, 401 otherwise: ``auth.py``), ``chat_template``, ``enable_tokenizer_info_endpoint``
+            (serve ``GET /tokenizer_info``, off by default as in vLLM: it shows the tokenizer's configuration and
+            paths) and the limits (``request_body_timeout`` among them: ``body_timeout.py``).
         generation_config: as ``OpenAIServing``.
     """
     serving = OpenAIServing(engine, frontend, generation_config)
@@ -721,6 +729,8 @@ def build_app(engine: AsyncLLMEngine, frontend: FrontendArgs | None = None, *,
 
     if api_keys:
         app.add_middleware(APIKeyMiddleware, keys=list(api_keys))
+    # added last, so outermost: a body that never arrives is cut off whatever the route, and the 401 above too
+    app.add_middleware(BodyTimeoutMiddleware, timeout_s=serving.frontend.request_body_timeout)
     return app
 
 
