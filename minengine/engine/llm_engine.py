@@ -324,10 +324,7 @@ class LLMEngine:
             self.scheduler.add_request(child)
             if child.request_id in self.request_metrics:
                 self._past_metrics.append(self.request_metrics.pop(child.request_id))
-            self._detok[child.request_id] = IncrementalDetokenizer(
-                self.tokenizer, child.prompt_token_ids, child.sampling_params.stop,
-                child.sampling_params.skip_special_tokens, child.sampling_params.include_stop_str_in_output,
-                child.sampling_params.min_tokens)
+            self._detok[child.request_id] = IncrementalDetokenizer.for_request(self.tokenizer, child)
             self.request_metrics[child.request_id] = RequestMetrics(arrival_time=child.arrival_time,
                                                                     num_prompt_tokens=child.num_prompt_tokens)
             if group.is_parent and parent is None:
