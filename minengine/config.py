@@ -30,8 +30,8 @@ EXTRA_KEYS: frozenset[str] = frozenset()
 
 
 STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar", "guidance")
-# The history a served engine keeps (step traces, finished requests' metrics), in bytes as ``history_size``
-# counts them: 64 MiB holds some ten thousand steps of a busy server with block tables.
+# The history a served engine keeps (step traces, finished requests' metrics), in bytes as
+# ``metrics.history.entry_bytes`` counts them.
 DEFAULT_MAX_HISTORY_BYTES = 64 * 2**20
 
 
@@ -207,8 +207,9 @@ class EngineConfig:
             "disable_any_whitespace": false, "disable_additional_properties": false}``); None = the defaults.
         max_history_bytes: the most bytes of history a served engine (``AsyncLLMEngine``, ``minengine serve``)
             keeps: its step traces and finished requests' metrics, oldest dropped first (``metrics/history.py``
-            measures them: a step trace costs about 1-3 KB with block tables, a finished request about 0.4 KB
-            plus 32 bytes per output token). An offline ``LLM`` / ``LLMEngine`` keeps all of its history.
+            measures each entry: a step trace grows with the KV pool and the running requests' block tables, a
+            finished request with its output tokens, one latency each; ``benchmarks/server_memory.py`` prints
+            both). An offline ``LLM`` / ``LLMEngine`` keeps all of its history.
 
     Every count (tokens, blocks, sequences, steps) is at most ``MAX_COUNT`` (2**31 - 1), every byte size at most
     2**63 - 1, ``seed`` below 2**64, ``num_cpu_threads`` at most the cores this process may use; ``extra`` takes

@@ -84,3 +84,51 @@ def test_a_running_server_keeps_its_history_under_the_cap(bundled_model, cap):
         assert any(m.finish_reason == "abort" for m in finished.values()) or cap < 100_000  # room for a batch
     finally:
         engine.shutdown()
+
+
+def test_server_memory_benchmark_quick(tmp_path):
+    """``benchmarks/server_memory.py --quick``: a few hundred requests through the real server with a small cap;
+    the budget fills (entries are dropped) and the history measured from the engine never exceeds the cap."""
+    from benchmarks import server_memory
+
+    result = server_memory.main(["--quick", "--clients", "4", "--json", str(tmp_path / "m.json")])
+    cap = result["max_history_bytes"]
+    assert result["num_requests"] == 300 and len(result["samples"]) >= 9
+    assert all(r["history_bytes"] <= cap and r["history_budget_bytes"] <= cap for r in result["samples"])
+    assert result["history_max_measured_bytes"] <= cap and result["samples"][-1]["entries_dropped"] > 0
+    assert result["finished_bytes_per_output_token"] > 0 and result["trace_median_bytes"] > 0
+
+
+def test_documented_costs_per_entry_are_what_entry_bytes_measures():
+    """docs/_incoming/hard-outputs.md's cost of a finished request (bytes, and bytes per output token)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-outputs.md").read_text()
+    base, per_token = _doc_costs(text)
+    m = RequestMetrics(arrival_time=0.0, finished_time=1.0, first_token_time=0.5, finish_reason="length")
+    empty = entry_bytes(m)
+    m.itls.extend(0.001 * i + 0.5 for i in range(1000))
+    assert abs(empty - base) <= 0.15 * base  # the size of an instance's __dict__ varies a little
+    assert abs((entry_bytes(m) - empty) / 1000 - per_token) <= 2
+
+
+def _doc_costs(text: str) -> tuple[int, int]:
+    import re
+
+    match = re.search(r"finished request's metrics cost about ([\d.]+) KB plus (\d+) bytes per output token", text)
+    assert match, "the cost sentence is gone from the doc"
+    return round(float(match.group(1)) * 1000), int(match.group(2))
+
+
+def test_documented_default_cap():
+    from pathlib import Path
+
+    from minengine.config import DEFAULT_MAX_HISTORY_BYTES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-outputs.md").read_text()
+    assert f"default {DEFAULT_MAX_HISTORY_BYTES // 2**20} MiB" in text
+    assert "20,000 completions" in text and "300 requests with a 2 MiB cap" in text
+    from benchmarks import server_memory
+
+    source = Path(server_memory.__file__).read_text()
+    assert 'default=20_000' in source and "a.num_requests, a.max_history_bytes, a.samples = 300, 2 * 2**20" in source

@@ -180,3 +180,13 @@ def test_response_format_merges_with_structured_outputs_options_through_the_open
             r = client.chat.completions.parse(model=model, messages=chat, response_format=Who, max_tokens=80,
                                               temperature=1.0, seed=seed, logit_bias=bias)
             assert is_compact(r.choices[0].message.content)
+
+
+def test_the_doc_lists_every_keyword_xgrammar_does_not_enforce():
+    from pathlib import Path
+
+    from minengine.worker.structured_output import XGRAMMAR_UNENFORCED
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-outputs.md").read_text()
+    assert all(f"`{k}`" in text for k in XGRAMMAR_UNENFORCED if k not in ("if", "then", "else")), text
+    assert "`if`/`then`/`else`" in text and "`minLength`" in text and "`maxLength`" in text
