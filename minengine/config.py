@@ -31,6 +31,57 @@ MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed takes
 EXTRA_KEYS: frozenset[str] = frozenset()
 
 
+STRUCTURED_OUTPUT_BACKENDS = ("auto", "xgrammar", "guidance")
+# The history a served engine keeps (step traces, finished requests' metrics), in bytes as
+# ``metrics.history.entry_bytes`` counts them.
+DEFAULT_MAX_HISTORY_BYTES = 64 * 2**20
+
+
+@dataclass
+class StructuredOutputsConfig:
+    """The engine's structured-outputs settings (vLLM's ``StructuredOutputsConfig``; ``--structured-outputs-config``
+    takes them as JSON).
+
+    Attributes:
+        backend: ``"auto"`` (vLLM's default: xgrammar, unless the constraint has what xgrammar would not enforce
+            or cannot compile; then llguidance), ``"xgrammar"`` or ``"guidance"`` (llguidance) only.
+        disable_any_whitespace: every request's JSON is compact (no free whitespace), as if each request set
+            ``structured_outputs.disable_any_whitespace``.
+        disable_additional_properties: every request's JSON-schema objects take only their listed properties.
+
+    Raises:
+        VLLMValidationError: naming ``structured_outputs_config.<field>``: an unknown backend or key, a non-bool.
+    """
+
+    backend: str = "auto"
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in STRUCTURED_OUTPUT_BACKENDS:
+            _invalid("structured_outputs_config.backend", f"structured_outputs_config.backend must be one of "
+                     f"{STRUCTURED_OUTPUT_BACKENDS}, got {show(self.backend)}")
+        for name in ("disable_any_whitespace", "disable_additional_properties"):
+            if not isinstance(getattr(self, name), bool):
+                _invalid(f"structured_outputs_config.{name}", f"structured_outputs_config.{name} must be a bool, "
+                         f"got {show(getattr(self, name))}")
+
+    @classmethod
+    def from_any(cls, value) -> StructuredOutputsConfig:
+        """From itself, a dict with vLLM's keys, or None (the defaults)."""
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            _invalid("structured_outputs_config", f"structured_outputs_config must be an object, got {show(value)}")
+        unknown = sorted(set(value) - {"backend", "disable_any_whitespace", "disable_additional_properties"})
+        if unknown:
+            _invalid("structured_outputs_config", f"structured_outputs_config has unknown keys {unknown} (known: "
+                     "backend, disable_any_whitespace, disable_additional_properties)")
+        return cls(**value)
+
+
 def _invalid(parameter: str, message: str):
     raise VLLMValidationError(message, parameter=parameter)
 
@@ -161,6 +212,13 @@ class EngineConfig:
             (refused otherwise: a rank per core). For correctness tests (TP 4 on fewer cores); never fast.
         execute_model_timeout_s: the longest wait, in seconds, for the workers' answer to one step (vLLM's
             ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``); a worker that raises or dies is reported at once.
+        structured_outputs_config: vLLM's: a ``StructuredOutputsConfig`` or its dict (``{"backend": "auto",
+            "disable_any_whitespace": false, "disable_additional_properties": false}``); None = the defaults.
+        max_history_bytes: the most bytes of history a served engine (``AsyncLLMEngine``, ``minengine serve``)
+            keeps: its step traces and finished requests' metrics, oldest dropped first (``metrics/history.py``
+            measures each entry: a step trace grows with the KV pool and the running requests' block tables, a
+            finished request with its output tokens, one latency each; ``benchmarks/server_memory.py`` prints
+            both). An offline ``LLM`` / ``LLMEngine`` keeps all of its history.
 
     Every count (tokens, blocks, sequences, steps) is at most ``MAX_COUNT`` (2**31 - 1), every byte size at most
     2**63 - 1, ``seed`` below 2**64, ``num_cpu_threads`` at most the cores this process may use; ``extra`` takes
@@ -212,6 +270,8 @@ class EngineConfig:
     async_scheduling: bool = False
     allow_cpu_oversubscription: bool = False
     execute_model_timeout_s: float = 300.0
+    structured_outputs_config: dict | StructuredOutputsConfig | None = None
+    max_history_bytes: int = DEFAULT_MAX_HISTORY_BYTES
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -355,6 +415,8 @@ class EngineConfig:
             _invalid("shrink_prefill_chunks",
                      f"shrink_prefill_chunks must be a bool, got {show(self.shrink_prefill_chunks)}")
         self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)
+        self.structured_outputs_config = StructuredOutputsConfig.from_any(self.structured_outputs_config)
+        _positive("max_history_bytes", self.max_history_bytes, MAX_BYTES)
         _count("predicted_length_aging_steps", self.predicted_length_aging_steps)  # 0 = no aging
         if not isinstance(self.reserve_predicted_kv, bool):
             _invalid("reserve_predicted_kv",

@@ -187,6 +187,12 @@ class _EngineArgsMethods:
                                    '\'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
                                    '"prompt_lookup_min": 2}\'; None = off')
                 continue
+            if f.name == "structured_outputs_config":
+                group.add_argument("--structured-outputs-config", dest=f.name, type=_json_object, default=None,
+                                   metavar="JSON", help='structured outputs, vLLM\'s JSON: \'{"backend": "auto", '
+                                   '"disable_any_whitespace": false, "disable_additional_properties": false}\' '
+                                   '(backend: auto, xgrammar or guidance)')
+                continue
             if f.name in _VLLM_ONLY:
                 kind, _, _, help_text = _VLLM_ONLY[f.name]
                 optional = True

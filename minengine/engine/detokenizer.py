@@ -6,6 +6,11 @@ same). Streamed text only grows: the decoder holds back a partial UTF-8 characte
 character over several tokens), and while a request runs its visible text holds back the last
 ``max(len(stop)) - 1`` characters, which could still be the start of a stop string (vLLM's
 ``stop_buffer_length``), so a client printing deltas never prints what a stop string later cuts.
+
+A token that stops the request (EOS unless ``ignore_eos``, or one of ``stop_token_ids``) adds no text unless
+``include_stop_str_in_output`` (vLLM's detokenizer drops the last token of a request finished with reason
+"stop"); it stays in ``token_ids``. When the same token also reaches ``max_tokens`` the reason is "length"
+(length is checked first, as in vLLM) and its text is kept.
 """
 
 from __future__ import annotations
@@ -76,15 +81,23 @@ class IncrementalDetokenizer:
         min_tokens: stop strings are looked for only in the text after the first ``min_tokens`` output tokens
             (a match may start up to ``len(stop) - 1`` characters before it), as vLLM (PR #22014): the request's
             ``SamplingParams.min_tokens`` holds for stop strings as for EOS and stop token ids.
+        stop_token_ids: the ids that end the request with reason "stop" (``SamplingParams.all_stop_token_ids``:
+            ``stop_token_ids`` and EOS unless ``ignore_eos``); their text is left out unless
+            ``include_stop_str_in_output``.
+        max_tokens: the request's output limit (the engine clamps it to what fits in ``max_model_len``): a stop
+            token that is also the ``max_tokens``-th token ends the request with reason "length" and keeps its
+            text. None: no limit.
 
     Attributes:
         output_text: the text of the tokens seen so far, without a partial character at its end, cut before
             the stop string once one is found.
         stop_reason: the stop string found, or None.
+        stop_token_skipped: True once a stop token ended the output without adding its text.
     """
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], stop: list[str], skip_special_tokens: bool = True,
-                 include_stop_str_in_output: bool = False, min_tokens: int = 0):
+                 include_stop_str_in_output: bool = False, min_tokens: int = 0,
+                 stop_token_ids: frozenset[int] = frozenset(), max_tokens: int | None = None):
         self.tokenizer = tokenizer
         self.min_tokens = min_tokens
         self.stop = list(stop)
@@ -98,12 +111,23 @@ class IncrementalDetokenizer:
         self._ids: list[int] = []
         self._max_stop = max((len(s) for s in self.stop), default=0)
         self._holdback = 0 if include_stop_str_in_output else max(self._max_stop - 1, 0)
+        self._silent_stop_ids = frozenset() if include_stop_str_in_output else frozenset(stop_token_ids)
+        self._max_tokens = max_tokens
+        self.stop_token_skipped = False
         self._stream = None
         if tokenizer is not None and _backend(tokenizer) is not None:
             from tokenizers.decoders import DecodeStream
 
             context = decode_context(tokenizer, prompt_token_ids, skip_special_tokens)
             self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
+
+    @classmethod
+    def for_request(cls, tokenizer, request) -> IncrementalDetokenizer:
+        """The detokenizer of an engine ``Request`` (its prompt and ``sampling_params``, already checked and
+        clamped by the input processor)."""
+        p = request.sampling_params
+        return cls(tokenizer, request.prompt_token_ids, p.stop, p.skip_special_tokens, p.include_stop_str_in_output,
+                   p.min_tokens, p.all_stop_token_ids, p.max_tokens)
 
     def advanced(self, token_id: int) -> IncrementalDetokenizer:
         """A copy that has seen ``token_id`` as the next output token (this detokenizer is unchanged)."""
@@ -120,6 +144,9 @@ class IncrementalDetokenizer:
         self.num_tokens += 1
         if self.tokenizer is None or self.stop_reason is not None:
             self._num_released = self.num_tokens
+            return
+        if self._ends_with_stop_token(token_id):
+            self.stop_token_skipped = True  # the request stops here: nothing after it needs the decoder's state
             return
         old_len = len(self.output_text)
         chunk = None
@@ -151,6 +178,11 @@ class IncrementalDetokenizer:
             self.output_text = self.output_text[:best[0]]
             self.stop_reason = best[1]
 
+    def _ends_with_stop_token(self, token_id: int) -> bool:
+        """Whether ``token_id`` (the ``num_tokens``-th) ends the request with reason "stop", so its text is left
+        out: a stop token that does not also reach ``max_tokens`` (length wins then, as in the scheduler)."""
+        return token_id in self._silent_stop_ids and (self._max_tokens is None or self.num_tokens < self._max_tokens)
+
     def text(self, finished: bool) -> str:
         """The text to show: while running, ``output_text`` minus the ``max(len(stop)) - 1`` characters that
         could still start a stop string (none when the stop string is to be included); once finished, all of
@@ -160,14 +192,14 @@ class IncrementalDetokenizer:
             return self.output_text
         if not finished:
             return self.output_text[:max(len(self.output_text) - self._holdback, 0)]
-        if self._num_released < self.num_tokens and self.tokenizer is not None:  # text still held back
-            full = full_decode_text(self.tokenizer, self.prompt_token_ids, self._ids[:self.num_tokens], self.skip)
+        end = self.num_tokens - self.stop_token_skipped  # the tokens whose text counts
+        if self._num_released < end and self.tokenizer is not None:  # text still held back
+            full = full_decode_text(self.tokenizer, self.prompt_token_ids, self._ids[:end], self.skip)
             if full.startswith(self.output_text):
                 return full
             # the full decode reads the held bytes together with released ones (byte fallback): keep what
             # was streamed and add the held tokens' own text
-            return self.output_text + _decode(self.tokenizer, self._ids[self._num_released:self.num_tokens],
-                                              self.skip)
+            return self.output_text + _decode(self.tokenizer, self._ids[self._num_released:end], self.skip)
         return self.output_text
 
 
@@ -184,10 +216,7 @@ class Detokenizers:
         self.num_errors = 0
 
     def add(self, request: Request) -> None:
-        params = request.sampling_params
-        self._by_id[request.request_id] = IncrementalDetokenizer(
-            self.tokenizer, request.prompt_token_ids, params.stop, params.skip_special_tokens,
-            params.include_stop_str_in_output, params.min_tokens)
+        self._by_id[request.request_id] = IncrementalDetokenizer.for_request(self.tokenizer, request)
 
     def remove(self, request_id: str) -> None:
         del self._by_id[request_id]

@@ -266,7 +266,8 @@ class InputProcessor:
                          "grammar is compiled against the tokenizer's vocabulary")
             from minengine.worker.structured_output import StructuredOutputManager
 
-            self.structured_output_manager = StructuredOutputManager(self.tokenizer, vocab, self.eos_token_id)
+            self.structured_output_manager = StructuredOutputManager(self.tokenizer, vocab, self.eos_token_id,
+                                                                     self.config.structured_outputs_config)
         return self.structured_output_manager.new_request(params.structured_outputs)
 
     def _bad_words_token_ids(self, words: list[str]) -> tuple[tuple[int, ...], ...]:

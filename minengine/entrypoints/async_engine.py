@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from minengine.engine.llm_engine import LLMEngine, Prompt
 from minengine.exceptions import RequestError
+from minengine.metrics.history import EngineHistory
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestOutput
 from minengine.sampling_params import SamplingParams
@@ -102,15 +103,17 @@ class AsyncLLMEngine:
     Args:
         engine: the engine; from now on only the loop may use it.
         max_history_steps: the engine keeps at most this many ``StepTrace``s and this many finished
-            requests' ``RequestMetrics`` (older ones are dropped, so a long-running server does not grow; the
-            engine's ``summary()`` covers what is kept).
+            requests' ``RequestMetrics`` (older ones are dropped; the engine's ``summary()`` covers what is kept).
+        max_history_bytes: and at most this many bytes of them (``metrics/history.py``), so a long-running
+            server's memory levels off; None = the engine's ``EngineConfig.max_history_bytes``.
 
     The loop starts with the first request (or ``start()``) inside the running event loop.
     """
 
-    def __init__(self, engine: LLMEngine, max_history_steps: int = 10_000):
+    def __init__(self, engine: LLMEngine, max_history_steps: int = 10_000, max_history_bytes: int | None = None):
         self.engine = engine
         self.max_history_steps = max_history_steps
+        self.history = EngineHistory(engine, max_history_bytes or engine.config.max_history_bytes, max_history_steps)
         self._streams: dict[str, RequestStream] = {}
         self._pending: deque[Callable[[], None]] = deque()
         self._subscribers: set[StepSubscription] = set()
@@ -161,6 +164,7 @@ class AsyncLLMEngine:
                 op = self._pending.popleft()
                 try:
                     op()
+                    self.history.record()  # an op may have finished requests (abort): counted before the next op
                 except Exception:  # ops report their own errors; this guards the loop against a bug in one
                     logger.exception("engine loop operation failed")
             if not engine.has_unfinished_requests():
@@ -188,7 +192,7 @@ class AsyncLLMEngine:
             for trace in engine.traces[num_traces:]:
                 for sub in self._subscribers:
                     sub.put(trace)
-            self._trim_history()
+            self.history.record()
 
     def _fail_all(self, exc: Exception) -> None:
         ids = list(self._streams)
@@ -203,19 +207,6 @@ class AsyncLLMEngine:
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream.put(exc)
-
-    def _trim_history(self) -> None:
-        """Drop the oldest traces and finished requests' metrics beyond ``max_history_steps`` (in batches of a
-        tenth, so the cost is paid rarely)."""
-        engine, keep = self.engine, self.max_history_steps
-        slack = max(1, keep // 10)
-        if len(engine.traces) > keep + slack:
-            del engine.traces[:len(engine.traces) - keep]
-        excess = len(engine.request_metrics) - len(engine.scheduler.requests) - keep
-        if excess > slack:
-            done = [rid for rid, m in engine.request_metrics.items() if m.finished_time is not None]
-            for rid in done[:excess]:
-                del engine.request_metrics[rid]
 
     def _submit(self, op: Callable[[], None]) -> None:
         """Run ``op`` in the engine loop before its next step."""

@@ -16,7 +16,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from minengine.exceptions import VLLMValidationError, show
-from minengine.sampling_params import MAX_LOGPROBS, RequestOutputKind, SamplingParams, StructuredOutputsParams
+from minengine.sampling_params import (
+    MAX_LOGPROBS,
+    STRUCTURED_OUTPUT_KINDS,
+    RequestOutputKind,
+    SamplingParams,
+    StructuredOutputsParams,
+)
 
 MAX_N = 128  # choices per prompt, as OpenAI's API allows (SamplingParams' own limit, 65,536, is the engine's)
 
@@ -121,39 +127,53 @@ class _SamplingFields(BaseModel):
     def structured_output_params(self) -> StructuredOutputsParams | None:
         """The request's constraint, from ``response_format`` (OpenAI's: ``{"type": "json_schema",
         "json_schema": {"name", "schema"}}``, ``{"type": "json_object"}``, ``{"type": "structural_tag", ...}`` or
-        ``{"type": "text"}``) or from vLLM's ``structured_outputs`` (``{"json": ...}``, ``{"regex": ...}``,
-        ``{"choice": [...]}``, ``{"grammar": ...}``, ``{"json_object": true}``).
+        ``{"type": "text"}``) and/or from vLLM's ``structured_outputs`` (``{"json": ...}``, ``{"regex": ...}``,
+        ``{"choice": [...]}``, ``{"grammar": ...}``, ``{"json_object": true}``). As in vLLM the two merge: the
+        constraint of ``response_format`` goes into ``structured_outputs``, whose options
+        (``disable_any_whitespace`` ...) then apply to it.
 
         Raises:
-            OpenAIError: 400 naming ``response_format`` or ``structured_outputs``: both given, an unknown type,
-                a json_schema without its schema, or a malformed structured_outputs object.
+            OpenAIError: 400 naming ``response_format`` or ``structured_outputs``: a constraint in both, an
+                unknown type, a json_schema without its schema, or a malformed structured_outputs object.
         """
         rf, so = self.response_format, self.structured_outputs
+        constraint = self._response_format_constraint(rf)
+        if so is not None and not isinstance(so, dict):
+            raise OpenAIError(f"structured_outputs must be an object, got {show(so)}", param="structured_outputs")
+        if constraint is None:
+            if so is None:
+                return None
+        else:
+            given = [k for k in STRUCTURED_OUTPUT_KINDS if (so or {}).get(k) is not None]
+            if given:
+                raise OpenAIError(f"response_format sets the output's constraint, and structured_outputs sets "
+                                  f"{given[0]} too: give one constraint (structured_outputs may add options such "
+                                  "as disable_any_whitespace to response_format)", param="response_format")
+            so = {**(so or {}), **constraint}
+        try:
+            return StructuredOutputsParams.from_dict(so)
+        except (TypeError, ValueError) as exc:
+            raise OpenAIError(str(exc), param="structured_outputs") from exc
+
+    @staticmethod
+    def _response_format_constraint(rf: dict | None) -> dict | None:
+        """The ``structured_outputs`` field a ``response_format`` sets (None for none or type "text")."""
         kind = "text" if rf is None else rf.get("type", "text")
-        if so is not None and kind != "text":
-            raise OpenAIError("give response_format or structured_outputs, not both: each sets the output's "
-                              "constraint", param="response_format")
-        if so is not None:
-            try:
-                return StructuredOutputsParams.from_dict(so)
-            except (TypeError, ValueError) as exc:
-                raise OpenAIError(str(exc), param="structured_outputs") from exc
         if kind == "text":
             return None
         if kind == "json_object":
-            return StructuredOutputsParams(json_object=True)
+            return {"json_object": True}
         if kind == "json_schema":
             spec = rf.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, dict) else None
             if not isinstance(schema, (dict, bool)):
                 raise OpenAIError("response_format json_schema needs json_schema.schema (a JSON schema object)",
                                   param="response_format")
-            return StructuredOutputsParams(json=schema if isinstance(schema, dict) else ({} if schema else
-                                                                                          {"not": {}}))
+            return {"json": schema if isinstance(schema, dict) else ({} if schema else {"not": {}})}
         if kind == "structural_tag":
             import json
 
-            return StructuredOutputsParams(structural_tag=json.dumps({k: v for k, v in rf.items() if k != "type"}))
+            return {"structural_tag": json.dumps({k: v for k, v in rf.items() if k != "type"})}
         raise OpenAIError(f"response_format type must be 'text', 'json_object', 'json_schema' or 'structural_tag', "
                           f"got {kind!r}", param="response_format")
 

@@ -15,11 +15,18 @@ commit order), so a step that fails and is rolled back never advanced it, and a 
 keeps the state of the outputs it keeps. The sampler only reads it (``fill_bitmask``); to verify speculative
 proposals it advances it through the proposals it accepts and rolls it back before returning.
 
+Backends (vLLM's ``StructuredOutputsConfig.backend``): xgrammar compiles every kind of constraint, but compiles
+some JSON-schema keywords into a grammar that ignores them (``xgrammar_unenforced_keywords``); ``"auto"`` (the
+default) then uses llguidance (``structured_output_guidance.py``), as vLLM's ``auto`` does, and a keyword
+neither enforces is refused by name. Both fill the same bitmask, so the scheduler and the sampler do not know
+which one a request has.
+
 xgrammar is imported on the first structured request: an engine that never sees one never loads it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
@@ -28,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from minengine.config import StructuredOutputsConfig
 from minengine.sampling_params import StructuredOutputsParams
 
 _CPP_PREFIX = re.compile(r"\[[^\]]*\]\s*\S+:\d+:\s*")  # "[22:31:55] /project/cpp/x.cc:83: " before xgrammar's text
@@ -100,26 +108,68 @@ def load_json_schema(value: str | dict) -> dict:
     return value if isinstance(value, dict) else ({} if value else {"not": {}})
 
 
+# Keywords xgrammar compiles into a grammar that does not enforce them (checked against xgrammar's own matcher:
+# it accepts an output that breaks them), vLLM's ``has_xgrammar_unsupported_json_features`` list included.
+XGRAMMAR_UNENFORCED = ("multipleOf", "uniqueItems", "contains", "minContains", "maxContains", "format",
+                       "patternProperties", "propertyNames", "not", "if", "then", "else", "dependentRequired",
+                       "dependentSchemas", "unevaluatedProperties", "unevaluatedItems")
+_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+_DATA = ("const", "enum", "default", "examples", "required", "dependentRequired")  # values that are not schemas
+
+
+def xgrammar_unenforced_keywords(schema) -> list[str]:
+    """The keywords of a JSON schema that xgrammar would not enforce, each once, in the order found: those of
+    ``XGRAMMAR_UNENFORCED`` (``uniqueItems: false`` is no constraint) and ``pattern`` together with
+    ``minLength`` / ``maxLength`` on one string (xgrammar keeps the pattern and drops the lengths)."""
+    found: list[str] = []
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key, value in node.items():
+            if key in XGRAMMAR_UNENFORCED and not (key == "uniqueItems" and value is False):
+                found.append(key)
+        if "pattern" in node and ("minLength" in node or "maxLength" in node):
+            found.append("pattern with " + ("maxLength" if "maxLength" in node else "minLength"))
+        for key, value in node.items():
+            if key in _NAME_MAPS and isinstance(value, dict):
+                stack.extend(value.values())
+            elif key not in _DATA:
+                stack.append(value)
+    return list(dict.fromkeys(found))
+
+
 class StructuredOutputManager:
-    """One engine's grammar compiler: xgrammar's ``TokenizerInfo`` of the tokenizer and a ``GrammarCompiler``
-    (which caches compiled grammars by their source), both built on the first structured request.
+    """One engine's grammar compilers: xgrammar's ``TokenizerInfo`` of the tokenizer and a ``GrammarCompiler``
+    (which caches compiled grammars by their source), and llguidance's tokenizer when a request needs it, each
+    built on the first structured request that uses it.
 
     Args:
         tokenizer: the engine's Hugging Face tokenizer (structured outputs need one).
         vocab_size: the model's logits width (the bitmask covers it; ids the tokenizer lacks are never allowed).
         eos_token_id: the token that ends a complete output (the grammar's stop token); None = the tokenizer's.
+        config: the engine's ``StructuredOutputsConfig`` (backend, engine-wide whitespace / properties settings);
+            None = the defaults (backend "auto").
 
     Raises:
-        ValueError: (from ``new_request``) no tokenizer, or a constraint xgrammar cannot compile, naming the
-            field (``structured_outputs.json`` / ``.regex`` / ...).
+        ValueError: (from ``new_request``) no tokenizer, or a constraint the backend cannot compile or enforce,
+            naming the field (``structured_outputs.json`` / ``.regex`` / ...) and, for a schema, the keyword.
     """
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None):
+    def __init__(self, tokenizer, vocab_size: int, eos_token_id: int | None,
+                 config: StructuredOutputsConfig | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.config = config if config is not None else StructuredOutputsConfig()
         self._compiler = None
+        self._guidance = None
         self._checked_schemas: dict[str, str] = {}  # JSON text -> the text xgrammar compiles (checked once)
+        self._guidance_grammars: dict[str, str] = {}  # constraint key -> its checked llguidance grammar
 
     @property
     def compiler(self):
@@ -152,17 +202,7 @@ class StructuredOutputManager:
                              "(as in vLLM); use disable_any_whitespace")
         try:
             if kind == "json":
-                key = f"{so.disable_additional_properties}:" + (so.json if isinstance(so.json, str) else
-                                                                 json.dumps(so.json, sort_keys=True))
-                text = self._checked_schemas.get(key)
-                if text is None:  # the meta-schema check once per distinct schema (n > 1, repeated requests)
-                    schema = load_json_schema(so.json)
-                    if so.disable_additional_properties:
-                        schema = close_additional_properties(schema)
-                    text = json.dumps(schema)
-                    if len(self._checked_schemas) < 1024:
-                        self._checked_schemas[key] = text
-                return compiler.compile_json_schema(text, any_whitespace=not so.disable_any_whitespace)
+                return compiler.compile_json_schema(self.schema_text(so), any_whitespace=not so.disable_any_whitespace)
             if kind == "json_object":
                 return compiler.compile_builtin_json_grammar()
             if kind == "regex":
@@ -179,6 +219,25 @@ class StructuredOutputManager:
         except Exception as exc:  # xgrammar reports parse errors as RuntimeError (C++ exceptions)
             raise ValueError(f"structured_outputs.{kind} cannot be compiled: {_clean(exc)}") from None
 
+    def schema_text(self, so: StructuredOutputsParams) -> str:
+        """The JSON text of a ``json`` constraint's schema, checked against its meta-schema (once per distinct
+        schema: n > 1, repeated requests) and with ``additionalProperties`` closed if asked.
+
+        Raises:
+            ValueError: naming ``structured_outputs.json``, as ``load_json_schema``.
+        """
+        key = f"{so.disable_additional_properties}:" + (so.json if isinstance(so.json, str) else
+                                                         json.dumps(so.json, sort_keys=True))
+        text = self._checked_schemas.get(key)
+        if text is None:
+            schema = load_json_schema(so.json)
+            if so.disable_additional_properties:
+                schema = close_additional_properties(schema)
+            text = json.dumps(schema)
+            if len(self._checked_schemas) < 1024:
+                self._checked_schemas[key] = text
+        return text
+
     def _compile_structural_tag(self, text: str):
         """vLLM's two structural-tag formats: ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}``
         (the older one) or xgrammar's ``StructuralTag`` JSON."""
@@ -194,10 +253,88 @@ class StructuredOutputManager:
             return self.compiler.compile_structural_tag(items, tag.get("triggers", []))
         return self.compiler.compile_structural_tag(text)
 
-    def new_request(self, so: StructuredOutputsParams) -> StructuredOutputRequest:
-        """A fresh grammar state for one request (each of ``n`` children gets its own)."""
+    def with_engine_settings(self, so: StructuredOutputsParams) -> StructuredOutputsParams:
+        """``so`` with the engine-wide ``disable_any_whitespace`` / ``disable_additional_properties`` of the
+        config added (either side asking is enough, as vLLM ORs them)."""
+        cfg = self.config
+        if not (cfg.disable_any_whitespace or cfg.disable_additional_properties):
+            return so
+        return dataclasses.replace(
+            so, disable_any_whitespace=so.disable_any_whitespace or cfg.disable_any_whitespace,
+            disable_additional_properties=so.disable_additional_properties or cfg.disable_additional_properties)
+
+    def backend_for(self, so: StructuredOutputsParams) -> str:
+        """Which backend serves a constraint: the configured one, or with ``"auto"`` (vLLM's rule) xgrammar unless
+        the schema has keywords xgrammar would not enforce or xgrammar cannot compile it; then "guidance".
+
+        Raises:
+            ValueError: backend "xgrammar" and a schema keyword it would not enforce (naming it); or, from
+                ``compile``, a constraint neither backend can compile.
+        """
+        backend = self.config.backend
+        if so.kind == "regex" and "\x00" in so.regex:  # vLLM rejects it early too: no backend handles a NUL
+            raise ValueError("structured_outputs.regex must not contain a NUL character")
+        if backend == "guidance":
+            return backend
+        unenforced = xgrammar_unenforced_keywords(json.loads(self.schema_text(so))) if so.kind == "json" else []
+        if unenforced and backend == "xgrammar":
+            raise ValueError(f"structured_outputs.json uses {', '.join(repr(k) for k in unenforced)}, which the "
+                             "xgrammar backend does not enforce (the server's structured-outputs backend is "
+                             "'xgrammar'; 'auto' would use llguidance)")
+        if unenforced or backend == "xgrammar" or so.kind == "structural_tag":
+            return "guidance" if unenforced else "xgrammar"
+        try:
+            self.compile(so)  # cached by the compiler: new_request does not compile it again
+            return "xgrammar"
+        except ValueError:
+            if so.whitespace_pattern is not None or not self._guidance_accepts(so):
+                raise  # xgrammar's own message
+            return "guidance"
+
+    def _guidance_accepts(self, so: StructuredOutputsParams) -> bool:
+        try:
+            self._guidance_grammar(so)
+            return True
+        except ValueError:
+            return False
+
+    def _guidance_grammar(self, so: StructuredOutputsParams) -> str:
+        """The llguidance grammar of a constraint, checked (cached per distinct constraint).
+
+        Raises:
+            ValueError: naming the field (and the schema keywords llguidance cannot enforce).
+        """
+        from minengine.worker.structured_output_guidance import GuidanceBackend, guidance_grammar
+
+        if so.whitespace_pattern is not None:
+            raise ValueError("structured_outputs.whitespace_pattern is not supported (use disable_any_whitespace)")
+        if self._guidance is None:
+            if self.tokenizer is None:
+                raise ValueError("structured_outputs needs a tokenizer (the model has none)")
+            self._guidance = GuidanceBackend(self.tokenizer, self.vocab_size, self.eos_token_id)
+        key = repr(dataclasses.astuple(so))
+        grammar = self._guidance_grammars.get(key)
+        if grammar is None:
+            schema = json.loads(self.schema_text(so)) if so.kind == "json" else None
+            grammar = guidance_grammar(so, schema, so.disable_any_whitespace)
+            self._guidance.check(grammar, f"structured_outputs.{so.kind}")
+            if len(self._guidance_grammars) < 1024:
+                self._guidance_grammars[key] = grammar
+        return grammar
+
+    def new_request(self, so: StructuredOutputsParams):
+        """A fresh grammar state for one request (each of ``n`` children gets its own): a
+        ``StructuredOutputRequest`` (xgrammar) or a ``GuidanceRequest`` (llguidance), with the same methods.
+
+        Raises:
+            ValueError: naming the field, as ``backend_for`` / ``compile``.
+        """
         import xgrammar as xgr
 
+        so = self.with_engine_settings(so)
+        if self.backend_for(so) == "guidance":
+            grammar = self._guidance_grammar(so)  # builds the backend on first use
+            return self._guidance.new_request(grammar)
         return StructuredOutputRequest(xgr.GrammarMatcher(self.compile(so)), self.vocab_size)
 
 
