@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from minengine.config import ATTENTION_BACKENDS
 from minengine.layers import cpu_attention
-from minengine.layers.kv_quant import is_fp8, round_trip, write_fp8_rows
+from minengine.layers import kv_quant
 from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGroup
 
 logger = logging.getLogger(__name__)
@@ -34,9 +34,9 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         slot_mapping: [T] int64, ``block_id * block_size + offset`` of each new token.
         k_scale, v_scale: the FP8 cache's per-tensor scales (ignored for another dtype).
     """
-    if is_fp8(k_cache):
-        write_fp8_rows(key, k_cache, slot_mapping, k_scale)
-        write_fp8_rows(value, v_cache, slot_mapping, v_scale)
+    if k_cache.dtype == kv_quant.FP8_DTYPE:  # the FP8 cache's own writer (``layers/kv_quant.py``)
+        kv_quant.write_fp8_rows(key, k_cache, slot_mapping, k_scale)
+        kv_quant.write_fp8_rows(value, v_cache, slot_mapping, v_scale)
         return
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
@@ -209,8 +209,8 @@ def _as_cached(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, ba
                k_scale: float, v_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's own K/V as the cache holds them: a prefill from position 0 attends to them directly, so with
     an FP8 cache they are first rounded as the cache rounds them, and every path sees the same keys."""
-    if is_fp8(k_cache) and any(g.from_start for g in batch.prefill_groups):
-        return round_trip(key, k_scale), round_trip(value, v_scale)
+    if k_cache.dtype == kv_quant.FP8_DTYPE and any(g.from_start for g in batch.prefill_groups):
+        return kv_quant.round_trip(key, k_scale), kv_quant.round_trip(value, v_scale)
     return key, value
 
 
