@@ -16,8 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from minengine.config import ATTENTION_BACKENDS
-from minengine.layers import cpu_attention
-from minengine.layers import kv_quant
+from minengine.layers import cpu_attention, kv_quant
 from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGroup
 
 logger = logging.getLogger(__name__)
