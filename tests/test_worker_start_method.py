@@ -210,3 +210,25 @@ def test_serve_spawns_unless_told_and_restores_the_environment(monkeypatch):
 
 def test_main_guard_error_is_a_runtime_error():
     assert issubclass(MainGuardError, RuntimeError)
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_forked_child_restarts_an_unsettled_kernel_start(monkeypatch, settled):
+    """A build under way in the parent ran in a thread the fork does not copy: the child starts over; a settled
+    kernel (its library loaded in the copied memory) is kept."""
+    from minengine.layers import cpu_attention as ca
+
+    loader = ca.KernelLoader()
+    state = ca.KernelState.READY if settled else ca.KernelState.BUILDING
+    loader._status, loader._op = ca.KernelStatus(state), (print if settled else None)
+    monkeypatch.setattr(ca, "_PROCESS", loader)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once
+        child = ca._PROCESS
+        os.write(write, f"{child is not loader} {child.status().state.name} {child._op is print}".encode())
+        os._exit(0)
+    os.close(write)
+    report = os.read(read, 200).decode()
+    os.waitpid(pid, 0)
+    assert report == ("True READY True" if settled else "True NOT_STARTED False")
