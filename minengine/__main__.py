@@ -249,6 +249,9 @@ def _serve_parser(sub) -> None:
                    help="step traces and finished requests' metrics kept in memory")
     h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (warning: no access log)")
+    h.add_argument("--disable-log-requests", action="store_true",
+                   help="vLLM's flag, accepted: minengine logs no request's prompt or parameters in any case "
+                        "(vLLM's default since it added --enable-log-requests)")
     FrontendArgs.add_cli_args(h)
     s.set_defaults(func=cmd_serve)
 
