@@ -1,12 +1,11 @@
 """MultiprocExecutor: N worker processes, one per tensor-parallel rank, each running the same steps.
 
-vLLM's multiprocessing executor (``distributed_executor_backend="mp"``): the driver (the engine's process, with
-the one scheduler) starts ``tensor_parallel_size`` workers with ``torch.multiprocessing`` (forked, or spawned
-where forking is not safe, as vLLM: ``executor/start_method.py``) and a ``torch.distributed.TCPStore`` they
-rendezvous at; each worker is
-a rank of a gloo (CPU) or NCCL (CUDA) process group (``executor/worker.py``). Every step the driver sends the
-same encoded ``SchedulerOutput`` (``executor/messages.py``) to every worker over its pipe and waits for all
-answers; rank 0's tokens are the step's.
+vLLM's multiprocessing executor (``distributed_executor_backend="mp"``): the driver (the engine's process, with the
+one scheduler) starts ``tensor_parallel_size`` workers with ``torch.multiprocessing`` (forked, or spawned where
+forking is not safe, as vLLM: ``executor/start_method.py``) and a ``torch.distributed.TCPStore`` they rendezvous at;
+each worker is a rank of a gloo (CPU) or NCCL (CUDA) process group (``executor/worker.py``). Every step the driver
+sends the same encoded ``SchedulerOutput`` (``executor/messages.py``) to every worker over its pipe and waits for
+all answers; rank 0's tokens are the step's.
 
 Steps can be pipelined (async scheduling): ``submit`` sends a step without waiting, ``collect`` waits for the
 oldest submitted one. The workers run steps in the order they arrive, so a step submitted while another runs
@@ -62,6 +61,7 @@ class MultiprocExecutor:
         device, dtype: where and in what dtype the workers compute (as ``ModelRunner.device`` / ``.dtype``).
         last_logprobs, last_prompt_logprobs, last_swap_time_s: of the last collected step (rank 0's).
         last_replies: every rank's ``WorkerReply`` of the last collected step (all-reduce counts, times).
+        start_method: how the workers started: "fork", "spawn" or "forkserver" (``worker_start_method``).
 
     Raises:
         WorkerFailedError: a worker failed to start (its traceback in the message).
