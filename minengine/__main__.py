@@ -229,6 +229,7 @@ def cmd_serve(a: argparse.Namespace) -> None:
     from minengine.entrypoints.chat_utils import load_chat_template
     from minengine.entrypoints.cli_args import FrontendArgs
     from minengine.entrypoints.openai_server import run_server
+    from minengine.executor.start_method import spawned_workers_unless_set
 
     if a.model_tag is not None:  # ``serve MODEL`` as ``vllm serve MODEL``
         a.model = a.model_tag
@@ -242,7 +243,8 @@ def cmd_serve(a: argparse.Namespace) -> None:
     frontend = dataclasses.replace(frontend, api_key=api_keys,
                                    chat_template=load_chat_template(frontend.chat_template))
     config = _config(a)
-    engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
+    with spawned_workers_unless_set():  # as `vllm serve`: the server owns its (guarded) main module
+        engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
     print(f"minengine serving {config.served_model_name!r} ({engine.engine.model_path}) on http://{a.host}:{a.port} "
           f"(OpenAI API under /v1{', API key required but for /health, /ping, /version' if api_keys else ''}, "
           "Prometheus at /metrics, step feed at "
@@ -273,6 +275,9 @@ def _serve_parser(sub) -> None:
                    help="step traces and finished requests' metrics kept in memory")
     h.add_argument("--uvicorn-log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn's log level (warning: no access log)")
+    h.add_argument("--disable-log-requests", action="store_true",
+                   help="vLLM's flag, accepted: minengine logs no request's prompt or parameters in any case "
+                        "(vLLM's default since it added --enable-log-requests)")
     FrontendArgs.add_cli_args(h)
     s.set_defaults(func=cmd_serve)
 

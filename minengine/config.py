@@ -11,6 +11,7 @@ from minengine.core.predictors import OutputLengthPredictor
 from minengine.core.scheduler_config import PREEMPTION_MODES
 from minengine.core.spec_decode import SpeculativeConfig
 from minengine.exceptions import VLLMValidationError, show
+from minengine.sampling_params import MAX_LOGPROBS
 
 BUNDLED_MODEL = str(Path(__file__).resolve().parent / "assets" / "tiny-shakespeare-llama")
 
@@ -19,8 +20,9 @@ _DTYPES = ("float32", "float16", "bfloat16")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 # vLLM's --attention-backend; minengine/layers/attention.py has each one
 ATTENTION_BACKENDS = ("auto", "reference", "cpu", "triton")
-# None = the checkpoint's weights as they are; "int8": weight-only int8 of the linear layers (layers/quantization.py).
-QUANTIZATIONS = (None, "int8")
+# None = the checkpoint's weights as they are; "int8": weight-only int8 of the linear layers (layers/quantization.py);
+# "experts_int8": vLLM's name for the same per-output-channel int8 weights, taken as "int8" (see that module).
+QUANTIZATIONS = (None, "int8", "experts_int8")
 MAX_BLOCK_SIZE = 1024  # tokens; vLLM offers 1..128
 # Every count setting (tokens, blocks, sequences, steps) fits in an int32: the forward batch holds token counts in
 # int32 tensors (query_start_loc, seq_lens), and no machine holds 2**31 of any of them.
@@ -182,9 +184,10 @@ class EngineConfig:
             float8 e4m3 with one scale per layer for K and one for V (1.0 unless set), dequantized inside attention;
             a KV block then takes 1 byte per element, so a memory budget (``kv_cache_memory_bytes``,
             ``gpu_memory_utilization``) holds 4x the float32 blocks. See ``minengine/layers/kv_quant.py``.
-        quantization: vLLM's name: ``None`` or ``"int8"``: weight-only int8 of every decoder linear layer
-            (q/k/v/o, gate/up/down; per-output-channel scales, applied at load time; activations, embeddings and
-            the LM head stay in ``dtype``). See ``minengine/layers/quantization.py``.
+        quantization: ``None`` or ``"int8"``: weight-only int8 of every decoder linear layer (q/k/v/o,
+            gate/up/down; per-output-channel scales, applied at load time; activations, embeddings and the LM head
+            stay in ``dtype``). ``"experts_int8"``, vLLM's name for the same scheme (online, per-output-channel
+            absmax / 127, W8A16), is accepted and stored as ``"int8"``. See ``minengine/layers/quantization.py``.
         attention_backend: vLLM's name (``--attention-backend``): which paged attention reads the KV cache,
             chosen once when the engine is built: ``"reference"`` (the Python paged read the course teaches,
             ``paged_attention_reference``), ``"cpu"`` (minengine's C++ kernel, ``layers/cpu_attention.py``; the
@@ -192,6 +195,9 @@ class EngineConfig:
             ``"auto"``: "triton" on CUDA where Triton is installed, "cpu" on a CPU where the kernel takes the
             model, else "reference". The environment variable ``MINENGINE_CPU_KERNEL=0`` makes "auto" pick
             "reference". See ``minengine/layers/attention.py``.
+        max_logprobs: vLLM's: the most ``logprobs`` / ``prompt_logprobs`` a request may ask for (20; -1 = no cap,
+            the vocabulary size); more is a ``VLLMValidationError`` naming the field and the limit (a 400 from
+            the server).
         served_model_name: the name clients and metrics use (``model`` of the OpenAI API, the ``model_name``
             label); None = ``model`` as given, or "tiny-shakespeare-llama" for the bundled model (``model`` None
             or ``BUNDLED_MODEL``).
@@ -263,6 +269,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     attention_backend: str = "auto"
+    max_logprobs: int = MAX_LOGPROBS
     served_model_name: str | None = None
     logits_processors: list | None = None
     tensor_parallel_size: int = 1
@@ -386,7 +393,14 @@ class EngineConfig:
                      f"got {show(self.kv_cache_dtype)}")
         if not (self.quantization is None or isinstance(self.quantization, str)) \
                 or self.quantization not in QUANTIZATIONS:
-            _invalid("quantization", f"quantization must be one of {QUANTIZATIONS}, got {show(self.quantization)}")
+            _invalid("quantization", f"quantization must be one of {QUANTIZATIONS} ('experts_int8' is vLLM's name "
+                     f"for minengine's 'int8': per-output-channel int8 weights), got {show(self.quantization)}")
+        if self.quantization == "experts_int8":
+            self.quantization = "int8"
+        m = self.max_logprobs
+        if not isinstance(m, int) or isinstance(m, bool) or not -1 <= m <= MAX_COUNT:
+            _invalid("max_logprobs", f"max_logprobs must be -1 (no cap) or an integer in [0, {MAX_COUNT}], "
+                     f"got {show(m)}")
         if not isinstance(self.trust_remote_code, bool):
             _invalid("trust_remote_code", f"trust_remote_code must be a bool, got {show(self.trust_remote_code)}")
         for name in ("revision", "served_model_name"):

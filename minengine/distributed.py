@@ -129,7 +129,7 @@ def init_worker_group(backend: str, store_host: str, store_port: int, rank: int,
     import torch.distributed as dist
 
     if backend == "gloo":
-        # All ranks run on this machine (the multiprocessing executor spawns them): rendezvous over loopback,
+        # All ranks run on this machine (the multiprocessing executor starts them): rendezvous over loopback,
         # whatever the host name resolves to.
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     timeout = datetime.timedelta(seconds=timeout_s)

@@ -11,7 +11,8 @@ from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import as_float, check_unicode, token_ids
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold under which a temperature means greedy
-MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs``: most top alternatives returned per position
+MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs`` (EngineConfig.max_logprobs): most alternatives per position
+LOGPROBS_BOUND = 2**31 - 1  # what a request may name at all; the engine's max_logprobs is the real limit
 # The most completions of one request: every child is a request queued at once, so a larger n is a typo (vLLM has
 # no bound; its OpenAI server, as minengine's, takes at most 128).
 MAX_N = 2**16
@@ -165,7 +166,9 @@ class SamplingParams:
             this many tokens (<= max_tokens; as vLLM).
         logprobs: return, for every generated token, the log-probabilities of the sampled token and of the
             ``logprobs`` most likely ones (0 = the sampled token only), from the raw model distribution
-            (before penalties, temperature and truncation, as vLLM's default); None = none; at most 20.
+            (before penalties, temperature and truncation, as vLLM's default); None = none. The engine allows at
+            most its ``max_logprobs`` (20 by default; vLLM's rule: the check is the engine's, when the request is
+            added, not ``SamplingParams``').
         prompt_logprobs: the same for every prompt token (the first has None); the request then skips the
             prefix cache, as in vLLM, since cached positions compute no logits.
         skip_special_tokens: drop special tokens from the returned text.
@@ -285,8 +288,9 @@ class SamplingParams:
                      f"({show(self.max_tokens)})")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not _is_int(v) or not 0 <= v <= MAX_LOGPROBS):
-                _invalid(name, f"{name} must be None or an integer in [0, {MAX_LOGPROBS}], got {show(v)}")
+            if v is not None and (not _is_int(v) or not 0 <= v <= LOGPROBS_BOUND):
+                _invalid(name, f"{name} must be None or an integer >= 0 (the engine's max_logprobs limits it, "
+                         f"{MAX_LOGPROBS} by default), got {show(v)}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             _invalid("stop", f"stop must hold non-empty strings, got {show(self.stop)}")
         for i, s in enumerate(self.stop):

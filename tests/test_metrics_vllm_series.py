@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minengine import LLMEngine, SamplingParams
-from minengine.metrics.prometheus import PREEMPTION_BUCKETS, build_1_2_5_buckets
+from minengine.metrics.prometheus import CACHE_SOURCES, PREEMPTION_BUCKETS, build_1_2_5_buckets
 
 
 def _v(engine: LLMEngine, name: str, **labels) -> float:
@@ -64,12 +64,21 @@ def test_prompt_token_sources_cached_and_recomputed(bundled_model, prompt_len, c
     engine.add_request("first", prompt, _greedy(2))
     _run(engine)
     assert _v(engine, "vllm:prompt_tokens_cached_total") == 0
+    for source in CACHE_SOURCES:  # always exported, from the start
+        assert _v(engine, "vllm:prompt_tokens_cached_by_source_total", source=source) == 0
     assert _v(engine, "vllm:prompt_tokens_by_source_total", source="local_compute") == prompt_len
     engine.add_request("again", prompt, _greedy(2))
     _run(engine)
     assert engine.request_metrics["again"].num_cached_tokens == cached
     assert _v(engine, "vllm:prompt_tokens_cached_total") == cached
-    assert _v(engine, "vllm:prompt_tokens_recomputed_total") == recomputed
+    assert _v(engine, "minengine:prompt_tokens_recomputed_total") == recomputed
+    assert engine.stat_logger.registry.get_sample_value("vllm:prompt_tokens_recomputed_total",
+                                                        {"model_name": engine.config.served_model_name,
+                                                         "engine": "0"}) is None  # not a vLLM series
+    # every cached token was held by the KV pool ("device"), the one tier minengine has
+    assert _v(engine, "vllm:prompt_tokens_cached_by_source_total", source="device") == cached
+    assert sum(_v(engine, "vllm:prompt_tokens_cached_by_source_total", source=s) for s in CACHE_SOURCES) == \
+        _v(engine, "vllm:prompt_tokens_cached_total")
     assert _v(engine, "vllm:prompt_tokens_by_source_total", source="local_cache_hit") == cached + recomputed
     assert _v(engine, "vllm:prompt_tokens_by_source_total", source="local_compute") == \
         2 * prompt_len - cached - recomputed

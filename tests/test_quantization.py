@@ -101,7 +101,8 @@ def test_int8_loading_quantizes_the_decoder_linears(random_qwen2):
 
 @pytest.mark.parametrize("bad", ["gptq", "awq", "fp8", "INT8", 8, ""])
 def test_bad_quantization_is_a_value_error(bad):
-    with pytest.raises(ValueError, match=r"quantization must be one of \(None, 'int8'\)"):
+    with pytest.raises(ValueError, match=r"quantization must be one of \(None, 'int8', 'experts_int8'\) "
+                                         r"\('experts_int8' is vLLM's name for minengine's 'int8'"):
         EngineConfig(quantization=bad)
     with pytest.raises(ValueError, match="quantization"):
         EngineArgs(quantization=bad).create_engine_config()

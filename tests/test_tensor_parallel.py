@@ -9,12 +9,13 @@ fp8 KV cache over 2 ranks with one KV head (replicated on both) give TP 1's toke
 (counted in every worker) equal what ``StepCostModel`` charges for it; a worker that raises or dies makes the
 engine raise within seconds; shutdown leaves no process; bad sizes are ValueErrors before any process starts.
 
-Each engine start spawns processes (seconds each on a loaded 2-core machine), so every engine serves several
+Each engine start starts processes (seconds each on a loaded 2-core machine), so every engine serves several
 checks: four worker engines in all.
 
 The machine has 2 cores: TP 2 runs 2 gloo processes; TP 4 runs 4 on the 2 cores with
-``allow_cpu_oversubscription=True`` (refused without it, tested below). Workers are spawned: they get this
-process's ``sys.path`` (the checkout's minengine; a worker that imports another copy refuses to start).
+``allow_cpu_oversubscription=True`` (refused without it, tested below). Workers are forked (vLLM's default;
+``tests/test_worker_start_method.py`` covers spawn); spawned ones get this process's ``sys.path`` (the checkout's
+minengine; a worker that imports another copy refuses to start).
 """
 
 from __future__ import annotations

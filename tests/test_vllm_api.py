@@ -42,7 +42,7 @@ def test_llm_keeps_no_prometheus_series_unless_asked(bundled_model):
     (dict(n=0), "n"), (dict(presence_penalty=2.5), "presence_penalty"), (dict(frequency_penalty=-3),
                                                                          "frequency_penalty"),
     (dict(repetition_penalty=0), "repetition_penalty"), (dict(min_p=1.5), "min_p"), (dict(min_tokens=-1), "min_tokens"),
-    (dict(min_tokens=20, max_tokens=10), "min_tokens"), (dict(logprobs=21), "logprobs"),
+    (dict(min_tokens=20, max_tokens=10), "min_tokens"), (dict(logprobs=-2), "logprobs"),
     (dict(prompt_logprobs=-1), "prompt_logprobs"), (dict(include_stop_str_in_output=1), "include_stop_str_in_output"),
     (dict(output_kind="delta"), "output_kind"), (dict(max_tokens=0), "max_tokens"), (dict(top_k=-3), "top_k"),
 ])

@@ -63,8 +63,10 @@ def test_script_runs_and_ports_to_vllm_by_its_imports(script, monkeypatch, capsy
 
 
 def test_metric_names_are_vllms():
-    """The vllm: series minengine exports are the 36 vLLM 0.33's PrometheusStatLogger registers whatever the
-    configuration (spec decoding, LoRA, KV-cache residency and NaN counting add more, only when enabled)."""
+    """The vllm: series minengine exports are the 36 vLLM's PrometheusStatLogger registers whatever the
+    configuration (0.33's and prompt_tokens_cached_by_source; spec decoding, LoRA, KV-cache residency and NaN
+    counting add more, only when enabled); none of them is minengine's own (prompt_tokens_recomputed is not
+    vLLM's: it is minengine:)."""
     vllm_names = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                   "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens",
                   "vllm:generation_tokens", "vllm:request_success", "vllm:request_prompt_tokens",
@@ -78,7 +80,7 @@ def test_metric_names_are_vllms():
                   "vllm:num_requests_waiting_by_reason", "vllm:engine_sleep_state",
                   "vllm:external_prefix_cache_queries", "vllm:external_prefix_cache_hits",
                   "vllm:mm_cache_queries", "vllm:mm_cache_hits",
-                  "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached", "vllm:prompt_tokens_recomputed",
+                  "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached", "vllm:prompt_tokens_cached_by_source",
                   "vllm:request_max_num_generation_tokens", "vllm:request_prefill_kv_computed_tokens",
                   "vllm:request_num_preemptions", "vllm:admission_rejections"}
     assert len(vllm_names) == 36
@@ -87,6 +89,7 @@ def test_metric_names_are_vllms():
     ours = {n for n in exported if n.startswith("vllm:")}
     assert ours == vllm_names
     assert all(n.startswith(("vllm:", "minengine:")) for n in exported)
+    assert "minengine:prompt_tokens_recomputed" in exported
 
 
 @pytest.mark.parametrize("page, heading, min_blocks", [("README.md", "## Quick start", 1),

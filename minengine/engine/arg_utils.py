@@ -21,7 +21,9 @@ None for block_size, ...   the engine's default (vLLM's ``None`` defaults: block
 tensor_parallel_size       ``EngineConfig.tensor_parallel_size`` (worker processes; also
                            ``distributed_executor_backend``, ``async_scheduling``)
 pipeline_parallel_size...  must be 1; cpu_offload_gb 0
-quantization               ``EngineConfig.quantization``: None or "int8" (weight-only)
+quantization               ``EngineConfig.quantization``: None or "int8" (weight-only); "experts_int8" (vLLM's
+                           name for the same per-output-channel int8 weights) is taken as "int8"
+max_logprobs               ``EngineConfig.max_logprobs``: the most logprobs a request may ask for (-1: no cap)
 kv_cache_dtype             ``EngineConfig.kv_cache_dtype``: "auto", "fp8" or "fp8_e4m3"
 attention_backend          ``EngineConfig.attention_backend``: "auto", "reference", "cpu" or "triton"
 disable_log_stats          ``EngineConfig.disable_log_stats``: no Prometheus updates per step
@@ -69,13 +71,13 @@ _HELP_OVERRIDES = {"model": "HF checkpoint directory or hub id (None: the bundle
 
 
 def _cli_choices() -> dict[str, tuple]:
-    from minengine.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES
+    from minengine.config import ATTENTION_BACKENDS, KV_CACHE_DTYPES, QUANTIZATIONS
     from minengine.core.policies import POLICIES
     from minengine.core.scheduler_config import PREEMPTION_MODES
 
     return {"dtype": ("auto", "float32", "float16", "bfloat16", *_DTYPE_ALIASES), "device": ("cpu", "cuda", "auto"),
             "scheduling_policy": (*POLICIES, *_SCHEDULING_ALIASES), "preemption_mode": PREEMPTION_MODES,
-            "kv_cache_dtype": KV_CACHE_DTYPES, "attention_backend": ATTENTION_BACKENDS}
+            "kv_cache_dtype": KV_CACHE_DTYPES, "attention_backend": ATTENTION_BACKENDS, "quantization": QUANTIZATIONS}
 
 
 def _field_docs() -> dict[str, str]:

@@ -157,7 +157,8 @@ class InputProcessor:
                 Unicode), ``sampling_params``, ``stop_token_ids`` (beyond the vocabulary), ``priority`` (not a
                 64-bit integer), ``deadline`` (not a number a float holds), ``arrival_time`` (not a finite number,
                 or later than the engine clock's now; a wall-clock time as vLLM takes, ``time.time()``, is first
-                mapped onto the engine clock: ``wall_to_engine_clock``), the logits-processing fields
+                mapped onto the engine clock: ``wall_to_engine_clock``), ``logprobs`` / ``prompt_logprobs`` (more
+                than ``max_logprobs``: ``_check_logprobs``), the logits-processing fields
                 (``_check_logits_processing``).
         """
         self._check_request_id(request_id)
@@ -173,6 +174,7 @@ class InputProcessor:
         params = self._resolved_params(params, len(ids))
         self._check_fits_in_pool(len(ids), params.max_tokens)
         arrival = self._arrival(arrival_time)
+        self._check_logprobs(params)
         grammar_state = self._check_logits_processing(params)
         request = Request(request_id=request_id, prompt_token_ids=ids, sampling_params=params, arrival_time=arrival,
                           eos_token_id=self.eos_token_id, prompt=text, priority=priority,
@@ -232,6 +234,22 @@ class InputProcessor:
             _invalid("arrival_time", f"arrival_time ({arrival_time}) is later than the engine clock's now ({now}): "
                      "a request cannot arrive in the future (TTFT would be negative)")
         return float(arrival_time)
+
+    def _check_logprobs(self, params: SamplingParams) -> None:
+        """vLLM's ``max_logprobs``: ``logprobs`` and ``prompt_logprobs`` at most ``config.max_logprobs`` (-1: no
+        cap), and never more than the vocabulary holds (the sampler's top-k could not return them).
+
+        Raises:
+            VLLMValidationError: naming the field, the count asked for and the limit (vLLM's wording).
+        """
+        cap = self.config.max_logprobs
+        limit = self.vocab_size if cap == -1 else min(cap, self.vocab_size)
+        for name, what in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+            k = getattr(params, name)
+            if k is not None and k > limit:
+                why = f"max_logprobs={cap}" if limit == cap else f"the vocabulary size, with max_logprobs={cap}"
+                _invalid(name, f"{name}: requested {what} logprobs of {k}, which is greater than max allowed: "
+                         f"{limit} ({why})")
 
     def _check_logits_processing(self, params: SamplingParams):
         """Check the logits-processing fields of a request's own ``params`` against the model, fill its

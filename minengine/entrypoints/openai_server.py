@@ -276,9 +276,11 @@ class OpenAIServing:
             raise OpenAIError.of(exc, param="prompt") from exc
 
     async def add_requests(self, base_id: str, prompts: list, params: SamplingParams,
-                           priority: int, from_response_format: bool = False) -> list[RequestStream]:
+                           priority: int, from_response_format: bool = False,
+                           logprobs_field: str = "logprobs") -> list[RequestStream]:
         """Queue one request per prompt (ids ``base_id-i``), all or none (``from_response_format``: the
-        constraint came as ``response_format``, so an error in it names that field).
+        constraint came as ``response_format``, so an error in it names that field; ``logprobs_field``: the
+        request's name for ``SamplingParams.logprobs``, chat's ``top_logprobs``).
 
         Raises:
             OpenAIError: 400 naming the field, for what the engine rejects; 503 while the server shuts down.
@@ -290,10 +292,12 @@ class OpenAIServing:
             raise OpenAIError(str(exc), 503) from exc
         except (ValueError, TypeError) as exc:
             error = OpenAIError.of(exc)
-            if error.param and error.param.startswith("prompt"):
+            if error.param and error.param.startswith("prompt") and error.param != "prompt_logprobs":
                 error.param = "prompt"
             elif error.param and error.param.startswith("structured_outputs") and from_response_format:
                 error.param = "response_format"  # the constraint the client sent as response_format
+            elif error.param == "logprobs":
+                error.param = logprobs_field
             raise error from exc
 
     @staticmethod
@@ -436,7 +440,7 @@ class OpenAIServing:
         echo = last["content"] if body.echo and last["role"] == role else ""
         request_id, created = random_id("chatcmpl"), now()
         streams = await self.add_requests(request_id, [{"prompt_token_ids": ids, "prompt": text}], params,
-                                          body.priority, body.response_format is not None)
+                                          body.priority, body.response_format is not None, "top_logprobs")
         head = {"id": request_id, "created": created, "model": self.model_name}
         if body.stream:
             return StreamingResponse(self._chat_stream(head, streams[0], body, k, len(ids), role, echo),

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from minengine.exceptions import VLLMValidationError, show
 from minengine.sampling_params import (
-    MAX_LOGPROBS,
+    LOGPROBS_BOUND,
     STRUCTURED_OUTPUT_KINDS,
     RequestOutputKind,
     SamplingParams,
@@ -213,11 +213,12 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``: ``prompt`` is a string, a list of strings, a list of token ids or a list of
-    lists of token ids (a batch); ``logprobs`` is the number of top alternatives (0..20)."""
+    lists of token ids (a batch); ``logprobs`` is the number of top alternatives (0 .. the server's
+    ``--max-logprobs``, 20 by default; more is a 400 naming ``logprobs`` and the limit)."""
 
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: int | None = 16
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(default=None, ge=0, le=LOGPROBS_BOUND)
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True
@@ -240,14 +241,14 @@ class CompletionRequest(_SamplingFields):
 
 class ChatCompletionRequest(_SamplingFields):
     """``POST /v1/chat/completions``: ``messages`` through the model's chat template; ``logprobs`` is a bool
-    and ``top_logprobs`` the number of alternatives; ``max_completion_tokens`` (or the older ``max_tokens``)
-    defaults to what fits in ``max_model_len``."""
+    and ``top_logprobs`` the number of alternatives (at most ``--max-logprobs``); ``max_completion_tokens`` (or
+    the older ``max_tokens``) defaults to what fits in ``max_model_len``."""
 
     messages: list[dict[str, Any]]
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(default=None, ge=0, le=LOGPROBS_BOUND)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template: str | None = None

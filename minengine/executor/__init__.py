@@ -19,8 +19,9 @@ vLLM's names: ``distributed_executor_backend="mp"`` / ``"uni"`` (``UniProcExecut
 from __future__ import annotations
 
 from minengine.executor.multiproc_executor import MultiprocExecutor, WorkerFailedError
+from minengine.executor.start_method import MainGuardError
 
-__all__ = ["MultiprocExecutor", "WorkerFailedError", "executor_backend", "make_executor"]
+__all__ = ["MainGuardError", "MultiprocExecutor", "WorkerFailedError", "executor_backend", "make_executor"]
 
 
 def executor_backend(config) -> str:
@@ -38,6 +39,7 @@ def make_executor(config, model, hf_config, model_path, device: str, num_blocks:
 
     Raises:
         WorkerFailedError: a worker failed to start.
+        MainGuardError: workers must be spawned from an unguarded main script (``executor/start_method.py``).
     """
     if executor_backend(config) == "uni":
         from minengine.worker.model_runner import ModelRunner

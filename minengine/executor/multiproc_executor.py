@@ -1,11 +1,11 @@
 """MultiprocExecutor: N worker processes, one per tensor-parallel rank, each running the same steps.
 
-vLLM's multiprocessing executor (``distributed_executor_backend="mp"``): the driver (the engine's process, with
-the one scheduler) starts ``tensor_parallel_size`` workers with ``torch.multiprocessing`` (spawn: a fresh
-interpreter, safe with CUDA and threads) and a ``torch.distributed.TCPStore`` they rendezvous at; each worker is
-a rank of a gloo (CPU) or NCCL (CUDA) process group (``executor/worker.py``). Every step the driver sends the
-same encoded ``SchedulerOutput`` (``executor/messages.py``) to every worker over its pipe and waits for all
-answers; rank 0's tokens are the step's.
+vLLM's multiprocessing executor (``distributed_executor_backend="mp"``): the driver (the engine's process, with the
+one scheduler) starts ``tensor_parallel_size`` workers with ``torch.multiprocessing`` (forked, or spawned where
+forking is not safe, as vLLM: ``executor/start_method.py``) and a ``torch.distributed.TCPStore`` they rendezvous at;
+each worker is a rank of a gloo (CPU) or NCCL (CUDA) process group (``executor/worker.py``). Every step the driver
+sends the same encoded ``SchedulerOutput`` (``executor/messages.py``) to every worker over its pipe and waits for
+all answers; rank 0's tokens are the step's.
 
 Steps can be pipelined (async scheduling): ``submit`` sends a step without waiting, ``collect`` waits for the
 oldest submitted one. The workers run steps in the order they arrive, so a step submitted while another runs
@@ -33,7 +33,8 @@ from pathlib import Path
 
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.executor.messages import StepEncoder, WorkerReply
-from minengine.executor.worker import SHUTDOWN, WorkerConfig, plain_config, worker_main
+from minengine.executor.start_method import check_main_guard, prepare_fork, worker_start_method
+from minengine.executor.worker import SHUTDOWN, WorkerConfig, forked_worker_main, plain_config, worker_main
 
 START_TIMEOUT_S = 600.0  # loading a shard, and the CPU attention kernel's first build on a machine
 STOP_GRACE_S = 5.0
@@ -61,9 +62,13 @@ class MultiprocExecutor:
         device, dtype: where and in what dtype the workers compute (as ``ModelRunner.device`` / ``.dtype``).
         last_logprobs, last_prompt_logprobs, last_swap_time_s: of the last collected step (rank 0's).
         last_replies: every rank's ``WorkerReply`` of the last collected step (all-reduce counts, times).
+        start_method: how the workers started: "fork", "spawn" or "forkserver" (``worker_start_method``).
 
     Raises:
         WorkerFailedError: a worker failed to start (its traceback in the message).
+        MainGuardError: the workers must be spawned and the main script has no ``if __name__ == "__main__":``
+            guard around the code that starts them (raised before any process starts).
+        ValueError: ``VLLM_WORKER_MULTIPROC_METHOD`` (or ``MINENGINE_``) names no start method.
     """
 
     def __init__(self, model_path: str, hf_config, dtype: str, device: str, world_size: int, num_blocks: int,
@@ -72,7 +77,6 @@ class MultiprocExecutor:
                  quantization: str | None = None, attention_backend: str = "auto"):
         import torch
         import torch.distributed as dist
-        import torch.multiprocessing as mp
 
         import minengine
 
@@ -84,6 +88,8 @@ class MultiprocExecutor:
         self.last_prompt_logprobs: dict = {}
         self.last_swap_time_s = 0.0
         self.last_replies: list[WorkerReply] = []
+        self.start_method, reason = worker_start_method()
+        check_main_guard(self.start_method, reason)  # before the store and any process exist
         self._encoder = StepEncoder()
         self._in_flight: collections.deque[int] = collections.deque()
         self._failure: str | None = None
@@ -98,18 +104,27 @@ class MultiprocExecutor:
                               kv_cache_dtype=kv_cache_dtype, quantization=quantization,
                               attention_backend=attention_backend,
                               minengine_dir=str(Path(minengine.__file__).resolve().parent))
-        ctx = mp.get_context("spawn")
         self._procs, self._conns = [], []
         self._stop = weakref.finalize(self, _stop_workers, self._procs, self._conns)
-        for rank in range(world_size):
+        self._start_workers(config)
+        self._wait_all(lambda msg: msg is None, START_TIMEOUT_S, "start")
+
+    def _start_workers(self, config: WorkerConfig) -> None:
+        import torch.multiprocessing as mp
+
+        ctx = mp.get_context(self.start_method)
+        if self.start_method == "fork":
+            prepare_fork()
+        for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=worker_main, args=(rank, config, child), name=f"minengine-worker-{rank}",
-                               daemon=True)
+            # a forked worker closes its copies of the driver's pipe ends (this one's and the earlier workers')
+            target, args = ((forked_worker_main, (rank, config, child, [*self._conns, parent]))
+                            if self.start_method == "fork" else (worker_main, (rank, config, child)))
+            proc = ctx.Process(target=target, args=args, name=f"minengine-worker-{rank}", daemon=True)
             proc.start()
             child.close()  # the worker's end lives in the worker only: its death closes the pipe
             self._procs.append(proc)
             self._conns.append(parent)
-        self._wait_all(lambda msg: msg is None, START_TIMEOUT_S, "start")
 
     # ---- the ModelRunner interface ----------------------------------------------------------------------------
     def execute(self, scheduler_output: SchedulerOutput) -> dict[str, list[int]]:

@@ -1,6 +1,7 @@
 """The tensor-parallel worker process: one rank, its shard of the weights and of every KV block, a loop of steps.
 
-Started by ``MultiprocExecutor`` (``torch.multiprocessing``, spawn). It joins the process group, loads its shard
+Started by ``MultiprocExecutor`` (``torch.multiprocessing``: forked, ``forked_worker_main``, or spawned,
+``worker_main``; ``executor/start_method.py``). It joins the process group, loads its shard
 (``load_model(..., tp=group)``), builds an ordinary ``ModelRunner`` on it (the shard's KV heads set the KV
 tensors' shape: each rank holds its heads' slice of every block), tells the driver it is ready, then runs
 every step the driver sends, in order: decode the message, ``ModelRunner.execute`` (the model's all-reduces
@@ -97,6 +98,16 @@ def worker_main(rank: int, config: WorkerConfig, conn) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def forked_worker_main(rank: int, config: WorkerConfig, conn, driver_conns: list) -> None:
+    """``worker_main`` in a forked child. The fork copied the driver's ends of the pipes (``driver_conns``): held
+    here, they would keep this worker's own pipe open after the driver exits, so it would never see the driver
+    go; closed first. SIGTERM back to its default, in case the driver had a handler (a server's)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for driver_end in driver_conns:
+        driver_end.close()
+    worker_main(rank, config, conn)
 
 
 def _start(rank: int, config: WorkerConfig):

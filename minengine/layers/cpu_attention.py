@@ -66,6 +66,20 @@ def is_disabled() -> bool:
 _PROCESS = KernelLoader()  # this process's kernel: a library registers its op namespace once per process
 
 
+def _start_over_after_fork() -> None:
+    """In a forked child (a tensor-parallel worker): a settled kernel stays (the loaded library is in the copied
+    memory), but a start still under way ran in a thread the fork did not copy, and its lock may be held by it:
+    the child gets a loader of its own, which starts again on first use. The parent's listeners stay behind."""
+    global _PROCESS
+    parent = _PROCESS
+    _PROCESS = KernelLoader(parent._name, parent._directory, parent._lock_timeout_s)
+    if parent._status.settled:
+        _PROCESS._status, _PROCESS._op, _PROCESS._started_at = parent._status, parent._op, parent._started_at
+
+
+os.register_at_fork(after_in_child=_start_over_after_fork)
+
+
 def start(wait_s: float = START_WAIT_S) -> KernelStatus:
     """Start this process's kernel (once; the CPU ``ModelRunner`` calls it at start-up) and wait at most ``wait_s``
     seconds: a cached build is ready by then; a compile or another process's build goes on in the background while

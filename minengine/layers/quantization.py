@@ -23,6 +23,17 @@ segfault). So: the packed
 kernel for CPU bfloat16 inputs of at most ``INT8PACK_MAX_ROWS`` rows (decodes) and a width that is a multiple of 16,
 the dequantizing path otherwise (float32, prefills, CUDA).
 
+vLLM's name: vLLM has no method called "int8". The one that computes this scheme is ``"experts_int8"``
+(``ExpertsInt8Config``): online (applied at load time to an unquantized checkpoint, no calibration), int8 weights
+with one scale per output channel, ``scale = max|W[i, :]| / 127``, round, clamp to [-127, 127], activations not
+quantized (W8A16 there; here they keep the model's dtype): the same arithmetic as ``quantize_int8``. So minengine
+takes ``quantization="experts_int8"`` as well, as ``"int8"``. What differs is where vLLM applies it: to the experts
+of mixture-of-experts layers only, its dense linear layers stay unquantized; minengine's models are dense, so it
+quantizes their decoder linear layers. The other candidates fit less: ``"fbgemm_fp8"`` and ``"fp8"`` store float8
+weights, not int8; ``"compressed-tensors"`` (W8A16, channel strategy) has this storage layout but loads a checkpoint
+quantized beforehand (its ``quantization_config``), which minengine does not read; ``"bitsandbytes"`` 8-bit is
+LLM.int8() with its outlier decomposition.
+
 Tensor parallelism: the scales belong to output channels, so ``shard_int8`` cuts a column-parallel layer's
 (qweight, scale) along dim 0 together, and a row-parallel layer's qweight along dim 1 with the scales whole; each
 rank's ``int8_matmul`` then gives its share (column: its outputs; row: a partial sum to all-reduce, the bias added
@@ -36,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-QUANTIZATION_METHODS = ("int8",)
+QUANTIZATION_METHODS = ("int8", "experts_int8")  # the second: vLLM's name (see above)
 INT8PACK_MAX_ROWS = 16  # above this, dequantize-then-matmul is faster in bfloat16 too (measured, see above)
 # torch 2.13's CPU kernel seems to step through in_features 16 at a time with no remainder loop: here widths 8, 24
 # and 40 gave NaN or wrong sums and 12 and 100 crashed the process (segfault); multiples of 16 were right.

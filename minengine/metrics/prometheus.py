@@ -1,17 +1,19 @@
 """Prometheus metrics with vLLM's series names, types, labels and buckets, so a vLLM Grafana dashboard works.
 
-vLLM's names come from its v1 ``PrometheusStatLogger`` (``vllm/v1/metrics/loggers.py``); every series has the
-labels ``model_name`` and ``engine`` (always "0" here: one engine). minengine's own series (swap, timeouts,
-free blocks, step time) are under ``minengine:``. Each engine has its own ``CollectorRegistry`` (no global
-state, many engines per process); ``prometheus_client.generate_latest(logger.registry)`` renders it.
+vLLM's names come from its v1 ``PrometheusStatLogger`` (``vllm/v1/metrics/loggers.py``); every series has the labels
+``model_name`` and ``engine`` (always "0" here: one engine). minengine's own series (swap, timeouts, free blocks,
+step time, ``minengine:prompt_tokens_recomputed``) are under ``minengine:``. Each engine has its own
+``CollectorRegistry`` (no global state, many engines per process);
+``prometheus_client.generate_latest(logger.registry)`` renders it.
 
-The 36 series vLLM 0.33 registers whatever the configuration are all here (with a ``speculative_config`` the
-four ``vllm:spec_decode_*`` counters too). Five of them count things minengine does not have and stay at their
-constant value: ``vllm:external_prefix_cache_*`` (a KV connector's cross-instance cache), ``vllm:mm_cache_*``
-(multimodal inputs), ``vllm:admission_rejections`` (a bounded API queue), and ``vllm:engine_sleep_state`` is
-always ``awake``. ``vllm:iteration_tokens_total`` observes the tokens a step computed (prefill chunks +
-decodes), as vLLM 0.33 does. One difference, on purpose: ``vllm:request_time_per_output_token_seconds`` is
-observed only for requests with at least two tokens.
+The 36 series vLLM registers whatever the configuration (0.33's, and ``vllm:prompt_tokens_cached_by_source``) are
+all here (with a ``speculative_config`` the four ``vllm:spec_decode_*`` counters too). Five of them count things
+minengine does not have and stay at their constant value: ``vllm:external_prefix_cache_*`` (a KV connector's
+cross-instance cache), ``vllm:mm_cache_*`` (multimodal inputs), ``vllm:admission_rejections`` (a bounded API queue),
+and ``vllm:engine_sleep_state`` is always ``awake``; so do the tiers of ``vllm:prompt_tokens_cached_by_source``
+other than ``device`` (no CPU, disk or KV-connector cache). ``vllm:iteration_tokens_total`` observes the tokens a
+step computed (prefill chunks + decodes), as vLLM 0.33 does. One difference, on purpose:
+``vllm:request_time_per_output_token_seconds`` is observed only for requests with at least two tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ N_BUCKETS = [1, 2, 5, 10, 20]
 PREEMPTION_BUCKETS = [1, 2, 3, 4, 5, 10, 20]  # vLLM's vllm:request_num_preemptions
 WAITING_REASONS = ("capacity", "deferred")  # vLLM's vllm:num_requests_waiting_by_reason
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # vllm:prompt_tokens_by_source
+# vllm:prompt_tokens_cached_by_source: where cached prompt tokens were held. minengine's prefix cache is the KV pool
+# itself ("device"); it has no CPU, disk or external (KV connector) tier, so those stay at 0, as in vLLM without one.
+CACHE_SOURCES = ("device", "cpu", "disk", "mixed", "external")
 SLEEP_STATES = ("awake", "weights_offloaded", "discard_all")  # vllm:engine_sleep_state
 ADMISSION_REJECT_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")  # vllm:admission_rejections
 STEP_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
@@ -129,7 +134,12 @@ class PrometheusStatLogger:
                                                 "Number of prompt tokens by source.", "source", PROMPT_SOURCES)
         self.prompt_tokens_cached = counter("vllm:prompt_tokens_cached",
                                             "Number of cached prompt tokens (local + external).")
-        self.prompt_tokens_recomputed = counter("vllm:prompt_tokens_recomputed",
+        self.prompt_tokens_cached_by_source = labelled(Counter, "vllm:prompt_tokens_cached_by_source",
+                                                       "Number of cached prompt tokens, by the cache tier that held "
+                                                       "them.", "source", CACHE_SOURCES)
+        # not a vLLM series: the prompt's last token, cached and computed again for its logits (vLLM counts it
+        # in prompt_tokens_by_source's local_cache_hit without a series of its own)
+        self.prompt_tokens_recomputed = counter("minengine:prompt_tokens_recomputed",
                                                 "Number of cached tokens recomputed for forward pass.")
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
@@ -281,6 +291,7 @@ class PrometheusStatLogger:
         self.prompt_tokens_by_source["local_compute"].inc(num_prompt_tokens - hit)
         self.prompt_tokens_by_source["local_cache_hit"].inc(hit)
         self.prompt_tokens_cached.inc(num_cached_tokens)
+        self.prompt_tokens_cached_by_source["device"].inc(num_cached_tokens)  # the KV pool: minengine's one tier
         self.prompt_tokens_recomputed.inc(recomputed)
 
     def _record_max_generation_tokens(self, request_id: str | None, num_output_tokens: int) -> None:

@@ -169,7 +169,7 @@ class ModelledClock:
 CLOCK_KINDS = ("modelled", "cpu", "perf", "wall")
 # EngineConfig.kv_cache_dtype / .quantization -> bytes per KV element / per decoder-layer weight (None: the shape's)
 KV_CACHE_DTYPE_BYTES = {"auto": None, "fp8": 1, "fp8_e4m3": 1}
-QUANTIZATION_WEIGHT_BYTES = {None: None, "int8": 1}
+QUANTIZATION_WEIGHT_BYTES = {None: None, "int8": 1, "experts_int8": 1}  # the second: vLLM's name
 
 
 def shape_for_engine(shape: str | ModelShape, kv_cache_dtype: str = "auto",

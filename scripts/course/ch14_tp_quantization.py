@@ -51,9 +51,9 @@ print("text:", TEXT_SOURCE)
     the full `[tokens, hidden]` output). The partial sums are added with one **all-reduce**. So a layer costs two
     all-reduces of `tokens × hidden` activations, whatever `tp` is, and no rank ever holds a whole weight.
 
-    The engine does exactly this on a CPU: `LLM(tensor_parallel_size=2)` starts 2 worker processes (spawned), each loads
-    only its shard, and they all-reduce over `torch.distributed` with the gloo backend (NCCL between GPUs). One
-    scheduler stays in this process and sends every step to both workers. Start it (several seconds on a busy
+    The engine does exactly this on a CPU: `LLM(tensor_parallel_size=2)` starts 2 worker processes (forked, as
+    vLLM does), each loads only its shard, and they all-reduce over `torch.distributed` with the gloo backend (NCCL
+    between GPUs). One scheduler stays in this process and sends every step to both workers. Start it (several seconds on a busy
     machine) next to a TP 1 engine, same KV budget per rank, and compare greedy tokens:
     """),
     code("""
