@@ -200,9 +200,9 @@ class EngineHistory:
                     del engine.request_metrics[rid]
 
     def measured_bytes(self) -> int:
-        """The history's size now, measured again from the engine (the traces and finished requests it holds,
-        those moved aside for a reused id included):
-        at most ``max_bytes`` (what a test or a benchmark checks)."""
+        """The history's size now in bytes, measured again from the engine (the traces and finished requests it
+        holds, those moved aside for a reused id included): at most ``max_bytes`` between two steps (what a test
+        or a benchmark checks)."""
         engine = self.engine
         return (sum(entry_bytes(t) for t in engine.traces) + sum(entry_bytes(m) for m in engine._past_metrics)
                 + sum(entry_bytes(m) for m in engine.request_metrics.values() if m.finished_time is not None))
