@@ -376,8 +376,8 @@ class EngineConfig:
             check_cpu_cores(tp, self.allow_cpu_oversubscription)
 
     def _check_loading(self) -> None:
-        """Validate the vLLM-compatible loading, memory and attention settings (VLLMValidationError naming the
-        field)."""
+        """Validate the vLLM-compatible loading, memory and attention settings, the structured-outputs config and
+        the history bound (VLLMValidationError naming the field)."""
         if self.attention_backend not in ATTENTION_BACKENDS:
             _invalid("attention_backend", f"attention_backend must be one of {ATTENTION_BACKENDS}, "
                      f"got {show(self.attention_backend)}")
@@ -407,6 +407,8 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v):
                 _invalid(name, f"{name} must be a non-empty string or None, got {show(v)}")
+        self.structured_outputs_config = StructuredOutputsConfig.from_any(self.structured_outputs_config)
+        _positive("max_history_bytes", self.max_history_bytes, MAX_BYTES)
 
     def _check_scheduling(self) -> None:
         """Validate the scheduling-policy and swap settings (VLLMValidationError naming the field)."""
@@ -429,8 +431,6 @@ class EngineConfig:
             _invalid("shrink_prefill_chunks",
                      f"shrink_prefill_chunks must be a bool, got {show(self.shrink_prefill_chunks)}")
         self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)
-        self.structured_outputs_config = StructuredOutputsConfig.from_any(self.structured_outputs_config)
-        _positive("max_history_bytes", self.max_history_bytes, MAX_BYTES)
         _count("predicted_length_aging_steps", self.predicted_length_aging_steps)  # 0 = no aging
         if not isinstance(self.reserve_predicted_kv, bool):
             _invalid("reserve_predicted_kv",

@@ -132,3 +132,22 @@ def test_documented_default_cap():
 
     source = Path(server_memory.__file__).read_text()
     assert 'default=20_000' in source and "a.num_requests, a.max_history_bytes, a.samples = 300, 2 * 2**20" in source
+
+
+def test_reused_request_ids_do_not_grow_the_history(bundled_model):
+    """A caller that reuses request ids: the engine moves the earlier request's metrics aside (its summary keeps
+    both); those count against the budget too and are dropped oldest first."""
+    engine = AsyncLLMEngine.from_engine_args(AsyncEngineArgs(
+        model=bundled_model, max_model_len=256, num_kv_blocks=64, max_history_bytes=30_000))
+
+    async def main():
+        for _ in range(40):
+            async for _out in engine.generate("ROMEO:", SamplingParams(max_tokens=3), "same-id"):
+                pass
+        return await engine.call(lambda e: (len(e._past_metrics), engine.history.measured_bytes()))
+
+    try:
+        num_past, measured = asyncio.run(asyncio.wait_for(main(), 120))
+        assert 0 < num_past < 39 and measured <= 30_000
+    finally:
+        engine.shutdown()

@@ -190,3 +190,27 @@ def test_the_doc_lists_every_keyword_xgrammar_does_not_enforce():
     text = (Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-outputs.md").read_text()
     assert all(f"`{k}`" in text for k in XGRAMMAR_UNENFORCED if k not in ("if", "then", "else")), text
     assert "`if`/`then`/`else`" in text and "`minLength`" in text and "`maxLength`" in text
+
+
+def test_the_command_line_flags_reach_the_engine_config():
+    """``--structured-outputs-config`` (vLLM's JSON) and ``--max-history-bytes``; bad values name the field."""
+    import argparse
+
+    from minengine import EngineArgs
+    from minengine.exceptions import VLLMValidationError
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}',
+                              "--max-history-bytes", "123456"])
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert config.structured_outputs_config == StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True)
+    assert config.max_history_bytes == 123456
+    for bad, field in [('{"backend": "outlines"}', "structured_outputs_config.backend"),
+                       ('{"backend": "auto", "typo": 1}', "structured_outputs_config"),
+                       ('{"disable_any_whitespace": "yes"}', "structured_outputs_config.disable_any_whitespace")]:
+        args = parser.parse_args(["--structured-outputs-config", bad])
+        with pytest.raises(VLLMValidationError) as info:
+            EngineArgs.from_cli_args(args).create_engine_config()
+        assert info.value.parameter == field
+    with pytest.raises(VLLMValidationError, match="max_history_bytes"):
+        EngineArgs.from_cli_args(parser.parse_args(["--max-history-bytes", "0"])).create_engine_config()

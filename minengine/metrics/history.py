@@ -116,6 +116,7 @@ class EngineHistory:
         self.max_entries = max_entries
         self.counted: dict[str, float] = {}  # finished request id -> its finished_time, for those in the budget
         self._last_trace: tuple | None = None  # the key of the newest trace counted
+        self._num_past = 0  # entries of engine._past_metrics counted (they are appended at its end)
 
     def _new_traces(self) -> list:
         """The traces appended since the last ``record`` (all of them after a ``reset_stats``)."""
@@ -136,6 +137,7 @@ class EngineHistory:
             dropped += self.fifo.push(("step", trace.step, trace.start_time), entry_bytes(trace))
             for rid in trace.finished_ids:
                 dropped += self._push_finished(rid)
+        dropped += self._push_past()
         if len(self.counted) < len(engine.request_metrics) - len(engine.scheduler.requests):
             for rid, m in list(engine.request_metrics.items()):
                 if m.finished_time is not None and self.counted.get(rid) != m.finished_time:
@@ -150,6 +152,18 @@ class EngineHistory:
         self.counted[rid] = m.finished_time
         return self.fifo.push(("request", rid, m.finished_time), entry_bytes(m))
 
+    def _push_past(self) -> list:
+        """Count the metrics the engine moved to ``_past_metrics`` (a finished request whose id was used
+        again); ``reset_stats`` replaces that list, and the count starts again."""
+        past = self.engine._past_metrics
+        if self._num_past > len(past):
+            self._num_past = 0
+        dropped = []
+        for m in past[self._num_past:]:
+            dropped += self.fifo.push(("past", id(past), m.arrival_time), entry_bytes(m))
+        self._num_past = len(past)
+        return dropped
+
     def _drop(self, keys: list) -> None:
         """Remove the dropped entries that are still there (traces are a prefix of ``engine.traces``)."""
         engine = self.engine
@@ -159,6 +173,11 @@ class EngineHistory:
             k += 1
         if k:
             del engine.traces[:k]
+        past = engine._past_metrics
+        n_past = sum(1 for key in keys if key[0] == "past" and key[1] == id(past))
+        if n_past:  # the oldest are at the front, in the order they were counted
+            del past[:n_past]
+            self._num_past -= n_past
         for kind, rid, finished_time in keys:
             if kind == "request" and self.counted.get(rid) == finished_time:
                 del self.counted[rid]
@@ -181,8 +200,9 @@ class EngineHistory:
                     del engine.request_metrics[rid]
 
     def measured_bytes(self) -> int:
-        """The history's size now, measured again from the engine (the traces and finished requests it holds):
-        at most ``max_bytes`` (what a test or a benchmark checks)."""
+        """The history's size now in bytes, measured again from the engine (the traces and finished requests it
+        holds, those moved aside for a reused id included): at most ``max_bytes`` between two steps (what a test
+        or a benchmark checks)."""
         engine = self.engine
-        return (sum(entry_bytes(t) for t in engine.traces)
+        return (sum(entry_bytes(t) for t in engine.traces) + sum(entry_bytes(m) for m in engine._past_metrics)
                 + sum(entry_bytes(m) for m in engine.request_metrics.values() if m.finished_time is not None))
