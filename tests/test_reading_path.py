@@ -47,7 +47,8 @@ def branch_words(function) -> set[str]:
 DEFAULT_FUNCTIONS = [Scheduler.schedule, Scheduler.update_from_output, Scheduler.rollback, Scheduler.commit_sampled,
                      Scheduler.commit_chunk, Scheduler.append_token, Scheduler.finish_requests, Scheduler.undo_request,
                      Scheduler.restore_waiting, StepBuilder.run, StepBuilder.preempt, StepBuilder.admit_next,
-                     StepBuilder.first_chunk, StepBuilder.build, StepBuilder.scheduled_request, StepBuilder._add]
+                     StepBuilder.first_chunk, StepBuilder.build, StepBuilder.scheduled_request,
+                     StepBuilder.schedule_chunk]
 
 
 @pytest.mark.parametrize("function", DEFAULT_FUNCTIONS, ids=lambda f: f.__qualname__)

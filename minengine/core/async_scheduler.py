@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from minengine.core.scheduler import OpenStep
 from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID, ScheduledRequest
-from minengine.core.step_builder import Undo
+from minengine.core.step_builder import StateBeforeStep
 from minengine.request import Request, RequestStatus
 
 
@@ -43,7 +43,7 @@ class AsyncScheduling:
         request.num_output_placeholders -= 1  # the placeholder becomes the token
         return super().commit_sampled(request, s, tokens)
 
-    def undo_request(self, undo: Undo, s: ScheduledRequest) -> None:
+    def undo_request(self, undo: StateBeforeStep, s: ScheduledRequest) -> None:
         request = undo.request
         request.num_output_placeholders -= s.sample  # the token this step would have sampled
         if request.status is RequestStatus.RUNNING:

@@ -3,6 +3,12 @@
 Ideas: block tables and on-demand allocation from PagedAttention (Kwon et al., SOSP 2023, section 4.2);
 prefix caching by a chained hash of each full block from vLLM's automatic prefix caching (and SGLang's
 RadixAttention, Zheng et al. 2024, for the tree view of the same idea).
+
+One block table, several forms, one owner: this manager's ``req_to_blocks`` (``KVBlock`` objects, the truth);
+the id lists each ``ScheduledRequest`` carries to the runner (``get_block_ids``, a copy per step); and the
+worker's ``BlockTable`` (``worker/block_table.py``), the running requests' ids as rows of one array, kept between
+steps. Full blocks a step completes wait in a staging list until the step commits (``stage_full_blocks``,
+``commit_staged``), so a failed step never leaves a prefix-cache entry for K/V it did not write.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from minengine.core.policies import SchedulingPolicy
 from minengine.core.request_set import RequestSet
 from minengine.core.scheduler_config import SchedulerConfig
 from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
-from minengine.core.step_builder import StepBuilder, Undo
+from minengine.core.step_builder import StateBeforeStep, StepBuilder
 from minengine.request import Request, RequestStatus
 
 
@@ -39,7 +39,7 @@ class OpenStep:
     """A step scheduled and not yet committed or rolled back."""
 
     out: SchedulerOutput
-    undo: list[Undo]  # the state before the step of each scheduled request, in ``out.scheduled`` order
+    undo: list[StateBeforeStep]  # the state before the step of each scheduled request, in ``out.scheduled`` order
     waiting_before: list[Request] | None  # None: the step did not change the waiting queue
     requests: list[Request]  # the scheduled requests, in ``out.scheduled`` order
 
@@ -247,7 +247,7 @@ class Scheduler:
         self.restore_waiting(open_step)
         self.num_steps -= 1
 
-    def undo_request(self, undo: Undo, s: ScheduledRequest) -> None:
+    def undo_request(self, undo: StateBeforeStep, s: ScheduledRequest) -> None:
         """Give one scheduled request back its blocks, progress and (if admitted in the step) status."""
         request = undo.request
         self.kv.truncate(request, undo.num_blocks)

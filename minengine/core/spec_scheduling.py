@@ -60,7 +60,7 @@ class Speculation:
             spec = self._speculate(request, limit)
             if spec:
                 self._spec[request.request_id] = spec
-                self._add(request, 1 + len(spec), undo)
+                self.schedule_chunk(request, 1 + len(spec), undo)
                 return 1 + len(spec)
         return super().run(request, limit)
 

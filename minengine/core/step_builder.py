@@ -7,7 +7,7 @@ out, admitting waiting requests (a prefix-cache hit, then a first chunk), and re
 
 Data flows down: the ``Scheduler`` hands the builder what a step needs (the KV cache manager, its queues, the
 ``SchedulerConfig``) and the policy's queue order (``QueueOrder``); the builder never looks back at the
-scheduler, and it records every move in the ``SchedulerOutput`` and in its ``Undo`` list, which the scheduler
+scheduler, and it records every move in the ``SchedulerOutput`` and in its ``StateBeforeStep`` list, which the scheduler
 keeps to commit or roll back the step.
 
 This class is the default step only. Optional features are mixins that override one named method each
@@ -52,7 +52,7 @@ def reset_for_recompute(request: Request) -> None:
 
 
 @dataclass(slots=True)
-class Undo:
+class StateBeforeStep:
     """One scheduled request's state before the step, so that a failed step can give it back
     (``Scheduler.rollback``): its first ``num_blocks`` blocks, status, progress, swap blocks and received KV.
     Read-only by convention (not ``frozen``: one is made per scheduled request per step, and a frozen dataclass
@@ -68,7 +68,7 @@ class Undo:
     num_external_computed_tokens: int = 0
 
     @classmethod
-    def of(cls, request: Request, num_blocks: int) -> Undo:
+    def of(cls, request: Request, num_blocks: int) -> StateBeforeStep:
         return cls(request, num_blocks, request.status, request.num_computed_tokens,
                    tuple(request.swapped_block_ids), request.num_cached_tokens, request.last_scheduled_step,
                    request.num_external_computed_tokens)
@@ -90,7 +90,7 @@ class StepBuilder:
     Attributes:
         budget: tokens left of ``max_num_batched_tokens``.
         out: the ``SchedulerOutput`` filled as requests are scheduled, preempted and admitted.
-        undo: the state before the step of every request scheduled in it (see ``Undo``).
+        undo: the state before the step of every request scheduled in it (see ``StateBeforeStep``).
         waiting_before: the waiting queue as it was before this step's first admission or preemption changed
             it (what a rollback restores), None while unchanged: copied once, and only by a step that changes it.
         num_preemptions: this builder's preemptions, which the scheduler adds to its total.
@@ -108,7 +108,7 @@ class StepBuilder:
         self.out = SchedulerOutput() if out is None else out
         self._scheduled: list[tuple[Request, int]] = []  # (request, tokens scheduled for it), in order
         self._num_new: dict[str, int] = {}  # request id -> tokens scheduled for it in this step
-        self.undo: list[Undo] = []
+        self.undo: list[StateBeforeStep] = []
         self.waiting_before: list[Request] | None = None
         # ``blocks_for_next_token(running)``, computed at the first admission that reserves them and kept up to
         # date by the admissions after it (a run or a preemption drops it: it is computed again if needed).
@@ -154,7 +154,7 @@ class StepBuilder:
             self.preempt(victim)
             if victim is request:
                 return 0
-        self._add(request, num_new, undo)
+        self.schedule_chunk(request, num_new, undo)
         return num_new
 
     def num_uncomputed(self, request: Request) -> int:
@@ -213,7 +213,7 @@ class StepBuilder:
             if self._next_token_blocks is None:  # once per step, not once per admission
                 self._next_token_blocks = self.blocks_for_next_token(self.running)
             free -= self._next_token_blocks
-        undo = Undo.of(request, 0)
+        undo = StateBeforeStep.of(request, 0)
         num_new = self.first_chunk(request, limit, free)
         if num_new == 0:
             return 0
@@ -222,7 +222,7 @@ class StepBuilder:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         self.out.admitted_ids.append(request.request_id)
-        self._add(request, num_new, undo)
+        self.schedule_chunk(request, num_new, undo)
         if self._next_token_blocks is not None:  # the newcomer's own need joins the others'
             self._next_token_blocks += self.blocks_for_next_token((request,))
         return num_new
@@ -296,14 +296,14 @@ class StepBuilder:
             self.waiting_before = list(self.waiting)
 
     # ---- output ---------------------------------------------------------------------------------------
-    def _undo_running(self, request: Request) -> Undo:
+    def _undo_running(self, request: Request) -> StateBeforeStep:
         """A running request's state before this step (it holds no swap blocks)."""
         self._next_token_blocks = None  # this request's need changes
-        return Undo(request, len(self.kv.req_to_blocks.get(request.request_id, ())), RequestStatus.RUNNING,
+        return StateBeforeStep(request, len(self.kv.req_to_blocks.get(request.request_id, ())), RequestStatus.RUNNING,
                     request.num_computed_tokens, (), request.num_cached_tokens, request.last_scheduled_step,
                     request.num_external_computed_tokens)
 
-    def _add(self, request: Request, num_new: int, undo: Undo) -> None:
+    def schedule_chunk(self, request: Request, num_new: int, undo: StateBeforeStep) -> None:
         """Schedule ``num_new`` tokens of ``request``: spend the budget, remember how to undo it, and stage the
         blocks the chunk completes (indexed in the prefix cache only once the step has really run)."""
         self._scheduled.append((request, num_new))

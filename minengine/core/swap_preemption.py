@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from minengine.core.scheduler import OpenStep
 from minengine.core.scheduler_output import ScheduledRequest
-from minengine.core.step_builder import Undo, reset_for_recompute
+from minengine.core.step_builder import StateBeforeStep, reset_for_recompute
 from minengine.core.swap_space import SwapSpace
 from minengine.request import Request, RequestStatus
 
@@ -48,7 +48,7 @@ class SwapScheduling:
         self.swap_space.release(request.swapped_block_ids)
         request.swapped_block_ids = []
 
-    def undo_request(self, undo: Undo, s: ScheduledRequest) -> None:
+    def undo_request(self, undo: StateBeforeStep, s: ScheduledRequest) -> None:
         """A request swapped in by the failed step gets its CPU swap blocks back (their copies were only read)."""
         super().undo_request(undo, s)
         if undo.status is not RequestStatus.RUNNING and undo.swapped_block_ids:

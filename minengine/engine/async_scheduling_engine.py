@@ -72,13 +72,13 @@ class AsyncSchedulingEngine(LLMEngine):
         self._unsubmitted_preemptions = []
         try:
             sampled = self.runner.collect()  # the oldest step: it was submitted first
-            kept, detoks = self._detokenize(step, sampled)
-            logprobs = self._prepare_logprobs(step, kept)
+            tokens_to_commit, detoks = self._detokenize(step, sampled)
+            logprobs = self._prepare_logprobs(step, tokens_to_commit)
         except BaseException:
             self._abandon_in_flight(step, start)
             self.clock.end_step(SchedulerOutput())
             raise
-        return self._commit(step, start, sampled, kept, detoks, logprobs)
+        return self._commit(step, start, sampled, tokens_to_commit, detoks, logprobs)
 
     def _submit(self, step: InFlightStep) -> None:
         try:
@@ -114,9 +114,9 @@ class AsyncSchedulingEngine(LLMEngine):
         """Requests that finished since the step was scheduled get nothing."""
         return [rid for rid in super()._sampling_ids(step) if self._is_live(step, rid)]
 
-    def _prepare_logprobs(self, step: InFlightStep, kept: dict) -> dict:
+    def _prepare_logprobs(self, step: InFlightStep, tokens_to_commit: dict) -> dict:
         """As ``LLMEngine._prepare_logprobs``, without requests that finished while the step ran."""
-        logprobs = {rid: lps for rid, lps in self.runner.last_logprobs.items() if rid in kept}
+        logprobs = {rid: lps for rid, lps in self.runner.last_logprobs.items() if rid in tokens_to_commit}
         prompt_logprobs = {rid: lps for rid, lps in self.runner.last_prompt_logprobs.items()
                            if self._is_live(step, rid)}
         return self.output_processor.prepare_logprobs(logprobs, prompt_logprobs)

@@ -245,14 +245,14 @@ class LLMEngine:
         step = self._scheduled_step(scheduler_output, start)
         try:  # everything that may fail, before anything is committed
             sampled = self.runner.execute(scheduler_output)
-            kept, detoks = self._detokenize(step, sampled)
-            logprobs = self._prepare_logprobs(step, kept)
+            tokens_to_commit, detoks = self._detokenize(step, sampled)
+            logprobs = self._prepare_logprobs(step, tokens_to_commit)
         except BaseException:
             self.scheduler.rollback(scheduler_output)
             self.clock.end_step(SchedulerOutput())  # the step did not happen: it costs no modelled time
             self.recorder.on_rolled_back(step, start, self.request_metrics)
             raise
-        return self._commit(step, start, sampled, kept, detoks, logprobs)
+        return self._commit(step, start, sampled, tokens_to_commit, detoks, logprobs)
 
     def _begin_step(self) -> float:
         """Start a step on the clock; requests past their deadline finish first. Returns the step's start."""
@@ -292,7 +292,7 @@ class LLMEngine:
             lambda rid, tokens: self.scheduler.num_tokens_before_stop(self.scheduler.requests[rid], tokens),
             self.output_processor.caller_id)
 
-    def _prepare_logprobs(self, step: ScheduledStep, kept: dict) -> dict:
+    def _prepare_logprobs(self, step: ScheduledStep, tokens_to_commit: dict) -> dict:
         """The step's logprobs as positions (``OutputProcessor.prepare_logprobs``), before anything is committed:
         only the tokens kept (a stop may end a run of accepted proposals).
 
@@ -301,21 +301,22 @@ class LLMEngine:
         """
         logprobs = self.runner.last_logprobs
         if logprobs and step.scheduler_output.num_spec_tokens:
-            logprobs = {rid: lps[:len(kept[rid])] for rid, lps in logprobs.items() if rid in kept}
+            logprobs = {rid: lps[:len(tokens_to_commit[rid])] for rid, lps in logprobs.items()
+                        if rid in tokens_to_commit}
         return self.output_processor.prepare_logprobs(logprobs, self.runner.last_prompt_logprobs)
 
-    def _commit(self, step: ScheduledStep, start: float, sampled: dict[str, list[int]], kept: dict,
+    def _commit(self, step: ScheduledStep, start: float, sampled: dict[str, list[int]], tokens_to_commit: dict,
                 detoks: dict, logprobs: dict) -> list[RequestOutput]:
         """Commit a step that ran (``update_from_output``), then metrics, outputs and its ``StepTrace``. Nothing
         here may raise, or the step's outputs would be lost: the recorder guards the trace and statistics."""
         scheduler_output = step.scheduler_output
         self.output_processor.record_logprobs(logprobs)
-        got_token, finished = self.scheduler.update_from_output(scheduler_output, kept)
+        got_token, finished = self.scheduler.update_from_output(scheduler_output, tokens_to_commit)
         self.clock.end_step(scheduler_output)  # a modelled clock advances by this step's cost here
         now = self.clock()
         self._mark_first_scheduled(scheduler_output.admitted_ids, start)
         for request in got_token:
-            self.request_metrics[request.request_id].on_tokens(request, len(kept[request.request_id]), now)
+            self.request_metrics[request.request_id].on_tokens(request, len(tokens_to_commit[request.request_id]), now)
             stop_string = self.detokenizers.commit(request.request_id, detoks[request.request_id])
             if stop_string is not None:
                 finished += self._finish_by_stop_string(request, stop_string)
@@ -328,8 +329,8 @@ class LLMEngine:
             self.request_metrics)
         for request in finished:
             self.detokenizers.remove(request.request_id)
-        self.recorder.on_step(step, start, now, sampled, kept, got_token, finished, [r for r, _ in timed_out],
-                              self.request_metrics)
+        self.recorder.on_step(step, start, now, sampled, tokens_to_commit, got_token, finished,
+                              [r for r, _ in timed_out], self.request_metrics)
         return outputs
 
     def _mark_first_scheduled(self, admitted_ids: list[str], start: float) -> None:
