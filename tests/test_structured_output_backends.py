@@ -214,3 +214,19 @@ def test_the_command_line_flags_reach_the_engine_config():
         assert info.value.parameter == field
     with pytest.raises(VLLMValidationError, match="max_history_bytes"):
         EngineArgs.from_cli_args(parser.parse_args(["--max-history-bytes", "0"])).create_engine_config()
+
+
+def test_llguidance_states_under_speculative_decoding_match_plain_greedy(bundled_model, llm):
+    """The sampler advances a grammar state through accepted proposals and rolls it back: with llguidance as with
+    xgrammar, constrained greedy output is the same with and without speculation."""
+    spec = LLM(bundled_model, max_model_len=256, num_kv_blocks=128, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    prompt = 'ROMEO: {"w":"abc"} {"w":"ab c"} {"w":"'
+    for schema in (WORD, NAME):
+        params = SamplingParams(temperature=0, max_tokens=24, logit_bias=CLOSING,
+                                structured_outputs=StructuredOutputsParams(json=schema, disable_any_whitespace=True))
+        (a,), (b,) = spec.generate(prompt, params, use_tqdm=False), llm.generate(prompt, params, use_tqdm=False)
+        assert (a.outputs[0].token_ids, a.outputs[0].text) == (b.outputs[0].token_ids, b.outputs[0].text)
+        if a.outputs[0].finish_reason == "stop":
+            jsonschema.validate(json.loads(a.outputs[0].text), schema)
+    assert spec.llm_engine.structured_output_manager.backend_for(StructuredOutputsParams(json=WORD)) == "guidance"
