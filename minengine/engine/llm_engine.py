@@ -62,6 +62,7 @@ class LLMEngine:
     schedules_ahead = False  # async scheduling: step N+1 is scheduled before step N's tokens are known
 
     def __new__(cls, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter, runner=None):
+        """``LLMEngine(config)`` with ``async_scheduling`` (and the model in worker processes) builds the subclass."""
         if cls is LLMEngine and getattr(config, "async_scheduling", False) and runner is None:
             cls = LLMEngine.async_scheduling_class
         return super().__new__(cls)

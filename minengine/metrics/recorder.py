@@ -73,6 +73,7 @@ class StepRecorder:
         self.num_steps = 0
 
     def pool_state(self) -> PoolState:
+        """The pool now (call it right after scheduling a step: its trace shows what the forward used)."""
         kv = self.kv_cache_manager
         return PoolState(kv.num_free_blocks, kv.pool.num_cached_free_blocks,
                          self._block_snapshot() if self.config.trace_block_tables else {})

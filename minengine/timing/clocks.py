@@ -8,7 +8,9 @@ and tells the clock where each step begins and ends:
     clock.end_step(scheduler_output)   # after the step's forward and update, before its end time is read
     clock.advance_to(t)                # a driver (replay) skips an idle gap to time t
 
-- ``WallClock``: real time; ``advance_to`` sleeps. What a server lives on.
+- ``WallClock``: real time; ``advance_to`` sleeps. What a server lives on. It, the ``Clock`` protocol and
+  ``as_clock`` live in ``minengine.timing.wall_clock`` (the engine imports only that module, not the cost model)
+  and are importable from here too.
 - ``MeasuredClock`` (was ``workloads.replay.VirtualClock``, still importable under that name): runs only inside
   steps and advances by each step's *measured* duration (``time.process_time``: this process's CPU time, which
   other processes on a shared machine do not inflate; or ``time.perf_counter`` on a GPU, where the CPU waits for
