@@ -49,8 +49,7 @@ class LLMEngine:
             then loads no weights, no tokenizer and no torch, and takes the model's sizes from
             ``runner.model_config`` (``vocab_size``, ``max_position_embeddings``, ``eos_token_id``) and
             ``runner.kv_bytes_per_block(block_size)``. Scheduling, metrics and traces are unchanged: this is how
-            the fleet simulator runs the engine's own scheduler on a modelled clock. ``None``: load
-            ``config.model``.
+            the fleet simulator runs the engine's own scheduler on a modelled clock. None: load ``config.model``.
 
     Raises:
         ValueError: bad settings, or settings that do not fit the model (``max_model_len``, KV pool).
