@@ -127,6 +127,8 @@ def test_documented_default_cap():
 
     text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text().split())  # unwrapped
     assert f"default {DEFAULT_MAX_HISTORY_BYTES // 2**20} MiB" in text
+    table = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert f"| `max_history_bytes` | {DEFAULT_MAX_HISTORY_BYTES // 2**20} MiB |" in table
     assert "20,000 completions" in text and "300 requests with a 2 MiB cap" in text
     from benchmarks import server_memory
 
