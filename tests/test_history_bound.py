@@ -100,10 +100,10 @@ def test_server_memory_benchmark_quick(tmp_path):
 
 
 def test_documented_costs_per_entry_are_what_entry_bytes_measures():
-    """docs/_incoming/hard-outputs.md's cost of a finished request (bytes, and bytes per output token)."""
+    """docs/server.md's cost of a finished request (bytes, and bytes per output token)."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-outputs.md").read_text()
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text().split())  # unwrapped
     base, per_token = _doc_costs(text)
     m = RequestMetrics(arrival_time=0.0, finished_time=1.0, first_token_time=0.5, finish_reason="length")
     empty = entry_bytes(m)
@@ -125,8 +125,10 @@ def test_documented_default_cap():
 
     from minengine.config import DEFAULT_MAX_HISTORY_BYTES
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-outputs.md").read_text()
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text().split())  # unwrapped
     assert f"default {DEFAULT_MAX_HISTORY_BYTES // 2**20} MiB" in text
+    table = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
+    assert f"| `max_history_bytes` | {DEFAULT_MAX_HISTORY_BYTES // 2**20} MiB |" in table
     assert "20,000 completions" in text and "300 requests with a 2 MiB cap" in text
     from benchmarks import server_memory
 

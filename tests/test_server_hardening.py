@@ -271,7 +271,15 @@ def test_the_dashboard_listens_on_localhost_unless_asked():
 
 # ---- the user-facing page states only numbers the code gives ------------------------------------------------
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-server.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "server.md"
+SECTION = "## Refused before the engine: long prompts, the API key, slow bodies"
+
+
+def _section_text() -> str:
+    """The server page's section on these limits (from its heading to the next ``## ``), the prose rewrapped."""
+    page = DOC.read_text()
+    assert SECTION in page, f"the section {SECTION!r} is gone from docs/server.md"
+    return " ".join(page.split(SECTION, 1)[1].split("\n## ", 1)[0].split())
 
 
 def test_every_number_on_the_docs_page_is_the_codes():
@@ -280,7 +288,7 @@ def test_every_number_on_the_docs_page_is_the_codes():
     from minengine.config import BUNDLED_MODEL
     from minengine.tokenize_within import PromptTooLongError, encode_within
 
-    text = " ".join(DOC.read_text().split())  # the prose wraps lines
+    text = _section_text()  # the prose wraps lines
     with pytest.raises(PromptTooLongError) as refusal:  # the example: the reported prompt, the test server's limit
         encode_within(AutoTokenizer.from_pretrained(BUNDLED_MODEL), "a " * 4_000_000, LIMIT)
     assert f"`{refusal.value.message}`" in text

@@ -187,7 +187,7 @@ def test_the_doc_lists_every_keyword_xgrammar_does_not_enforce():
 
     from minengine.worker.structured_output import XGRAMMAR_UNENFORCED
 
-    text = (Path(__file__).resolve().parents[1] / "docs" / "_incoming" / "hard-outputs.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "features" / "structured_outputs.md").read_text()
     assert all(f"`{k}`" in text for k in XGRAMMAR_UNENFORCED if k not in ("if", "then", "else")), text
     assert "`if`/`then`/`else`" in text and "`minLength`" in text and "`maxLength`" in text
 

@@ -65,6 +65,21 @@ def test_max_logprobs_limits_every_request(engines, cap, field, k):
     assert engine.kv_cache_manager.num_free_blocks == free
 
 
+def test_the_server_page_quotes_the_refusal_the_engine_raises(engines):
+    """docs/server.md quotes the refusal of ``logprobs=25`` under the default cap: the engine's own words."""
+    import re
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text().split())
+    quoted = re.search(r"`(logprobs: requested sample logprobs of (\d+)[^`]*)`", text)
+    assert quoted, "the quoted refusal is gone from docs/server.md"
+    assert EngineConfig().max_logprobs == 20 and "default 20 as in vLLM" in text
+    params = SamplingParams(temperature=0, max_tokens=2, logprobs=int(quoted.group(2)))
+    with pytest.raises(ValueError) as refusal:
+        engines[20].add_request("quoted", {"prompt_token_ids": [5, 6, 7]}, params)
+    assert str(refusal.value).startswith(quoted.group(1)), (str(refusal.value), quoted.group(1))
+
+
 def test_offline_llm_refuses_more_logprobs_than_max_logprobs(bundled_model):
     llm = LLM(bundled_model, **SMALL)
     with pytest.raises(ValueError, match="logprobs of 21, which is greater than max allowed: 20"):
