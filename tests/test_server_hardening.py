@@ -218,6 +218,13 @@ def test_a_trickled_body_gets_408_and_its_connection_closed(bundled_model):
         closed[len(socks)] = trickle_then_read([health], gap_s=0.2, trickle_s=0, give_up_s=60)[0]
         for sock in [*socks, health]:
             sock.close()
+        # a request without a body keeps its connection: two on one socket, neither told to close
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as sock:
+            replies = b""
+            for _ in range(2):
+                sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                replies += sock.recv(65536)
+        assert replies.count(b"HTTP/1.1 200") == 2 and b"connection: close" not in replies.lower(), replies
     # every trickle was answered and closed: the body of 100,000 bytes at 5 bytes a second was far from done
     assert sorted(closed) == list(range(len(socks) + 1)), closed
     for i in range(len(socks)):
@@ -256,7 +263,8 @@ def test_the_body_deadline_is_total_not_idle():
         sent.append(message)
 
     app = BodyTimeoutMiddleware(reader_app, timeout_s=0.3)
-    asyncio.run(app({"type": "http", "method": "POST", "path": "/x", "headers": []}, trickling_receive, send))
+    scope = {"type": "http", "method": "POST", "path": "/x", "headers": [(b"content-length", b"100000")]}
+    asyncio.run(asyncio.wait_for(app(scope, trickling_receive, send), TIMEOUT))
     assert raised and len(chunks_read) >= 2, chunks_read  # bytes were still flowing when the deadline came
     start = sent[0]
     assert start["status"] == 408 and (b"connection", b"close") in start["headers"], sent

@@ -28,6 +28,13 @@ class BodyReadTimeout(Exception):
     """The request's body did not arrive whole within the deadline (raised by the wrapped ``receive``)."""
 
 
+def announces_body(scope) -> bool:
+    """Whether a request's headers announce a body (a ``Content-Length`` above 0, or chunked transfer)."""
+    headers = dict(scope.get("headers") or [])
+    length = headers.get(b"content-length", b"0").strip()
+    return b"transfer-encoding" in headers or not length.isdigit() or int(length) > 0
+
+
 class BodyTimeoutMiddleware:
     """A pure ASGI middleware: ``app`` with a total deadline of ``timeout_s`` seconds on each request's body.
 
@@ -48,7 +55,7 @@ class BodyTimeoutMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         deadline = time.monotonic() + self.timeout_s
-        body_done = False
+        body_done = not announces_body(scope)  # a GET without a body keeps its connection alive
         response_started = False
 
         async def receive_by_deadline():
