@@ -35,11 +35,12 @@ class ReadingPath:
 
 
 def trace_default_generate(max_tokens: int = 8) -> ReadingPath:
-    """Run ``LLM().generate`` twice (a warm-up, then traced) and return what the traced call executed."""
+    """Run ``LLM().generate`` twice (a warm-up, then traced) and return what the traced call executed: default
+    sampling settings (temperature 1, seeded for repeatability), ``max_tokens`` tokens per prompt."""
     from minengine import LLM, SamplingParams
 
     llm = LLM()
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    params = SamplingParams(max_tokens=max_tokens, seed=0)
     llm.generate(PROMPTS, params, use_tqdm=False)
     called: set[CodeType] = set()
     root = str(PACKAGE)

@@ -17,7 +17,8 @@ from transformers import (
 )
 
 from minengine import LLM, SamplingParams
-from minengine.worker.logits_processing import apply_penalties, process_logits
+from minengine.worker.logits_processing import process_logits
+from minengine.worker.penalties import apply_penalties
 from tests.conftest import hf_model
 
 PROMPTS = ["ROMEO:\nO, she doth teach the torches to burn bright!", "KING RICHARD III:\nNow is the winter",

@@ -1,10 +1,9 @@
-"""What happens to one request's logits between the model and the draw, when it needs more than an argmax:
-token masks (``allowed_token_ids``, ``bad_words``, ``logit_bias``), ``min_tokens``, the penalties, then (not for
-greedy requests) temperature, min-p, top-k and top-p (``process_logits``). The ``Sampler`` sends a row here only
-when its request has one of these features.
+"""What happens to one request's logits between the model and the draw, when it needs more than an argmax
+(``process_logits``): token masks and penalties where the request sets them (``worker/penalties.py``),
+``min_tokens``, then (not for greedy requests) temperature, min-p, top-k and top-p. The ``Sampler`` sends a row here
+only when its request needs it (``SamplingParams.needs_processing``).
 
-Sources: top-p is nucleus sampling (Holtzman et al., ICLR 2020); min-p (Nguyen et al., 2024); the repetition
-penalty from CTRL (Keskar et al., 2019); presence and frequency penalties as OpenAI's API defines them.
+Sources: top-p is nucleus sampling (Holtzman et al., ICLR 2020); min-p (Nguyen et al., 2024).
 """
 
 from __future__ import annotations
@@ -14,71 +13,8 @@ from collections.abc import Sequence
 import torch
 
 from minengine.sampling_params import SamplingParams
-
-
-def finite_overflow(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``y`` (computed elementwise from ``x``) with float32 overflow clamped to the largest finite value where
-    ``x`` was finite: a logit divided by a tiny repetition penalty or temperature, or multiplied by a huge
-    penalty, would become +-inf, and softmax over +inf is NaN. Where ``x`` is -inf (a masked token) it stays
-    -inf (-inf times a penalty that rounds to 0 in float32 would be NaN)."""
-    big = torch.finfo(y.dtype).max
-    return torch.where(torch.isfinite(x), y.clamp(-big, big), x)
-
-
-def apply_penalties(logits: torch.Tensor, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                    params: SamplingParams) -> torch.Tensor:
-    """Repetition penalty over prompt + output tokens, then frequency and presence penalties over the output.
-
-    Args:
-        logits: [V] float32 raw logits. prompt_ids, output_ids: the request's tokens so far.
-    Returns:
-        [V] float32 (a new tensor).
-    """
-    logits = logits.clone()
-    vocab = logits.shape[-1]
-    if params.repetition_penalty != 1.0:
-        seen = torch.tensor(list(prompt_ids) + list(output_ids), dtype=torch.long).unique()
-        seen = seen[seen < vocab]
-        x = logits[seen]
-        logits[seen] = finite_overflow(torch.where(x > 0, x / params.repetition_penalty,
-                                                   x * params.repetition_penalty), x)
-    if output_ids and (params.frequency_penalty or params.presence_penalty):
-        ids = torch.tensor(list(output_ids), dtype=torch.long)
-        counts = torch.bincount(ids[ids < vocab], minlength=vocab).to(logits.dtype)
-        logits -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(logits.dtype)
-    return logits
-
-
-def apply_token_masks(logits: torch.Tensor, params: SamplingParams, output_ids: Sequence[int]) -> torch.Tensor:
-    """``allowed_token_ids``, ``bad_words`` and ``logit_bias`` of one request, in vLLM's order.
-
-    A bad word of tokens ``w`` is masked at its last token whenever the output ends with ``w[:-1]`` (a
-    one-token word always); the logit bias is added to the logits.
-
-    Args:
-        logits: [V] float32. output_ids: the request's generated tokens so far.
-    Returns:
-        [V] float32 (a new tensor).
-    """
-    vocab = logits.shape[-1]
-    if params.allowed_token_ids:
-        keep = torch.tensor(params.allowed_token_ids, dtype=torch.long)
-        out = torch.full_like(logits, float("-inf"))
-        out[keep] = logits[keep]
-        logits = out
-    else:
-        logits = logits.clone()
-    if params.bad_words_token_ids:
-        n = len(output_ids)
-        banned = [w[-1] for w in params.bad_words_token_ids
-                  if len(w) <= n + 1 and (len(w) == 1 or list(output_ids[n - len(w) + 1:]) == list(w[:-1]))]
-        if banned:
-            logits[torch.tensor(banned, dtype=torch.long)] = float("-inf")
-    if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-        ok = ids < vocab
-        logits[ids[ok]] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)[ok]
-    return logits
+from minengine.worker.finite import finite_overflow
+from minengine.worker.penalties import apply_penalties, apply_token_masks
 
 
 def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
