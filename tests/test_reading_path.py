@@ -92,3 +92,19 @@ def test_the_default_step_reads_in_one_sitting():
         f"(at most {MAX_FILE_LINES}): {sorted(path.files.items(), key=lambda kv: -kv[1])[:8]}")
     too_long = path.longer_than(MAX_FUNCTION_LINES)
     assert not too_long, f"executed functions longer than {MAX_FUNCTION_LINES} non-blank lines: {too_long}"
+
+
+def test_the_engine_file_is_the_step_loop():
+    """``llm_engine.py`` holds the step loop and what a user calls on the engine, no more (400 lines)."""
+    from minengine.engine import llm_engine
+
+    lines = inspect.getsource(llm_engine).count("\n")
+    assert lines <= 400, f"minengine/engine/llm_engine.py has {lines} lines (at most 400)"
+
+
+def test_the_reading_page_path_reads_in_one_sitting():
+    """``docs/reading_order.md``'s first table (the path a learner opens) is at most 3,000 non-blank lines."""
+    from tests.test_reading_order import PATH, rows
+
+    path = rows(PATH)
+    assert sum(path.values()) <= 3000, f"the reading path is {sum(path.values())} non-blank lines: {path}"
