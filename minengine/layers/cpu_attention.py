@@ -26,14 +26,14 @@ Start-up (``start``, called by the CPU ``ModelRunner``): a cached build is loade
 slower, a compile or another process's build of the same key (``flock`` held), goes to a builder process in the
 background (``python -m minengine.layers.cpu_attention NAME DIR``) and the start waits at most ``START_WAIT_S``:
 the engine runs the torch path meanwhile and takes the kernel from the first attention call after it is loaded.
-Why a background build rather than waiting: a start must never depend on another process (the 180 s waits of
-issue 21) or on the compiler's speed, and the two paths give the same greedy tokens (``tests/test_equivalence_hf.py``
-checks both against transformers), so switching between layers or steps is safe. Why a process rather than a
-thread: it holds the build lock for its whole build and finishes it even if the engine's process exits or is
-interrupted (its own session, so Ctrl-C does not stop it), so a cache is never left half built, and the next start
-finds the library. ``status()`` says where it stands (``KernelStatus``: loading, waiting for another process,
-building, ready, fell back to the torch path with the reason); ``on_change`` tells a listener (the CLI prints it,
-the dashboard shows it).
+Why a background build rather than waiting: a start must never depend on another process (the 180 s waits of issue
+21) or on the compiler's speed, and the two paths give the same greedy tokens
+(``tests/equivalence/test_equivalence_hf.py`` checks both against transformers), so switching between layers or
+steps is safe. Why a process rather than a thread: it holds the build lock for its whole build and finishes it even
+if the engine's process exits or is interrupted (its own session, so Ctrl-C does not stop it), so a cache is never
+left half built, and the next start finds the library. ``status()`` says where it stands (``KernelStatus``: loading,
+waiting for another process, building, ready, fell back to the torch path with the reason); ``on_change`` tells a
+listener (the CLI prints it, the dashboard shows it).
 
 Fallback: with ``MINENGINE_CPU_KERNEL=0``, on a machine without a working C++ compiler, if another process's build
 holds the lock past ``BUILD_LOCK_TIMEOUT_S``, or if the built kernel fails its self-check (a tiny problem against a

@@ -26,7 +26,7 @@ from minengine.viz import presets  # noqa: E402
 from minengine.workloads import azure_conv_path, find_data_dir  # noqa: E402
 from tests.dashboard_model import dashboard_model  # noqa: E402
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 # block pool, block tables, animation | batch | timeline, ITL | queue, KV, CDF | TTFT, TBT per request, 2 x (ITL,
 # batch); preset (f) adds the zoomed decode view in the batch tab
 NUM_FIGURES = 15

@@ -29,7 +29,7 @@ from minengine.workloads import azure_conv_path, find_data_dir
 from scripts.live_server_screenshot import CHROMIUM, CHROMIUM_ARGS, free_port, wait_http
 from tests.dashboard_model import dashboard_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCREENS = Path(os.environ.get("MINENGINE_SCREENSHOTS", "/tmp/minengine_screens"))
 TAB_NAMES = ("blocks", "batch", "tbt", "metrics", "ab")
 FIGURES_PER_TAB = {"blocks": 3, "batch": 1, "tbt": 2, "metrics": 3, "ab": 6}

@@ -26,7 +26,7 @@ from scripts.live_server_screenshot import ClientLoad  # noqa: E402
 from tests.canned_server import ENGINE, CannedServer, chunk, http_head, sse, step_dict  # noqa: E402
 from tests.server_helpers import free_socket, running_server  # noqa: E402
 
-APP = Path(__file__).resolve().parents[1] / "app.py"
+APP = Path(__file__).resolve().parents[2] / "app.py"
 CJK = re.compile(r"[\u4e00-\u9fff]")
 SERVER_FIGURES = 7  # block pool, block tables, batch bars, token timeline, ITL, queues, KV
 

@@ -36,7 +36,7 @@ from scripts.live_server_screenshot import (  # noqa: E402
     start_server,
     stop,
 )
-from tests.test_app_browser import _CUT_METRICS_JS, overlapping_labels, settled  # noqa: E402
+from tests.app.test_app_browser import _CUT_METRICS_JS, overlapping_labels, settled  # noqa: E402
 
 if not Path(CHROMIUM).exists():
     pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium", allow_module_level=True)

@@ -14,7 +14,7 @@ pytest.importorskip("plotly")
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-PAGE = Path(__file__).resolve().parents[1] / "pages" / "Fleet.py"
+PAGE = Path(__file__).resolve().parents[2] / "pages" / "Fleet.py"
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """Every scheduling decision over many random model-free runs, hashed: a refactoring of ``core/`` that must not
 change behaviour (issue 19, section 3: per-step work proportional to what changed) must leave the hash as it is.
 
-Each run is a random engine and workload from the soak test (``tests/test_soak.py``: every policy, recompute and
-swap, prefix caching, chunking, speculative decoding, predictors, tiny pools), driven straight through
+Each run is a random engine and workload from the soak test (``tests/properties/test_soak.py``: every policy, recompute
+and swap, prefix caching, chunking, speculative decoding, predictors, tiny pools), driven straight through
 ``Scheduler.schedule`` / ``update_from_output`` / ``rollback`` / ``finish_requests`` with random aborts,
 deadlines and failing steps. The "model" is a pure function of (request id, token index), repetitive in half
 the runs so that proposals are accepted as well as rejected. What is hashed, step by step: every field of the
@@ -13,8 +13,8 @@ tokens and that finished (with their status), and at the end the scheduler's cou
 ``DECISION_HASH`` changes only with an intended change of scheduling behaviour: update it then (run this file
 as a script to print the hash) and say so in the commit message.
 
-    python tests/test_decision_hash.py          # the hash of DEFAULT_RUNS runs
-    python tests/test_decision_hash.py 300      # of 300 runs
+    python tests/core/test_decision_hash.py          # the hash of DEFAULT_RUNS runs
+    python tests/core/test_decision_hash.py 300      # of 300 runs
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import zlib
 from pathlib import Path
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from minengine.request import RequestStatus  # noqa: E402
 from tests.fake_engine import FakeEngine  # noqa: E402
-from tests.test_soak import random_engine_settings, random_requests  # noqa: E402
+from tests.properties.test_soak import random_engine_settings, random_requests  # noqa: E402
 
 DEFAULT_RUNS = 1500  # ~7 s of CPU
 # Set after the balanced policy's rotating decode share (issue 22); the host-time work of issue 19 kept it.

@@ -227,6 +227,6 @@ def test_course_log_axes_label_decades_only():
         assert axes["xaxis"]["minorloglabels"] == axes["yaxis"]["minorloglabels"] == "none"
     finally:
         pio.templates.default = before
-    for path in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
         assert any("use_course_template()" in "".join(c["source"]) for c in cells[:2]), path.name  # the setup cell

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tests.course_prose import Finding, code_values, numbers_in, scan
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 CHAPTERS = sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 # chapter -> {(kind, token): reason}: things the rules cannot see (kept small; each needs a reason).

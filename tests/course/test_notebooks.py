@@ -27,7 +27,7 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 CHAPTERS = sorted(p.stem for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 CELL_TIMEOUT_S = 600
 SOLUTION_RE = re.compile(r"```python\n(.*?)\n```", re.S)

@@ -4,8 +4,8 @@ widget replaced by a note and followed by its experiment), every plotly figure b
 own plotly.js, with a static SVG inside ``<noscript>``; in headless Chromium the figure is drawn with JavaScript on,
 its image shown with JavaScript off, and nothing is requested from outside the site's folder.
 
-The real chapters are built and opened the same way by ``tests/test_notebooks.py::test_site_from_executed_notebooks``
-from the notebooks that test executes."""
+The real chapters are built and opened the same way by
+``tests/course/test_notebooks.py::test_site_from_executed_notebooks`` from the notebooks that test executes."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def _display(data: dict):
 
 
 def _notebooks():
-    """(source as committed, an executed copy the way tests/test_notebooks.py instruments it)."""
+    """(source as committed, an executed copy the way tests/course/test_notebooks.py instruments it)."""
     v4 = nbformat.v4
     source = v4.new_notebook(cells=[
         v4.new_markdown_cell("# 99 · A test chapter\n\n## Learning goals"),

@@ -21,7 +21,7 @@ from minengine.workloads import TraceRequest
 
 
 def bench():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "fleet.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "fleet.py"
     spec = importlib.util.spec_from_file_location("fleet_bench", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -14,7 +14,7 @@ Two harnesses: the real scheduler with a fake model that samples from the cache 
 workloads), and the real engine on the bundled model, compared with transformers' greedy output. CI runs
 ``SOAK_WORKLOADS`` fake and ``SOAK_ENGINE_WORKLOADS`` engine workloads; ``MINENGINE_SOAK=N`` runs N fake and
 N // 50 (at least as many as CI) engine workloads, e.g. ``MINENGINE_SOAK=5000 python3 -m pytest -q
-tests/test_soak.py``.
+tests/properties/test_soak.py``.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu" / "run.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "run.py"
     spec = importlib.util.spec_from_file_location("gpu_run", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

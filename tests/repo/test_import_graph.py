@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "minengine"
+PACKAGE_DIR = Path(__file__).resolve().parents[2] / "minengine"
 
 
 def module_names(package_dir: Path) -> dict[str, Path]:

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reading_order.md"
 ROW = re.compile(r"^\|(?:\s*\d+\s*\|)?\s*`(minengine/[^`]+)`\s*\|\s*([\d,]+)\s*\|", re.MULTILINE)
 

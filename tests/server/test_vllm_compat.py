@@ -13,7 +13,7 @@ import pytest
 
 from minengine.metrics.prometheus import PrometheusStatLogger
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "tests" / "vllm_compat").glob("*.py"))
 # the vLLM modules these scripts may import from (minengine has each under the same path, ``vllm`` -> ``minengine``)
 VLLM_MODULES = {"vllm", "vllm.sampling_params", "vllm.inputs", "vllm.engine.arg_utils", "vllm.utils",

@@ -81,7 +81,7 @@ def test_param_counts_match_published_and_real_models(random_llama):
 
     for path in (random_llama, None):
         shape = ModelShape.from_hf_config(path) if path else bundled_shape()
-        model = AutoModelForCausalLM.from_pretrained(path or str(Path(__file__).parents[1] / "minengine" / "assets"
+        model = AutoModelForCausalLM.from_pretrained(path or str(Path(__file__).parents[2] / "minengine" / "assets"
                                                              / "tiny-shakespeare-llama"))
         assert shape.num_params == sum(p.numel() for p in model.parameters())
 
@@ -266,7 +266,7 @@ def test_presets_and_errors():
 
 
 def test_cost_model_and_clocks_import_no_torch():
-    root = Path(__file__).resolve().parents[1] / "minengine" / "timing"
+    root = Path(__file__).resolve().parents[2] / "minengine" / "timing"
     for name in ("hardware.py", "model_shape.py", "cost_model.py", "clocks.py", "engine_profile.py", "profile_fit.py"):
         tree = ast.parse((root / name).read_text())
         modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
@@ -395,7 +395,7 @@ def test_num_cpu_threads_sets_torch_threads(random_llama):
 def test_validation_benchmark_points_and_seed_case():
     import importlib.util
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_model_validation.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "cost_model_validation.py"
     spec = importlib.util.spec_from_file_location("cost_model_validation", path)
     mod = importlib.util.module_from_spec(spec)
     import sys

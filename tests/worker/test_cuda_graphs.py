@@ -66,7 +66,7 @@ def test_load_resets_rows_past_the_batch(random_llama):
     assert graphs.pad_block == llm.llm_engine.num_kv_blocks  # the extra block no request gets
     graphs.slot_mapping[:8] = 7  # as left by a step of 8 real decodes
     graphs.seq_lens[:8] = 30
-    from tests.test_attention_paths import make_step
+    from tests.worker.test_attention_paths import make_step
 
     step, *_ = make_step([(5, 1), (9, 1), (2, 1)], 2, 16, seed=0)
     batch = runner.prepare_inputs(step)

@@ -19,7 +19,7 @@ from minengine.layers import cpu_attention, kv_quant
 from minengine.layers.attention import paged_attention, write_kv
 from minengine.worker.forward_batch import ForwardBatch
 from minengine.worker.model_runner import ModelRunner, kv_bytes_per_block
-from tests.test_attention_paths import BS, MIXED, dense_reference, make_step
+from tests.worker.test_attention_paths import BS, MIXED, dense_reference, make_step
 
 E4M3_REL = 2.0 ** -4  # half a unit in the last place of a 3-bit mantissa, relative
 E4M3_SUBNORMAL_ABS = 2.0 ** -10  # half the spacing of e4m3's subnormals (2^-9), absolute (times the scale)

@@ -177,7 +177,7 @@ def test_readme_modelled_step_table_is_the_cost_model_today():
 
     from benchmarks import quantization
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     names = {("auto", None): "bfloat16", ("fp8", None): "fp8 KV", ("auto", "int8"): "int8 weights",
              ("fp8", "int8"): "fp8 KV + int8 weights"}
     for row in quantization.modelled(argparse.Namespace(context=2048, batch=64)):

@@ -31,7 +31,7 @@ from minengine.workloads import (
 )
 from minengine.workloads.traces import azure_conv_path, mooncake_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- the capacity search ---------------------------------------------------------------------------------------

@@ -346,7 +346,7 @@ def test_policy_benchmark_fills_the_readme_section(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "serving_policies.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_policies.py"
     spec = importlib.util.spec_from_file_location("serving_policies", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
