@@ -1,4 +1,5 @@
-"""Shared fixtures: the bundled model, random-weight Llama/Qwen2 checkpoints, transformers references."""
+"""Shared fixtures and helpers: the bundled model, random-weight Llama/Qwen2 checkpoints, transformers references,
+a module's engine on the bundled model (``engine``, settings from the module's ``ENGINE_CONFIG``) and ``drain``."""
 
 from __future__ import annotations
 
@@ -34,6 +35,26 @@ def bundled_model() -> str:
     if not (Path(BUNDLED_MODEL) / "config.json").exists():
         pytest.fail("bundled model missing: run scripts/train_tiny_model.py")
     return BUNDLED_MODEL
+
+
+@pytest.fixture(scope="module")
+def engine(request, bundled_model):
+    """One ``LLMEngine`` on the bundled model per test module, shared by its tests (each test leaves it idle).
+
+    Its settings are the module's ``ENGINE_CONFIG`` dict of ``EngineConfig`` fields (``{}`` when absent): the pool
+    size, context length and token budget a module's assertions count on are written in that module."""
+    from minengine import LLMEngine
+
+    return LLMEngine.from_config(model=bundled_model, **getattr(request.module, "ENGINE_CONFIG", {}))
+
+
+def drain(engine) -> dict:
+    """Step ``engine`` until no request is unfinished; the finished ``RequestOutput`` of each request, by request id
+    (a request aborted between steps, with no output left to give, is absent)."""
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({out.request_id: out for out in engine.step() if out.finished})
+    return finished
 
 
 @pytest.fixture(scope="session")

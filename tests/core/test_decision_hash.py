@@ -1,5 +1,5 @@
 """Every scheduling decision over many random model-free runs, hashed: a refactoring of ``core/`` that must not
-change behaviour (issue 19, section 3: per-step work proportional to what changed) must leave the hash as it is.
+change behaviour (making per-step work proportional to what changed, say) must leave the hash as it is.
 
 Each run is a random engine and workload from the soak test (``tests/properties/test_soak.py``: every policy, recompute
 and swap, prefix caching, chunking, speculative decoding, predictors, tiny pools), driven straight through
@@ -33,7 +33,8 @@ from tests.fake_engine import FakeEngine  # noqa: E402
 from tests.properties.test_soak import random_engine_settings, random_requests  # noqa: E402
 
 DEFAULT_RUNS = 1500  # ~7 s of CPU
-# Set after the balanced policy's rotating decode share (issue 22); the host-time work of issue 19 kept it.
+# Set when the balanced policy gained its rotating decode share; making per-step work proportional to what changed
+# kept it.
 DECISION_HASH = "c12e022d991e62aff7c0cd90f7d716088f2f499b7e6f6702a3c5553c0bfa0c58"
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from minengine import LLM, EngineConfig, LLMEngine, SamplingParams
 from minengine.core.policies import POLICIES, PolicySettings
 from minengine.request import RequestStatus
-from tests.conftest import hf_greedy
+from tests.conftest import drain, hf_greedy
 from tests.fake_engine import FakeEngine, StepClock
 
 # ---- invariants on random workloads, every policy and preemption mode ------------------------------------
@@ -440,11 +440,7 @@ def test_deadline_finishes_with_timeout_and_frees_blocks(random_llama):
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     engine.add_request("late", {"prompt_token_ids": list(range(3, 40))}, params, deadline=12.0)
     engine.add_request("free", {"prompt_token_ids": list(range(5, 20))}, params, priority=3)
-    final = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                final[out.request_id] = out
+    final = drain(engine)
     assert final["late"].outputs[0].finish_reason == "timeout"
     assert final["late"].metrics.finished_time >= 12.0
     assert 0 < len(final["late"].outputs[0].token_ids) < 30

@@ -1,4 +1,4 @@
-"""Predictive scheduling (issue 11, part 1): output-length predictors, shortest-predicted-first with aging, and
+"""Predictive scheduling: output-length predictors, shortest-predicted-first with aging, and
 predicted-length-aware admission (``reserve_predicted_kv``).
 
 The predictors are checked against their definitions (the oracle is the truth, the noisy oracle's log error

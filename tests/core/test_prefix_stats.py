@@ -1,4 +1,4 @@
-"""Prefix-cache hit statistics count first admissions only (issue 10, item 4; vLLM PR #25787): a
+"""Prefix-cache hit statistics count first admissions only (as vLLM PR #25787 made them): a
 recompute-preempted request that re-hits its own freed blocks on re-admission is reported apart
 (``readmission_hit_tokens``, in the trace and the summary), not as a prefix-cache hit."""
 
@@ -13,8 +13,8 @@ from tests.fake_engine import FakeEngine
 
 
 def test_recompute_rehits_are_not_prefix_cache_hits(bundled_model):
-    """The issue's case: 6 unrelated prompts in a pool small enough to preempt; no request got a cached
-    prefix, so the hit rate is 0 (it was "48 of 458 hit" before), and the re-hits are reported apart."""
+    """6 unrelated prompts in a pool small enough to preempt: no request gets a cached prefix, so the hit rate
+    is 0 (re-hits counted as hits once made it "48 of 458"), and the re-hits are reported apart."""
     llm = LLM(bundled_model, max_model_len=256, num_kv_blocks=16, block_size=8, max_num_batched_tokens=64)
     outs = llm.generate(SHAKESPEARE_OPENINGS[:6], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
                         use_tqdm=False)

@@ -165,7 +165,7 @@ def test_abort_in_every_state_frees_blocks(state):
     assert eng.kv.num_free_blocks == 8
 
 
-# ---- per-step work proportional to what changed (issue 19, section 3): counted, never timed -----------------
+# ---- per-step work proportional to what changed: counted, never timed ------------------------------------
 
 def running_decodes(num: int, policy: str = "decode-first") -> FakeEngine:
     eng = FakeEngine(num_blocks=num * 4 + 64, block_size=4, budget=num * 4, max_num_seqs=num + 16, policy=policy)

@@ -1,4 +1,4 @@
-"""Speculative decoding by prompt lookup (issue 11, part 2): proposals, one token budget, exact outputs.
+"""Speculative decoding by prompt lookup: proposals, one token budget, exact outputs.
 
 Greedy outputs with k in {1, 2, 4, 8} speculative tokens are token-identical to transformers' under chunked
 prefill, prefix caching, preemption by recompute and by swap, and every policy; the KV shadow (``KVShadow``)
@@ -25,7 +25,7 @@ from minengine.core.scheduler import Scheduler
 from minengine.core.spec_decode import NgramProposer, SpecDecodeStats, SpeculativeConfig, accepted_prefix
 from minengine.request import Request
 from minengine.timing import StepCostModel, StepWork
-from tests.conftest import hf_greedy
+from tests.conftest import drain, hf_greedy
 from tests.kv_shadow import check_scheduler, watch_runner
 
 SPEC = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
@@ -173,8 +173,7 @@ def test_acceptance_metrics_in_trace_summary_and_prometheus(bundled_model):
     engine = LLMEngine(EngineConfig(model=bundled_model, max_model_len=512, speculative_config=SPEC))
     ids = engine.tokenizer(LINE * 6)["input_ids"]
     engine.add_request("a", {"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True))
-    while engine.has_unfinished_requests():
-        engine.step()
+    drain(engine)
     chunks = [c for t in engine.traces for c in t.chunks if c.num_spec_tokens]
     assert chunks and all(c.num_tokens == 1 + c.num_spec_tokens and not c.is_prefill for c in chunks)
     s = engine.summary()

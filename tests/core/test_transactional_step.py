@@ -1,4 +1,4 @@
-"""A step is a transaction (issue 10, item 1): a block is findable in the prefix cache only once its K/V has
+"""A step is a transaction: a block is findable in the prefix cache only once its K/V has
 really been written, and a step that raises after ``schedule()`` (in the model forward, the sampler or the
 detokenizer, or Ctrl-C) is rolled back, so the engine keeps serving later requests correctly.
 
@@ -229,8 +229,8 @@ def test_engine_survives_faults_random(bundled_model, bundled_prompts, monkeypat
 
 
 def test_interrupted_generate_does_not_poison_the_prefix_cache(bundled_model, bundled_prompts, monkeypatch):
-    """The issue's case: Ctrl-C during LLM.generate's first forward, then the same prompt again. Before the
-    fix its blocks were indexed at allocation and the second run "hit" K/V that was never written."""
+    """Ctrl-C during LLM.generate's first forward, then the same prompt again: the second run must not "hit" the
+    first run's K/V, never written (as it would if blocks were indexed when allocated)."""
     prompt = bundled_prompts[-1][:200]  # 12 full blocks of 16
     llm = LLM(bundled_model, max_model_len=512)
     engine = llm.llm_engine

@@ -57,7 +57,7 @@ def test_state_recorder_sees_every_transition_and_the_figure_knows_them():
 
 
 def test_state_machine_labels_overlap_nothing():
-    """Issue 22: the edge labels overlapped. Every label box (estimated from its text at the figure's fixed size)
+    """Edge labels must not overlap: every label box (estimated from its text at the figure's fixed size)
     is clear of every other label and every state, inside the figure, whichever arrows were taken."""
     from collections import Counter
 
@@ -206,7 +206,7 @@ def test_server_process_fails_with_a_clear_message_not_a_traceback(tmp_path):
 
 
 def test_course_log_axes_label_decades_only():
-    """Issue 22: log axes printed stray minor-tick digits ("2", "5" between decades). Every chapter's setup cell
+    """Log axes must not print stray minor-tick digits ("2", "5" between decades): every chapter's setup cell
     (its first or second code cell) installs the course template, and under it every axis of a new figure
     (overlaid ones too) has no minor log labels (a kaleido render of such an axis 1-3,000 gives the ticks 1, 10,
     100, 1000 and nothing else)."""

@@ -1,4 +1,4 @@
-"""No number or direction in the course's prose that the chapter does not set, check or cite (issue 22, section 2).
+"""No number or direction in the course's prose that the chapter does not set, check or cite.
 
 Static, executes nothing: reads the committed notebooks (equal to their sources: ``test_notebooks.py`` checks it)
 and scans every markdown cell with ``tests/course_prose.py``, whose docstring gives the rules (what counts as a

@@ -1,6 +1,6 @@
-"""Bad input that escaped before (issue 10, items 8-10): each case is an early ValueError naming the field or
-the file (the CLI: an ``error:`` line naming the flag or the file and line, exit code 2), and the engine goes
-on serving. The case lists live here."""
+"""Bad input to the API, checkpoints, settings, the command line and the trace loaders: each case is an early
+ValueError naming the field or the file (the CLI: an ``error:`` line naming the flag or the file and line, exit
+code 2), and the engine goes on serving. The case lists live here."""
 
 from __future__ import annotations
 
@@ -18,23 +18,16 @@ from minengine.__main__ import main
 from minengine.models.loader import load_model, load_tokenizer
 from minengine.workloads import gamma_arrivals, parse_azure_csv, parse_mooncake_jsonl, poisson_arrivals, with_arrivals
 from minengine.workloads.traces import TraceRequest
+from tests.conftest import drain
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def engine(bundled_model):
-    return LLMEngine.from_config(model=bundled_model, max_model_len=256, num_kv_blocks=32)
+# the settings of this module's ``engine`` fixture (tests/conftest.py)
+ENGINE_CONFIG = dict(max_model_len=256, num_kv_blocks=32)
 
 
-def drain(engine):
-    outs = {}
-    while engine.has_unfinished_requests():
-        outs.update({o.request_id: o for o in engine.step() if o.finished})
-    return outs
-
-
-# ---- item 8: the API ----------------------------------------------------------------------------------------
+# ---- the API ------------------------------------------------------------------------------------------------
 
 def test_abort_request_takes_a_generator(engine):
     for rid in ("a", "b", "c"):
@@ -86,7 +79,7 @@ def test_sampling_params_changed_after_add_request(engine, change):
     assert len(out.outputs[0].token_ids) == 3
 
 
-# ---- item 8: checkpoints ------------------------------------------------------------------------------------
+# ---- checkpoints --------------------------------------------------------------------------------------------
 
 def truncate(path: Path) -> None:
     data = path.read_bytes()
@@ -130,7 +123,7 @@ def test_corrupt_tokenizer_is_a_value_error(bundled_model, tmp_path):
         load_tokenizer(ckpt)
 
 
-# ---- item 9: settings ---------------------------------------------------------------------------------------
+# ---- settings -----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, field", [
     (dict(enable_chunked_prefill=False, long_prefill_token_threshold=8), "long_prefill_token_threshold"),
@@ -167,7 +160,7 @@ def test_free_memory_check_counts_reclaimable_memory(bundled_model, monkeypatch)
         LLMEngine.from_config(model=bundled_model, max_model_len=256, num_kv_blocks=fits + 1)
 
 
-# ---- item 10: the command line ------------------------------------------------------------------------------
+# ---- the command line ---------------------------------------------------------------------------------------
 
 def run_cli(*args: str, capsys=None) -> tuple[int, str]:
     """``python -m minengine args`` in this process: (exit code, stderr)."""
@@ -255,7 +248,7 @@ def test_trace_file_errors_name_the_file_and_line(tmp_path):
     assert code == 2 and str(jsonl) in err and "line 2" in err and "Traceback" not in err, err
 
 
-# ---- item 10: the loaders -----------------------------------------------------------------------------------
+# ---- the loaders --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cv", [1e-300, 1e-200, 1e-160, 1e160, 1e300, math.inf, math.nan, 0, -1])
 def test_gamma_arrivals_extreme_cv(cv):

@@ -1,4 +1,4 @@
-"""Streamed text (issue 10, items 5-7): it never retracts, a stop string on the last allowed token is a "stop",
+"""Streamed text: it never retracts, a stop string on the last allowed token is a "stop",
 and the text grows with tokenizers' incremental DecodeStream, equal to a full decode.
 
 Two tokenizers: the bundled byte-level BPE (GPT-2 / Llama-3 style: one character may span several tokens) and a
@@ -88,7 +88,7 @@ def stream(tok, prompt, ids, stop, finish_at=None):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_incremental_text_equals_full_decode(name, data):
-    """Item 7: DecodeStream's text equals one full decode of the tokens so far whenever that decode is clean
+    """DecodeStream's text equals one full decode of the tokens so far whenever that decode is clean
     (a full decode may show a character still incomplete as U+FFFD, and byte-fallback decoding then even
     replaces the bytes before it), and the final text equals the full decode exactly."""
     tok = TOKENIZERS[name]()
@@ -109,7 +109,7 @@ def test_incremental_text_equals_full_decode(name, data):
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_streamed_text_never_retracts(name, data):
-    """Item 5: with random stop strings (pieces of the text itself, across token boundaries, and multi-byte
+    """With random stop strings (pieces of the text itself, across token boundaries, and multi-byte
     characters) every streamed text is a prefix of the next one and of the final text, and the final text is
     the full decode cut before the first stop string, stopping at the token that completes it."""
     tok = TOKENIZERS[name]()
@@ -138,9 +138,9 @@ def test_streamed_text_never_retracts(name, data):
         assert (final, reason, used) == (text, None, len(ids))
 
 
-def test_the_issues_stop_string_case():
-    """The case from the issue: text ``"\\nI'll be"`` streamed, then a stop string cut it back to
-    ``"\\nI'll "``. Now the characters that could start a stop string are held back until they cannot."""
+def test_text_that_could_start_a_stop_string_is_held_back():
+    """Text ``"\\nI'll be"`` must not be streamed when a stop string ``"be g"`` then cuts it back to
+    ``"\\nI'll "``: the characters that could start a stop string are held back until they cannot."""
     tok = bundled_tokenizer()
     prompt = encode(tok, "ROMEO:")
     ids = encode(tok, "\nI'll be gone")
@@ -159,7 +159,7 @@ def test_partial_characters_are_held_back_and_flushed_at_the_end():
 
 
 def test_no_full_decode_per_token(monkeypatch):
-    """Item 7: the text grows by DecodeStream steps; the whole output is never decoded again per token."""
+    """The text grows by DecodeStream steps; the whole output is never decoded again per token."""
     tok = bundled_tokenizer()
     ids = encode(tok, TEXT)[:300]
     calls = []
@@ -191,7 +191,7 @@ def stop_across_tokens(tok, ids, text, first):
 
 @pytest.mark.parametrize("prompt", ["KING RICHARD III:\n", "ROMEO:\n", "HAMLET:\nTo be, or not to be"])
 def test_engine_stream_never_retracts(bundled_model, prompt):
-    """Item 5 through ``LLMEngine.step``: each output's text is a prefix of the next and of the final one."""
+    """Through ``LLMEngine.step``, each output's text is a prefix of the next and of the final one."""
     llm = LLM(bundled_model, max_model_len=512)
     ref = reference_output(llm, prompt, 40)
     stop, start, _ = stop_across_tokens(llm.get_tokenizer(), ref.token_ids, ref.text, 3)
@@ -206,7 +206,7 @@ def test_engine_stream_never_retracts(bundled_model, prompt):
 
 
 def test_stop_string_on_the_last_allowed_token_is_a_stop(bundled_model):
-    """Item 6: when token ``max_tokens`` completes a stop string, finish_reason is "stop" and stop_reason the
+    """When token ``max_tokens`` completes a stop string, finish_reason is "stop" and stop_reason the
     string (it was "length" and None)."""
     llm = LLM(bundled_model, max_model_len=512)
     ref = reference_output(llm, "KING RICHARD III:\n", 40)

@@ -8,8 +8,9 @@ import itertools
 import pytest
 import torch
 
-from minengine import LLMEngine, SamplingParams
+from minengine import SamplingParams
 from minengine.worker.sampler import process_logits
+from tests.conftest import drain
 
 EXTREME = [dict(repetition_penalty=r) for r in (1e-300, 1e-45, 1e-30, 1e30, 1e300)] + [
     dict(temperature=t) for t in (1e-5, 2e-5, 1e300)] + [
@@ -17,17 +18,8 @@ EXTREME = [dict(repetition_penalty=r) for r in (1e-300, 1e-45, 1e-30, 1e30, 1e30
     dict(repetition_penalty=1e300, temperature=1e-5, top_k=2, top_p=0.5, min_p=0.9)]
 
 
-@pytest.fixture(scope="module")
-def engine(bundled_model):
-    return LLMEngine.from_config(model=bundled_model, max_model_len=256, num_kv_blocks=64,
-                                 max_num_batched_tokens=32)
-
-
-def drain(engine):
-    outs = {}
-    while engine.has_unfinished_requests():
-        outs.update({o.request_id: o for o in engine.step() if o.finished})
-    return outs
+# the settings of this module's ``engine`` fixture (tests/conftest.py)
+ENGINE_CONFIG = dict(max_model_len=256, num_kv_blocks=64, max_num_batched_tokens=32)
 
 
 @pytest.mark.parametrize("kw", EXTREME, ids=str)

@@ -7,22 +7,13 @@ import pytest
 
 from minengine import LLM, EngineConfig, LLMEngine, SamplingParams
 from minengine.request import RequestStatus
+from tests.conftest import drain
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def engine(bundled_model):
-    return LLMEngine.from_config(model=bundled_model, max_model_len=512, num_kv_blocks=24,
-                                 max_num_batched_tokens=64)
-
-
-def drain(engine):
-    outs = {}
-    while engine.has_unfinished_requests():
-        for o in engine.step():
-            outs[o.request_id] = o
-    return outs
+# the settings of this module's ``engine`` fixture (tests/conftest.py)
+ENGINE_CONFIG = dict(max_model_len=512, num_kv_blocks=24, max_num_batched_tokens=64)
 
 
 @pytest.mark.parametrize("prompt, params, field", [

@@ -1,4 +1,4 @@
-"""Issue 21, sections 1 and 4, in the engine (no HTTP): every field checked against its real range at the door
+"""Request isolation in the engine (no HTTP): every field checked against its real range at the door
 (``VLLMValidationError``, vLLM's name and a ``ValueError``); ``max_tokens`` beyond what fits is clamped offline;
 one request's failure (its detokenizing, its statistics) costs no other request its output; a preemption made by
 a step that is rolled back counts once everywhere; numpy ids are token ids; prompt dicts do not nest."""
@@ -18,20 +18,13 @@ from minengine import LLM, AsyncEngineArgs, AsyncLLMEngine, EngineConfig, LLMEng
 from minengine.config import available_cpu_cores
 from minengine.engine.detokenizer import IncrementalDetokenizer
 from minengine.exceptions import RequestError, VLLMValidationError, show
+from tests.conftest import drain
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 
 
-@pytest.fixture(scope="module")
-def engine(bundled_model):
-    return LLMEngine.from_config(model=bundled_model, max_model_len=64, num_kv_blocks=64)
-
-
-def drain(engine):
-    outs = {}
-    while engine.has_unfinished_requests():
-        outs.update({o.request_id: o for o in engine.step() if o.finished})
-    return outs
+# the settings of this module's ``engine`` fixture (tests/conftest.py)
+ENGINE_CONFIG = dict(max_model_len=64, num_kv_blocks=64)
 
 
 # ---- the error class ----------------------------------------------------------------------------------------
@@ -100,8 +93,8 @@ def test_show_shortens_what_repr_cannot_print():
 
 
 def test_max_tokens_beyond_the_model_is_clamped_and_costs_nobody_their_output(engine):
-    """The issue's case: max_tokens=10**400 passed validation, its metrics raised after the step committed, and
-    the other request's output was lost. Now it is cut to what fits (vLLM's offline behaviour) and both finish."""
+    """max_tokens=10**400 must not pass validation only to make its metrics raise after the step committed, losing
+    the other request's output: it is cut to what fits (vLLM's offline behaviour) and both finish."""
     engine.add_request("huge", "ROMEO:", SamplingParams(max_tokens=10**400, min_tokens=10**399, **GREEDY))
     engine.add_request("small", "JULIET:", SamplingParams(max_tokens=8, **GREEDY))
     outs = drain(engine)

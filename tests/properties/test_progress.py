@@ -1,4 +1,4 @@
-"""No livelock (issue 10, item 2): every policy and preemption mode finishes every request within a step bound
+"""No livelock: every policy and preemption mode finishes every request within a step bound
 computed from the workload.
 
 The livelock: under prefill-first with recompute preemption, a request at the LAST token of its re-prefill
@@ -55,8 +55,8 @@ def run_with_bound(eng: FakeEngine, work: list[tuple[int, str, list[int], int, i
 
 
 def test_prefill_first_recompute_livelock_is_gone():
-    """The issue's case: block_size 2, 24 blocks, long_prefill_token_threshold 1; two 40-token prompts that
-    cannot both be in the pool (22 blocks each). Before the fix they took turns re-prefilling forever."""
+    """A livelock that once happened: block_size 2, 24 blocks, long_prefill_token_threshold 1; two 40-token prompts that
+    cannot both be in the pool (22 blocks each). They must not take turns re-prefilling forever."""
     eng = FakeEngine(num_blocks=24, block_size=2, budget=64, max_num_seqs=4, threshold=1, prefix=False,
                      policy="prefill-first")
     steps, bound = run_with_bound(eng, [(0, "a", [3] * 40, 4, 0), (0, "b", [4] * 40, 4, 0)])

@@ -1,4 +1,4 @@
-"""Soak (issue 10, item 3): random workloads on random engines, the books and the cache checked after every step.
+"""Soak: random workloads on random engines, the books and the cache checked after every step.
 
 Every policy (shortest-predicted-first included, with noisy predictions), recompute and swap, prefix caching on
 and off, chunked prefill on and off, speculative decoding (n-gram, k 1 to 8) on and off, predicted-length-aware

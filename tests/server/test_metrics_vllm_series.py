@@ -1,4 +1,4 @@
-"""The vLLM 0.33 series that minengine's /metrics gained with issue 24: each moves when it should (and the ones
+"""The vLLM 0.33 series of /metrics beyond the core request counters: each moves when it should (and the ones
 for features minengine has not stay where vLLM leaves them without those features)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import pytest
 
 from minengine import LLMEngine, SamplingParams
 from minengine.metrics.prometheus import PREEMPTION_BUCKETS, build_1_2_5_buckets
+from tests.conftest import drain
 
 
 def _v(engine: LLMEngine, name: str, **labels) -> float:
@@ -14,11 +15,6 @@ def _v(engine: LLMEngine, name: str, **labels) -> float:
                                                                 "engine": "0", **labels})
     assert value is not None, (name, labels)
     return value
-
-
-def _run(engine: LLMEngine) -> None:
-    while engine.has_unfinished_requests():
-        engine.step()
 
 
 def _greedy(n: int, **kw) -> SamplingParams:
@@ -34,7 +30,7 @@ def test_waiting_by_reason_follows_the_waiting_queue(bundled_model):
     assert _v(engine, "vllm:num_requests_waiting_by_reason", reason="capacity") == 2 == \
         _v(engine, "vllm:num_requests_waiting")
     assert _v(engine, "vllm:num_requests_waiting_by_reason", reason="deferred") == 0
-    _run(engine)
+    drain(engine)
     assert _v(engine, "vllm:num_requests_waiting_by_reason", reason="capacity") == 0
 
 
@@ -44,7 +40,7 @@ def test_request_num_preemptions_counts_each_finished_requests_preemptions(bundl
                                    enable_prefix_caching=False)
     for i in range(4):
         engine.add_request(str(i), {"prompt_token_ids": [7 + i] * 20}, _greedy(40))
-    _run(engine)
+    drain(engine)
     per_request = [m.num_preemptions for m in engine.request_metrics.values()]
     assert sum(per_request) > 0
     assert _v(engine, "vllm:request_num_preemptions_sum") == sum(per_request) == \
@@ -62,11 +58,11 @@ def test_prompt_token_sources_cached_and_recomputed(bundled_model, prompt_len, c
     engine = LLMEngine.from_config(model=bundled_model, block_size=16, max_model_len=256)
     prompt = {"prompt_token_ids": [(11 * j) % 90 + 3 for j in range(prompt_len)]}
     engine.add_request("first", prompt, _greedy(2))
-    _run(engine)
+    drain(engine)
     assert _v(engine, "vllm:prompt_tokens_cached_total") == 0
     assert _v(engine, "vllm:prompt_tokens_by_source_total", source="local_compute") == prompt_len
     engine.add_request("again", prompt, _greedy(2))
-    _run(engine)
+    drain(engine)
     assert engine.request_metrics["again"].num_cached_tokens == cached
     assert _v(engine, "vllm:prompt_tokens_cached_total") == cached
     assert _v(engine, "vllm:prompt_tokens_recomputed_total") == recomputed
@@ -88,7 +84,7 @@ def test_max_num_generation_tokens_is_one_observation_per_parent(bundled_model):
     engine.add_request("p", "ROMEO:", SamplingParams(n=3, temperature=1.0, seed=3, max_tokens=24,
                                                      stop_token_ids=list(range(0, 60))))
     engine.add_request("single", {"prompt_token_ids": [9] * 6}, _greedy(5))
-    _run(engine)
+    drain(engine)
     children = [engine.request_metrics[f"{i}_p"].num_output_tokens for i in range(3)]
     assert _v(engine, "vllm:request_max_num_generation_tokens_count") == 2  # the parent once, the single once
     assert _v(engine, "vllm:request_max_num_generation_tokens_sum") == max(children) + 5
@@ -102,7 +98,7 @@ def test_series_of_features_minengine_lacks_stay_at_vllms_idle_values(bundled_mo
     prompt = {"prompt_token_ids": [4] * 40}
     for i in range(3):
         engine.add_request(str(i), prompt, _greedy(4))
-    _run(engine)
+    drain(engine)
     assert _v(engine, "vllm:prefix_cache_hits_total") > 0  # the local prefix cache moved...
     for name in ("vllm:external_prefix_cache_queries_total", "vllm:external_prefix_cache_hits_total",
                  "vllm:mm_cache_queries_total", "vllm:mm_cache_hits_total"):

@@ -1,4 +1,4 @@
-"""Issue 21, section 1, through the real server: one poisoned request among concurrent streams fails alone (the
+"""Request isolation through the real server: one poisoned request among concurrent streams fails alone (the
 official openai client sees the others' text unchanged); the work of one call is bounded (bytes, prompts x n);
 ``/health`` answers while a huge prompt is tokenized; a client that leaves aborts every child of its call; every
 4xx is OpenAI's error body; and for random JSON in every field the server answers 200 or a 4xx, never a 500,
@@ -143,7 +143,7 @@ def test_a_body_over_the_byte_limit_is_refused_before_it_is_parsed(bundled_model
 
 
 def test_a_25_mb_prompt_is_refused_without_tokenizing_it(server):
-    """The default limit (8 MiB): the issue's 20-30 MB prompts are a 413, answered long before a tokenizer could
+    """The default limit (8 MiB): 20-30 MB prompts are a 413, answered long before a tokenizer could
     have read them (tokenizing 11.6 MB took 40-50 s here)."""
     start = time.monotonic()
     err = is_openai_error(httpx.post(server.url + "/v1/completions", timeout=TIMEOUT,

@@ -1,4 +1,4 @@
-"""SIGTERM with streams in flight (issue 21): ``minengine serve`` waits ``--shutdown-timeout`` seconds for them,
+"""SIGTERM with streams in flight: ``minengine serve`` waits ``--shutdown-timeout`` seconds for them,
 then ends the rest with an error chunk and ``[DONE]``, and exits; a stream that finishes within the drain is
 delivered whole. A real server process, signalled as Kubernetes or Ctrl-C would."""
 

@@ -21,6 +21,7 @@ from minengine import (
 from minengine.engine.output_processor import streamable_length
 from minengine.metrics.reader import Counter, Gauge, Histogram
 from minengine.worker.model_runner import kv_bytes_per_block
+from tests.conftest import drain
 
 SMALL = dict(max_model_len=256, num_kv_blocks=64)
 
@@ -181,8 +182,7 @@ def test_chat_metrics_reset_and_default_params(bundled_model, llm, tmp_path):
     engine.add_request("busy", "ROMEO:", SamplingParams(max_tokens=5))
     engine.step()
     assert llm.reset_prefix_cache() is False  # a request holds blocks
-    while engine.has_unfinished_requests():
-        engine.step()
+    drain(engine)
     assert llm.reset_prefix_cache() is True and engine.kv_cache_manager.pool.num_cached_free_blocks == 0
     assert llm.get_default_sampling_params() == SamplingParams()
     model = tmp_path / "model"

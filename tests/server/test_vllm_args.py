@@ -14,6 +14,7 @@ from minengine import LLM, EngineArgs, EngineConfig, LLMEngine, SamplingParams
 from minengine.__main__ import _config, build_parser
 from minengine.engine.input_processor import wall_to_engine_clock
 from minengine.timing import make_clock
+from tests.conftest import drain
 
 SMALL = dict(max_model_len=256, num_kv_blocks=64)
 
@@ -79,8 +80,7 @@ def test_a_wall_clock_arrival_time_maps_onto_the_engine_clock_by_its_age(bundled
         m_now, m_earlier = engine.request_metrics["now"], engine.request_metrics["earlier"]
         assert m_now.arrival_time <= engine.clock() and engine.clock() - m_now.arrival_time < 0.25
         assert m_now.arrival_time - m_earlier.arrival_time == pytest.approx(0.5, abs=0.25)
-        while engine.has_unfinished_requests():
-            engine.step()
+        drain(engine)
         assert 0 <= m_now.ttft < m_earlier.ttft
         with pytest.raises(ValueError, match="arrival_time"):
             engine.add_request("future", "ROMEO:", SamplingParams(max_tokens=2), arrival_time=engine.clock() + 60)
@@ -139,9 +139,7 @@ def test_reset_prefix_cache_with_running_requests_preempts_them_by_recompute(bun
             assert engine.kv_cache_manager.pool.num_cached_free_blocks == 0  # the cache is empty
             assert engine.stat_logger.registry.get_sample_value(
                 "vllm:num_preemptions_total", {"model_name": "tiny-shakespeare-llama", "engine": "0"}) == running
-        outs = {}
-        while engine.has_unfinished_requests():
-            outs.update({o.request_id: o.outputs[0].token_ids for o in engine.step() if o.finished})
+        outs = {rid: out.outputs[0].token_ids for rid, out in drain(engine).items()}
         assert engine.kv_cache_manager.num_used_blocks == 0
         return outs, [m.num_preemptions for m in engine.request_metrics.values()], running
 

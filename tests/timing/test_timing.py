@@ -37,6 +37,7 @@ from minengine.timing import (
     make_clock,
 )
 from minengine.workloads import Trace, TraceRequest, replay, replay_trace, synthetic_trace
+from tests.conftest import drain
 
 TINY = ModelShape("tiny", num_layers=2, hidden_size=8, num_heads=2, num_kv_heads=1, head_dim=4, intermediate_size=16,
                   vocab_size=10, dtype_bytes=2)
@@ -311,8 +312,7 @@ def test_plain_callable_clock_still_works(random_llama):
     engine = LLMEngine(EngineConfig(model=random_llama, num_kv_blocks=32, max_model_len=256), clock=time.perf_counter)
     assert isinstance(engine.clock, CallableClock) and engine.clock.label == "wall"
     engine.add_request("a", [5, 6, 7], None)
-    while engine.has_unfinished_requests():
-        engine.step()
+    drain(engine)
     m = engine.request_metrics["a"]
     assert m.first_token_time >= m.arrival_time and m.finished_time >= m.first_token_time
 

@@ -23,7 +23,7 @@ def decode(rid, pos=40, spec=0, accepted=0):
     return ScheduledChunk(rid, 1 + spec, pos, False, True, spec, accepted)
 
 
-def test_the_issue_s_example_in_both_languages():
+def test_a_busy_step_with_a_preemption_in_both_languages():
     chunks = [decode(f"r{i}") for i in range(10)] + [ScheduledChunk("r10", 502, 0, True, False)]
     tr = step(12, chunks, waiting=4, preempted=["r3"])
     assert step_sentence(tr, "en") == ("step 12: 10 decodes + a 502-token chunk of r10; r3 preempted (no free block; "

@@ -164,7 +164,7 @@ def test_each_version_of_the_source_builds_under_its_own_name(monkeypatch, tmp_p
 
 def test_each_environment_builds_under_its_own_name(monkeypatch, tmp_path):
     """Virtualenvs with their own torch, or another compiler, make another build command (other include and
-    library paths): each gets its own name, so they never rebuild over each other (issue 21); the same
+    library paths): each gets its own name, so they never rebuild over each other; the same
     environment always gets the same name, and ``c++`` resolves to the compiler it links to."""
     before = cpu_attention.default_name()
     assert cpu_attention.environment_tag() == cpu_attention.environment_tag()
@@ -296,7 +296,7 @@ def test_two_processes_building_into_an_empty_cache_both_get_the_kernel(cache_bu
 def test_two_environments_building_at_once_keep_a_build_each(cache_built_by_two_environments):
     """Two environments (two cache keys) building at the same moment into one cache: each gets the kernel, in its
     own directory, linked by its own build command; and the first environment's next start loads its build
-    instead of compiling again (before issue 21, one name: each rebuilt over the other's build)."""
+    instead of compiling again (with one shared name, each would rebuild over the other's build)."""
     cache, wrapper, results = cache_built_by_two_environments
     assert results[2][0] == 0 and "KERNEL True" in results[2][1], results[2][1]
     builds = sorted(p.parent for p in cache.glob("*/*.so"))
@@ -419,7 +419,7 @@ STUCK_CODE = textwrap.dedent("""
 
 def test_a_stuck_foreign_build_never_holds_up_a_start(cache_built_by_two_environments, bundled_model,
                                                        bundled_prompts, tmp_path):
-    """A process that holds this cache key's build lock and never finishes (issue 21: starts waited up to 180 s):
+    """A process that holds this cache key's build lock and never finishes (a start must not wait on it):
     the CLI and an engine start within seconds on the torch path, the CLI says it is waiting; when the lock is
     freed mid-run the engine takes the kernel between two steps, and every output is still transformers' greedy
     tokens (the switch is safe mid-run)."""
