@@ -418,6 +418,12 @@ def test_failed_speculative_step_rolls_back(bundled_model, bundled_prompts):
 
 
 def test_cuda_graph_path_falls_back_to_eager_for_speculative_steps(random_llama):
+    """On every step of a speculative run, the decode graphs (``DecodeGraphs.supports``, which
+    ``ModelRunner.execute`` asks before replaying) take exactly the decode-only steps of one token per request: never
+    a step that verifies proposals, nor one with a prefill chunk. A graph runner builds each step's inputs as the
+    Triton backend does and is asked; the forward itself runs on the default attention path (the Triton interpreter
+    would only make the run slower: a replayed step's tokens are checked in ``tests/worker/test_cuda_graphs.py``).
+    The tokens are transformers' greedy ones."""
     pytest.importorskip("triton")
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from minengine.worker.model_runner import ModelRunner
@@ -428,14 +434,25 @@ def test_cuda_graph_path_falls_back_to_eager_for_speculative_steps(random_llama)
     llm = LLM(random_llama, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64,
               speculative_config=spec(4, 1, 3))
     e = llm.llm_engine
-    e.runner = ModelRunner(e.model, e.num_kv_blocks, e.config.block_size, seed=e.config.seed,
-                           attention_backend="triton", cuda_graphs=True, max_num_seqs=4)
+    graph_runner = ModelRunner(e.model, e.num_kv_blocks, e.config.block_size, seed=e.config.seed,
+                               attention_backend="triton", cuda_graphs=True, max_num_seqs=4)
+    execute, decisions = e.runner.execute, []
+
+    def ask_the_graphs(out):
+        if not out.is_empty:
+            one_token_decodes = all(not s.is_prefill and s.num_spec_tokens == 0 for s in out.scheduled)
+            decisions.append((out.num_spec_tokens, one_token_decodes,
+                              graph_runner.graphs.supports(graph_runner.prepare_inputs(out))))
+        return execute(out)
+
+    e.runner.execute = ask_the_graphs
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
     for p, o in zip(prompts, outs):
         assert o.outputs[0].token_ids == hf_greedy(random_llama, tuple(p), 12)
-    graphs = e.runner.graphs
-    assert e.summary().spec_draft_tokens > 0 and graphs.num_eager_fallbacks > 0
+    assert all(supported == one_token_decodes for _, one_token_decodes, supported in decisions), decisions
+    assert any(num_spec for num_spec, _, _ in decisions) and any(supported for _, _, supported in decisions)
+    assert e.summary().spec_draft_tokens > 0
 
 
 def test_modelled_clock_costs_the_verified_rows():
