@@ -4,7 +4,7 @@ compiler), the start that never waits long for a build (background builder, torc
 build, the switch to the kernel mid-run) and the switch that turns it off.
 
 The engine-level checks (greedy tokens equal to transformers with the kernel on and off) are in
-test_equivalence_hf.py; test_attention_paths.py runs the whole step plan through both paths."""
+tests/equivalence/test_equivalence_hf.py; test_attention_paths.py runs the whole step plan through both paths."""
 
 from __future__ import annotations
 
