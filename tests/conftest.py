@@ -1,5 +1,6 @@
 """Shared fixtures and helpers: the bundled model, random-weight Llama/Qwen2 checkpoints, transformers references,
-a module's engine on the bundled model (``engine``, settings from the module's ``ENGINE_CONFIG``) and ``drain``."""
+a module's engine on the bundled model (``engine``, settings from the module's ``ENGINE_CONFIG``), a module's
+server (``server``) and ``drain``."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def engine(request, bundled_model):
     from minengine import LLMEngine
 
     return LLMEngine.from_config(model=bundled_model, **getattr(request.module, "ENGINE_CONFIG", {}))
+
+
+@pytest.fixture(scope="module")
+def server(request, bundled_model):
+    """A server on the bundled model in this process, on a free loopback port, shared by a module's tests
+    (``tests.server_helpers.running_server``): the module's ``SERVER_FRONTEND`` (``FrontendArgs``; None: the
+    defaults) and ``SERVER_ENGINE_CONFIG`` (engine settings over ``SERVER_CONFIG``; absent: ``{}``)."""
+    from tests.server_helpers import running_server
+
+    frontend = getattr(request.module, "SERVER_FRONTEND", None)
+    with running_server(bundled_model, frontend, **getattr(request.module, "SERVER_ENGINE_CONFIG", {})) as running:
+        yield running
 
 
 def drain(engine) -> dict:

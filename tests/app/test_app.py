@@ -24,6 +24,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from minengine.viz import presets  # noqa: E402
 from minengine.workloads import azure_conv_path, find_data_dir  # noqa: E402
+from tests.app.conftest import subtitles  # noqa: E402
 from tests.dashboard_model import dashboard_model  # noqa: E402
 
 APP = Path(__file__).resolve().parents[2] / "app.py"
@@ -351,14 +352,6 @@ def test_language_switch_during_a_live_run_keeps_it(app):
     status = next(md.value for md in app.markdown if md.value.startswith("**实时"))
     assert f"第 {step}" in status or f"第 {step + 1}" in status  # the same run, not a new one
     assert app.select_slider(key="live_speed_zh").value == 1
-
-
-def subtitles(at: AppTest) -> list[str]:
-    out = []
-    for chart in at.get("plotly_chart"):
-        title = json.loads(chart.proto.spec)["layout"].get("title", {})
-        out.append(title.get("subtitle", {}).get("text", "") if isinstance(title, dict) else "")
-    return out
 
 
 def test_clock_selector(app):

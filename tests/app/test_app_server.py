@@ -23,6 +23,7 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from minengine.viz.server_feed import short_request_id  # noqa: E402
 from scripts.live_server_screenshot import ClientLoad  # noqa: E402
+from tests.app.conftest import subtitles  # noqa: E402
 from tests.canned_server import ENGINE, CannedServer, chunk, http_head, sse, step_dict  # noqa: E402
 from tests.server_helpers import free_socket, running_server  # noqa: E402
 
@@ -31,10 +32,8 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 SERVER_FIGURES = 7  # block pool, block tables, batch bars, token timeline, ITL, queues, KV
 
 
-@pytest.fixture(scope="module")
-def server(bundled_model):
-    with running_server(bundled_model, num_kv_blocks=128, max_num_seqs=16) as s:
-        yield s
+# the settings of this module's ``server`` fixture (tests/conftest.py)
+SERVER_ENGINE_CONFIG = dict(num_kv_blocks=128, max_num_seqs=16)
 
 
 @pytest.fixture
@@ -72,14 +71,6 @@ def titles(at: AppTest) -> list[str]:
     for c in at.get("plotly_chart"):
         title = json.loads(c.proto.spec)["layout"].get("title", {})
         out.append(title.get("text", "") if isinstance(title, dict) else str(title))
-    return out
-
-
-def subtitles(at: AppTest) -> list[str]:
-    out = []
-    for c in at.get("plotly_chart"):
-        title = json.loads(c.proto.spec)["layout"].get("title", {})
-        out.append(title.get("subtitle", {}).get("text", "") if isinstance(title, dict) else "")
     return out
 
 

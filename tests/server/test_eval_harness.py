@@ -12,9 +12,8 @@ from operator import itemgetter
 import httpx
 import pytest
 
-from minengine import LLM, SamplingParams, TokensPrompt
+from minengine import SamplingParams, TokensPrompt
 from minengine.entrypoints.cli_args import FrontendArgs
-from tests.server_helpers import SERVER_CONFIG, running_server
 
 TIMEOUT = 60.0
 MODEL = "tiny-shakespeare-llama"
@@ -25,15 +24,8 @@ PAIRS = [("ROMEO:\nBut soft, what light", " through yonder window breaks"),
          ("First Citizen:\nBefore we proceed", " any further, hear me speak.")]
 
 
-@pytest.fixture(scope="module")
-def server(bundled_model):
-    with running_server(bundled_model, FrontendArgs(enable_tokenizer_info_endpoint=True)) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def ref(bundled_model):
-    return LLM(bundled_model, **SERVER_CONFIG)
+# the settings of this module's ``server`` fixture (tests/conftest.py)
+SERVER_FRONTEND = FrontendArgs(enable_tokenizer_info_endpoint=True)
 
 
 def _encode(ref, pairs):

@@ -20,21 +20,10 @@ from minengine import LLM, SamplingParams
 from minengine.entrypoints.protocol import MAX_N, ChatCompletionRequest, CompletionRequest, OpenAIError
 from minengine.metrics.prometheus import ITL_BUCKETS, TTFT_BUCKETS
 from minengine.workloads import SHAKESPEARE_OPENINGS
-from tests.server_helpers import SERVER_CONFIG, running_server
+from tests.server_helpers import running_server
 
 TIMEOUT = 60.0  # seconds: every client call is bounded
 GREEDY = dict(temperature=0.0, max_tokens=24)
-
-
-@pytest.fixture(scope="module")
-def server(bundled_model):
-    with running_server(bundled_model) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def ref(bundled_model):
-    return LLM(bundled_model, **SERVER_CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -30,12 +30,6 @@ TIMEOUT = 60.0
 MODEL = "tiny-shakespeare-llama"
 
 
-@pytest.fixture(scope="module")
-def server(bundled_model):
-    with running_server(bundled_model) as s:
-        yield s
-
-
 def is_openai_error(r: httpx.Response, status: int) -> dict:
     """The response is ``status`` with OpenAI's error body; returns its ``error`` object."""
     assert r.status_code == status, (r.status_code, r.text[:300])

@@ -24,7 +24,7 @@ from minengine.viz.server_feed import ServerFeed, check_url, rename_requests, sh
 from minengine.viz.workload import Workload, WorkloadRequest
 from minengine.workloads import SHAKESPEARE_OPENINGS
 from tests.canned_server import ENGINE, CannedServer, chunk, http_head, sse, step_dict
-from tests.server_helpers import free_socket, running_server
+from tests.server_helpers import free_socket
 
 TIMEOUT = 60.0
 
@@ -37,7 +37,7 @@ def wait_for(condition, timeout_s: float = 10.0, what: str = "condition") -> Non
         time.sleep(0.02)
 
 
-def drain(feed: ServerFeed, timeout_s: float = 10.0) -> list[StepTrace]:
+def drain_feed(feed: ServerFeed, timeout_s: float = 10.0) -> list[StepTrace]:
     """Every step until the feed is done."""
     got = []
     deadline = time.monotonic() + timeout_s
@@ -49,12 +49,6 @@ def drain(feed: ServerFeed, timeout_s: float = 10.0) -> list[StepTrace]:
 
 
 # ---- the real server -------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def server(bundled_model):
-    with running_server(bundled_model) as s:
-        yield s
-
-
 def test_the_feed_hands_over_the_engines_own_steps_and_metrics(server):
     feed = ServerFeed(server.url, metrics_every_s=0.2).start()
     try:
@@ -136,7 +130,7 @@ def test_nothing_listening_is_unreachable():
     sock.close()  # a port nobody listens on
     started = time.monotonic()
     feed = ServerFeed(f"http://127.0.0.1:{port}").start()
-    drain(feed, timeout_s=10)
+    drain_feed(feed, timeout_s=10)
     assert feed.state == "failed" and feed.error.kind == "unreachable", feed.error
     assert time.monotonic() - started < 5 and feed.info is None
 
@@ -148,7 +142,7 @@ def test_a_black_hole_times_out_as_unreachable():
         sock.listen(0)
         feed = ServerFeed(f"http://127.0.0.1:{sock.getsockname()[1]}", connect_timeout_s=0.5,
                           first_event_timeout_s=0.5, idle_timeout_s=0.5).start()
-        drain(feed, timeout_s=10)
+        drain_feed(feed, timeout_s=10)
     assert feed.state == "failed" and feed.error.kind in ("unreachable", "not_minengine"), feed.error
 
 
@@ -162,7 +156,7 @@ def test_a_black_hole_times_out_as_unreachable():
 def test_a_server_that_is_not_minengine_says_so(head, chunks, says):
     with CannedServer(head, chunks, close=False) as canned:
         feed = ServerFeed(canned.url, first_event_timeout_s=1.0).start()
-        drain(feed)
+        drain_feed(feed)
     assert feed.state == "failed" and feed.error.kind == "not_minengine" and says in feed.error.detail, feed.error
 
 
@@ -170,7 +164,7 @@ def test_a_step_that_does_not_decode_is_a_bad_event():
     with CannedServer(http_head(), [chunk(sse("engine", ENGINE)), chunk(sse("step", {"step": 1}))],
                       close=False) as canned:
         feed = ServerFeed(canned.url).start()
-        drain(feed)
+        drain_feed(feed)
     assert feed.state == "failed" and feed.error.kind == "bad_event" and "StepTrace" in feed.error.detail
 
 
@@ -179,7 +173,7 @@ def test_a_connection_that_drops_mid_stream_keeps_its_steps(tail):
     events = [chunk(sse("engine", ENGINE))] + [chunk(sse("step", step_dict(i))) for i in range(3)]
     with CannedServer(http_head(), events + [tail], close=True) as canned:
         feed = ServerFeed(canned.url).start()
-        got = drain(feed)
+        got = drain_feed(feed)
     assert feed.state == "failed" and feed.error.kind == "dropped", feed.error
     assert [tr.step for tr in got] == [0, 1, 2] and feed.info["model"] == "fake"
     assert got[0].chunks[0].request_id == "cmpl-01234567…-0 #0" and list(got[0].block_tables) == ["cmpl-01234567…-0 #0"]
@@ -205,7 +199,7 @@ def test_a_feed_whose_owner_went_away_stops_itself():
         time.sleep(1.5)
         assert feed.state == "connected"  # the owner is there: the feed goes on
         owner["alive"] = False
-        drain(feed, timeout_s=10)
+        drain_feed(feed, timeout_s=10)
     assert feed.state == "stopped" and feed.stop_reason == "session_ended" and feed.error is None
 
 
