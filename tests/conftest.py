@@ -62,8 +62,8 @@ def server(request, bundled_model):
 
 
 def drain(engine) -> dict:
-    """Step ``engine`` until no request is unfinished; the finished ``RequestOutput`` of each request, by request id
-    (a request aborted between steps, with no output left to give, is absent)."""
+    """Step ``engine`` until no request is unfinished; returns {request id: its finished ``RequestOutput``} for
+    each request that finished during these steps."""
     finished = {}
     while engine.has_unfinished_requests():
         finished.update({out.request_id: out for out in engine.step() if out.finished})
