@@ -242,7 +242,17 @@ def test_instrumented_notebook_submits_every_wrong_answer():
             assert inst.cells[i - 1].source == cell.metadata["wrong"]["answer"]
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
+# The chapters whose execution here takes more than about 20 s of CPU (kernel included, ``--durations``): marked slow,
+# so ``-m "not slow"`` is a quick loop; CI runs them all.
+SLOW_CHAPTERS = {"04_chunked_prefill", "06_admission_preemption", "07_scheduler_slos", "09_serving", "10_fleet"}
+
+
+def test_the_slow_chapters_are_chapters():
+    assert SLOW_CHAPTERS <= set(CHAPTERS), "a renamed chapter would lose its slow mark"
+
+
+@pytest.mark.parametrize("chapter", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW_CHAPTERS else c
+                                     for c in CHAPTERS])
 def test_executes_with_solutions_and_rejects_wrong_answers(chapter, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
