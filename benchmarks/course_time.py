@@ -1,6 +1,6 @@
 """The whole course's run time: every notebook executed top to bottom in fast mode (``MINENGINE_FAST=1``), exactly
-as ``tests/test_notebooks.py`` executes it (the solutions in the answer cells, each typical wrong answer against a
-copy of its check, each widget's callback once: ``instrumented``), one kernel per chapter, 1 torch thread.
+as ``tests/course/test_notebooks.py`` executes it (the solutions in the answer cells, each typical wrong answer against
+a copy of its check, each widget's callback once: ``instrumented``), one kernel per chapter, 1 torch thread.
 
 It prints each chapter's wall time (the kernels are other processes, so this process's CPU time would miss them),
 the total, the bound the course is held to (``--budget-s``, 600 s: "the whole course within 10 minutes
@@ -24,7 +24,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.test_notebooks import CELL_TIMEOUT_S, CHAPTERS, NOTEBOOKS_DIR, all_outputs, instrumented, load  # noqa: E402
+from tests.course.test_notebooks import CELL_TIMEOUT_S, CHAPTERS, NOTEBOOKS_DIR, all_outputs, instrumented, load  # noqa: E402
 
 BUDGET_S = 600.0
 

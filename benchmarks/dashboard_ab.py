@@ -8,7 +8,7 @@ Each preset's workload and engine settings are the page's defaults (``presets.PR
 on the page's default clock (modelled H100 SXM, Llama-3-8B shapes), the bundled model. Run A and run B of
 ``presets.COMPARISONS[presets.PRESET_COMPARISON[preset]]`` as the A/B tab runs them; the numbers are the ones its two
 sentences print (P99 TBT, P99 TTFT, output tok/s; tokens computed, steps, preemptions, blocks swapped out). On the
-modelled clock they are the same on every machine; ``tests/test_presets.py`` checks each row's direction.
+modelled clock they are the same on every machine; ``tests/viz/test_presets.py`` checks each row's direction.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Llama 3, Qwen) split the text before a space, so no token of the whole text cros
 up exactly. SentencePiece-style tokenizers (``Metaspace``) start each piece with a word-start marker, which can
 add a token at a cut, and a cut inside a long run without whitespace can split one token of the whole text into
 a few. A cut may therefore add at most ``SLACK_PER_CUT`` tokens: the bound is the sum of the pieces' counts minus
-that per cut (``tests/test_tokenize_within.py`` checks it against full tokenization for both families). Special
+that per cut (``tests/server/test_tokenize_within.py`` checks it against full tokenization for both families). Special
 tokens (BOS) are left out of the pieces' counts; they only add to the whole text's.
 """
 

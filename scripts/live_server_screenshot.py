@@ -10,7 +10,7 @@ cache shares their blocks, and four short ones); opens the dashboard in headless
 screenshot and saves it as a small palette PNG. Everything it started is stopped at the end.
 
 The pieces (``start_server``, ``start_dashboard``, ``ClientLoad``, ``stop``) are also what
-``tests/test_app_server_browser.py`` uses.
+``tests/app/test_app_server_browser.py`` uses.
 """
 
 from __future__ import annotations

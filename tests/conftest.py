@@ -1,4 +1,6 @@
-"""Shared fixtures: the bundled model, random-weight Llama/Qwen2 checkpoints, transformers references."""
+"""Shared fixtures and helpers: the bundled model, random-weight Llama/Qwen2 checkpoints, transformers references,
+a module's engine on the bundled model (``engine``, settings from the module's ``ENGINE_CONFIG``), a module's
+server (``server``) and ``drain``."""
 
 from __future__ import annotations
 
@@ -34,6 +36,38 @@ def bundled_model() -> str:
     if not (Path(BUNDLED_MODEL) / "config.json").exists():
         pytest.fail("bundled model missing: run scripts/train_tiny_model.py")
     return BUNDLED_MODEL
+
+
+@pytest.fixture(scope="module")
+def engine(request, bundled_model):
+    """One ``LLMEngine`` on the bundled model per test module, shared by its tests (each test leaves it idle).
+
+    Its settings are the module's ``ENGINE_CONFIG`` dict of ``EngineConfig`` fields (``{}`` when absent): the pool
+    size, context length and token budget a module's assertions count on are written in that module."""
+    from minengine import LLMEngine
+
+    return LLMEngine.from_config(model=bundled_model, **getattr(request.module, "ENGINE_CONFIG", {}))
+
+
+@pytest.fixture(scope="module")
+def server(request, bundled_model):
+    """A server on the bundled model in this process, on a free loopback port, shared by a module's tests
+    (``tests.server_helpers.running_server``): the module's ``SERVER_FRONTEND`` (``FrontendArgs``; None: the
+    defaults) and ``SERVER_ENGINE_CONFIG`` (engine settings over ``SERVER_CONFIG``; absent: ``{}``)."""
+    from tests.server_helpers import running_server
+
+    frontend = getattr(request.module, "SERVER_FRONTEND", None)
+    with running_server(bundled_model, frontend, **getattr(request.module, "SERVER_ENGINE_CONFIG", {})) as running:
+        yield running
+
+
+def drain(engine) -> dict:
+    """Step ``engine`` until no request is unfinished; returns {request id: its finished ``RequestOutput``} for
+    each request that finished during these steps."""
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({out.request_id: out for out in engine.step() if out.finished})
+    return finished
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Static scan of the course's prose: every number and every direction stated in a markdown cell must be backed.
 
-Used by ``tests/test_course_numbers.py`` (issue 22, section 2); reads notebook cells (dicts with ``cell_type``,
+Used by ``tests/course/test_course_numbers.py``; reads notebook cells (dicts with ``cell_type``,
 ``source``, ``metadata``) and executes nothing. The same rules, for authors, are in ``notebooks/README.md``
 (*Numbers and directions in the prose*).
 

@@ -91,7 +91,7 @@ class FakeEngine:
         self.check_invariants(out)
         if fail:
             self.apply_garbage(out)
-            rollback = getattr(self.sched, "rollback", None)  # before issue 10, a failed step was abandoned
+            rollback = getattr(self.sched, "rollback", None)  # a scheduler without rollback abandons a failed step
             if rollback is not None:
                 rollback(out)
             self.outputs.append(out)

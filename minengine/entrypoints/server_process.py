@@ -1,7 +1,7 @@
 """``python -m minengine serve`` as a child process on 127.0.0.1, waited for until ``/health`` answers.
 
 One helper for everything that starts a real server process: chapter 9, the tests that signal a server
-(``tests/test_shutdown_drain.py``, ``tests/test_serve_cli.py``) and the benchmarks that measure one
+(``tests/server/test_shutdown_drain.py``, ``tests/server/test_serve_cli.py``) and the benchmarks that measure one
 (``benchmarks/lm_eval_local.py``, ``benchmarks/server_isolation.py``).
 """
 

@@ -24,7 +24,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         if dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # The same arithmetic in one call (bitwise equal to the lines below; tests/test_layers.py).
+            # The same arithmetic in one call (bitwise equal to the lines below; tests/worker/test_layers.py).
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

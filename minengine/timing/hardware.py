@@ -204,7 +204,7 @@ class Hardware:
 
 
 # ---- fitted by minengine.timing.profile_fit on ../shared/data/profiles/vidur (regenerate: python -m
-# minengine.timing.profile_fit; tests/test_profile_fit.py checks these equal its output) ---------------------------
+# minengine.timing.profile_fit; tests/timing/test_profile_fit.py checks these equal its output) --------------------
 A100_KERNELS = dict(mfu=0.744, gemm_half_tokens=0.0, mbu=0.804, roofline_k=1.41, kernel_floor_s=5.3e-06,
                     elementwise_efficiency=0.502, elementwise_floor_s=1.04e-05, allreduce_latency_s=3.36e-05,
                     allreduce_bus_bandwidth=154e9)

@@ -20,7 +20,7 @@ model (``minengine.timing.cost_model``) charges, in three stages:
    allreduce_bus_bandwidth`` (ring all-reduce; linear least squares on relative errors over every size).
 
 ``python -m minengine.timing.profile_fit`` prints the fit and the presets' numbers next to it;
-``tests/test_profile_fit.py`` checks that ``hardware.py`` holds exactly these numbers (rounded as printed). The
+``tests/timing/test_profile_fit.py`` checks that ``hardware.py`` holds exactly these numbers (rounded as printed). The
 profiles contain no attention kernels (the shared copy left them out) and no FP8 GEMMs: the presets' attention
 terms and the FP8 path are set from cited sources instead (``hardware.py`` says which).
 """

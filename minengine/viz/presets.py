@@ -57,7 +57,7 @@ class Comparison:
 
 # Every comparison the A/B tab offers; each preset opens on the one that shows its lesson (PRESET_COMPARISON).
 # What each moves on its preset (default settings, modelled H100 / Llama-3-8B clock) is checked by
-# tests/test_presets.py as relations (A below or above B), never as modelled times.
+# tests/viz/test_presets.py as relations (A below or above B), never as modelled times.
 COMPARISONS: dict[str, Comparison] = {c.name: c for c in (
     Comparison("chunked_prefill", "enable_chunked_prefill", True, False),  # (a): the decodes' P99 TBT
     Comparison("prefix_caching", "enable_prefix_caching", True, False),  # (b): TTFT, fewer tokens computed

@@ -1,6 +1,6 @@
 """Cell builders for the course notebooks: every chapter is a list of nbformat cells made with these.
 
-Conventions the tests rely on (tests/test_notebooks.py):
+Conventions the tests rely on (tests/course/test_notebooks.py):
 - the first cell holds ``## Learning goals``; the chapter ends with ``## Summary`` and ``## Glossary``;
 - an exercise is four cells: question (markdown), answer (code, tag ``answer``, a ``None`` placeholder, and in
   its metadata ``minengine.wrong_answers``: typical wrong answers, each a code snippet that the tests run

@@ -85,7 +85,7 @@ print("text:", TEXT_SOURCE)
     conclude(f"With the model split over **2 processes** (no weight of it in this one), greedy decoding gave the same tokens "
              f"as TP 1 on **{same} of {len(prompts)}** prompts ({N_OUT} tokens each). Not guaranteed bit for bit in general: "
              "a float32 all-reduce adds the partial sums in another order than one matmul, so a near-tie between the top two "
-             "logits could flip (`tests/test_tensor_parallel.py` allows exactly that, and checks the gap).",
+             "logits could flip (`tests/engine/test_tensor_parallel.py` allows exactly that, and checks the gap).",
              [("two worker processes, no model in the driver", len(engine2.runner.worker_pids) == 2 and engine2.model is None),
               ("every prompt's greedy tokens equal TP 1's", same == len(prompts))])
     """),

@@ -1,0 +1,114 @@
+"""The performance benchmarks run on tiny settings and their outputs equal the reference (timings are not
+checked: they belong to the benchmarks, not to the test suite)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU script's dry run uses the Triton interpreter
+
+import pytest
+
+from benchmarks import host_overhead, predictive, spec_decode, throughput
+
+
+def test_throughput_benchmark_tiny(tmp_path):
+    out = tmp_path / "t.json"
+    result = throughput.main(["--num-requests", "3", "--prompt-len", "8,24", "--output-len", "3,5", "--threads", "1",
+                              "--repeats", "1", "--skip-continuous", "--json", str(out)])
+    (row,) = result["rows"]
+    assert row["outputs_equal"] == row["num_requests"] == 3
+    assert row["roof_gflops"] > 0 and row["copy_gbytes_per_s"] > 0 and 0 < row["roofline_fraction"]
+    # The steps' FLOPs equal the workload's, counted per request without the schedule: each request computes
+    # its prompt and all but its last output token once (no preemption here), and samples every output.
+    from minengine.config import BUNDLED_MODEL
+
+    shape = throughput.model_shape(BUNDLED_MODEL)
+    work = throughput.make_workload(shape.vocab_size, 3, 0, (8, 24), (3, 5))
+    tokens = sum(len(p) + n - 1 for p, n in work)
+    pairs = sum((len(p) + n - 1) * (len(p) + n) // 2 for p, n in work)
+    gemm_weights = shape.num_layers * sum(k * n for k, n in shape.linear_shapes())  # the matmuls (no norm weights)
+    flops = (2 * gemm_weights * tokens + 4 * shape.num_layers * shape.q_size * pairs
+             + 2 * shape.lm_head_params * sum(n for _, n in work))
+    assert abs(row["gflop"] * 1e9 - flops) < 1e-6 * flops
+    assert json.loads(out.read_text())["rows"][0]["outputs_equal"] == 3
+
+
+def test_host_overhead_benchmark_tiny(tmp_path):
+    rows = host_overhead.main(["--num-requests", "1,3", "--contexts", "20", "--steps", "2", "--out", str(tmp_path)])
+    assert [(r["num_requests"], r["context"]) for r in rows] == [(1, 20), (3, 20)]
+    assert all(r["schedule_update_ms"] > 0 and r["prepare_torch_ms"] > 0 for r in rows)
+    assert (tmp_path / "host_overhead.md").read_text().count("\n") == 4
+    assert (tmp_path / "host_overhead.html").exists()
+
+
+def test_gpu_script_dry_run_on_cpu(tmp_path):
+    """benchmarks/gpu/run.py --device cpu --tiny: every section's code path, on tiny random models."""
+    pytest.importorskip("triton")
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu" / "run.py"
+    spec = importlib.util.spec_from_file_location("gpu_run", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "gpu.json"
+    result = mod.main(["--device", "cpu", "--tiny", "--out", str(out)])
+    assert json.loads(out.read_text())["info"]["tiny"]
+    for c in result["correctness"]:
+        assert c["float32"]["verdicts"] == ["exact"] * len(c["float32"]["verdicts"])
+        assert c["float32"]["attention_backend"] == "triton" and c["float32"]["graph_replays"] > 0
+    for t in result["triton"]:
+        assert t["max_abs_err"] < (1e-5 if t["dtype"] == "float32" else 3e-2)
+    assert {d["mode"] for d in result["decode"]} == {"graphs", "eager"}
+    assert result["throughput"]["hf_static_2_agreement"] > 0
+
+
+def test_spec_decode_benchmark_tiny(tmp_path):
+    rows = spec_decode.main(["--num-requests", "2", "--prompt-len", "32", "--max-tokens", "8", "--ks", "0", "2",
+                             "--repeats", "1", "--write", "--out", str(tmp_path / "s.md")])
+    assert [(r["workload"], r["k"]) for r in rows] == [(w, k) for w in ("copy", "random, greedy", "random, sampled")
+                                                       for k in (0, 2)]
+    assert all(r["same"] for r in rows)  # speculation never changes the tokens
+    assert all(r["tokens_per_decode"] >= 1 and r["modelled_tpot_ms"] > 0 for r in rows)
+    assert "| copy | off |" in (tmp_path / "s.md").read_text()
+
+
+def test_predictive_benchmark_tiny(tmp_path):
+    from minengine.workloads import azure_conv_path, find_data_dir
+
+    if azure_conv_path(find_data_dir(None)) is None:
+        pytest.skip("shared/data (Azure trace) absent")
+    result = predictive.main(["--requests", "40", "--speedup", "4", "--num-kv-blocks", "512", "--sigmas", "0.5",
+                              "--write", "--out", str(tmp_path)])
+    rows = {r["label"]: r for r in result["policies"]}
+    assert all(r["finished"] == r["requests"] == 40 for r in rows.values())
+    assert rows["FCFS + reserve KV, oracle"]["preemptions"] == 0  # exact predictions: nobody outgrows its share
+    assert result["errors"][0]["mae"] < result["errors"][1]["mae"]  # learned beats the constant
+    saved = json.loads((tmp_path / "predictive.json").read_text())
+    assert len(saved["sample"]["true"]) == len(saved["sample"]["learned"]) > 0
+
+
+def test_structured_output_benchmark_tiny(tmp_path):
+    from benchmarks import structured_output
+
+    result = structured_output.main(["--base", "HEAD", "--repeats", "1", "--requests", "4", "--new-tokens", "8",
+                                     "--out", str(tmp_path)])
+    assert all(len(v) == 1 and v[0] > 0 for v in result["tokens_per_cpu_s"].values())
+    assert result["head_over_base"] > 0 and result["mask_fill_us_median"] > 0
+    assert json.loads((tmp_path / "structured_output.json").read_text())["base"] == "HEAD"
+
+
+def test_async_scheduling_benchmark_tiny(tmp_path):
+    """One in-process and one async worker-process setting on 2 requests: the JSON is strict (no NaN: the in-process
+    row has no worker spans, so its overlap is null) and the worker row's overlap is a share."""
+    from benchmarks import async_scheduling
+
+    async_scheduling.main(["--num-requests", "2", "--prompt-len", "8", "--steps", "3", "--warmup", "1",
+                           "--rounds", "1", "--settings", "0,2", "--out", str(tmp_path)])
+    text = (tmp_path / "async_scheduling.json").read_text()
+    rows = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))["rows"]
+    assert [r["setting"] for r in rows] == ["in-process (uni)", "TP 1, 1 worker, async"]
+    assert rows[0]["overlap"] is None and 0.0 <= rows[1]["overlap"] <= 1.0
+    assert all(r["wall_ms"] > 0 and r["host_ms"] > 0 for r in rows)
