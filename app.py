@@ -744,6 +744,17 @@ def server_figures(traces: list, lang: str, clock: str) -> dict:
 
 
 # ---- page -----------------------------------------------------------------------------------------------------
+def preset_control(lang: str) -> str:
+    """The workload preset. One selectbox per language: a browser keeps showing a keyed selectbox's old option
+    labels when only format_func changes. The choice itself survives the switch through a plain session value."""
+    st.sidebar.subheader(t("workload", lang))
+    chosen = st.session_state.get("preset_choice", presets.PRESETS[0])
+    preset = st.sidebar.selectbox(t("preset", lang), presets.PRESETS, index=presets.PRESETS.index(chosen),
+                                  key=f"preset_{lang}", format_func=lambda p: t(f"preset_{p}", lang))
+    st.session_state["preset_choice"] = preset
+    return preset
+
+
 def main() -> None:
     st.set_page_config(page_title="minengine", layout="wide")
     lang = language_control()
@@ -754,13 +765,7 @@ def main() -> None:
     stop_server_feed()  # back to a local run: the server's feed (if any) goes
     st.write(t("app_intro", lang))
 
-    st.sidebar.subheader(t("workload", lang))
-    # One selectbox per language: a browser keeps showing a keyed selectbox's old option labels when only
-    # format_func changes. The choice itself survives the switch through a plain session value.
-    chosen = st.session_state.get("preset_choice", presets.PRESETS[0])
-    preset = st.sidebar.selectbox(t("preset", lang), presets.PRESETS, index=presets.PRESETS.index(chosen),
-                                  key=f"preset_{lang}", format_func=lambda p: t(f"preset_{p}", lang))
-    st.session_state["preset_choice"] = preset
+    preset = preset_control(lang)
     workload, messages = workload_controls(preset, lang)
     clock = clock_controls(lang)
     config = engine_controls(preset, lang, clock)
@@ -793,24 +798,39 @@ def main() -> None:
         key, error = st.session_state["run_error"]
         st.error(t(key, lang).format(error=error))
         return
-    player = st.session_state.get("live")
-    if player is not None:
-        try:
-            if st.session_state.pop("finish_requested", False):
-                with st.spinner(t("running_engine", lang)):
-                    player.finish()
-        except Exception as exc:  # the engine's guards (a run that does not finish) or any engine error: a message
-            st.session_state.pop("live", None)
-            st.error(t("run_failed", lang).format(error=exc))
-            return
-        if not player.done:
-            live_view(player, lang, speed)
-            return
-        finished_result(player)
-        st.session_state.pop("live")  # the engine (and its KV cache) can go
-    res = st.session_state.get("results", {}).get((config, workload))
-    if res is None:
+    if live_run_goes_on(lang, speed):
         return
+    res = st.session_state.get("results", {}).get((config, workload))
+    if res is not None:
+        finished_view(config, workload, res, lang, threshold_ms)
+
+
+def live_run_goes_on(lang: str, speed: float) -> bool:
+    """This session's live run, if any: finish it now when asked, else draw its live view. True while it goes on
+    (or failed: the message is on the page); False once there is none, its result kept by ``finished_result``."""
+    player = st.session_state.get("live")
+    if player is None:
+        return False
+    try:
+        if st.session_state.pop("finish_requested", False):
+            with st.spinner(t("running_engine", lang)):
+                player.finish()
+    except Exception as exc:  # the engine's guards (a run that does not finish) or any engine error: a message
+        st.session_state.pop("live", None)
+        st.error(t("run_failed", lang).format(error=exc))
+        return True
+    if not player.done:
+        live_view(player, lang, speed)
+        return True
+    finished_result(player)
+    st.session_state.pop("live")  # the engine (and its KV cache) can go
+    return False
+
+
+def finished_view(config: DashboardConfig, workload: Workload, res: RunResult, lang: str,
+                  threshold_ms: float) -> None:
+    """A finished run: how long it took, notes, then its five tabs (``threshold_ms`` 0 = the automatic stall
+    threshold)."""
     clock = clock_label(config.clock, lang)
     st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces), clock=clock))
     if res.budget_raised:

@@ -1,8 +1,8 @@
 """The dashboard's Fleet page: the engine's own scheduler on many modelled GPUs (``minengine.fleet``).
 
-``app.py`` lists this file as "Fleet" beside its own "Scheduler" page (``st.navigation``); it also runs alone. No
-fleet logic here: the page reads controls, builds a ``FleetConfig`` (optionally with the fleet's KV store) and a
-trace window, runs ``simulate`` (cached on both) and draws the result with ``minengine.viz.fleet_figures``
+``app.py`` lists this file as "Fleet" beside its own "Scheduler" page (``st.navigation``); it also runs alone.
+No fleet logic here: the page reads controls, builds a ``FleetConfig`` (optionally with the fleet's KV store) and
+a trace window, runs ``simulate`` (cached on both) and draws the result with ``minengine.viz.fleet_figures``
 (replicas and the store as lanes of KV use and queue length, where prompt tokens came from against the window's
 infinite-cache ideal) and ``minengine.viz``.
 """
