@@ -25,8 +25,9 @@ from minengine.engine.model_setup import eos_token_id, load_model, make_runner
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest, RequestGroup
 from minengine.inputs import as_request_ids
+from minengine.metrics.prometheus_recorder import make_recorder
 from minengine.metrics.reader import Metric, get_metrics_snapshot
-from minengine.metrics.recorder import ScheduledStep, StepRecorder
+from minengine.metrics.recorder import ScheduledStep
 from minengine.metrics.stats import ServingSummary, summarize
 from minengine.outputs import RequestMetrics, RequestOutput
 from minengine.request import Request, RequestStatus
@@ -90,8 +91,8 @@ class LLMEngine:
                                               self.num_kv_blocks, self.clock, self._request_id_in_use,
                                               getattr(self.runner, "logits_processors", None))
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.recorder = StepRecorder(config, self.scheduler, self.kv_cache_manager, self.num_kv_blocks,
-                                     self.num_swap_blocks, self.clock, lambda: self.runner.last_swap_time_s)
+        self.recorder = make_recorder(config, self.scheduler, self.kv_cache_manager, self.num_kv_blocks,
+                                      self.num_swap_blocks, self.clock, lambda: self.runner.last_swap_time_s)
         self.stat_logger, self.log_stats = self.recorder.stat_logger, self.recorder.log_stats  # Prometheus series
 
     def _make_scheduler(self) -> Scheduler:
