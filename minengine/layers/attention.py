@@ -10,16 +10,12 @@ the layer's per-tensor ``k_scale`` / ``v_scale`` and every path below reads them
 
 from __future__ import annotations
 
-import logging
-
 import torch
 import torch.nn.functional as F
 
-from minengine.config import ATTENTION_BACKENDS
 from minengine.layers import cpu_attention, kv_quant
+from minengine.layers.triton_attention import triton_backend
 from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGroup
-
-logger = logging.getLogger(__name__)
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -159,41 +155,6 @@ def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
     return out
 
 
-# The attention backends by name (``EngineConfig.attention_backend``, vLLM's ``--attention-backend``,
-# ``ATTENTION_BACKENDS``): the ModelRunner resolves "auto" once, at construction, and every step's ForwardBatch
-# carries the name.
-
-
-def resolve_attention_backend(name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int,
-                              kv_cache_dtype: torch.dtype | None = None) -> str:
-    """The backend that runs for ``name`` on this device, model dtype, head_dim and cache dtype.
-
-    "auto": "triton" on CUDA where Triton is installed; on a CPU "cpu" where the C++ kernel takes the model
-    (``cpu_attention.applies``) unless ``MINENGINE_CPU_KERNEL=0`` (then "reference"); "reference" otherwise.
-    An FP8 cache on a GPU older than sm_89 gets "reference" instead of "triton" (Triton cannot convert it there).
-
-    Raises:
-        ValueError: ``name`` is not one of ``ATTENTION_BACKENDS``, or "cpu" on a CUDA device.
-    """
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {name!r}")
-    device = torch.device(device)
-    if name == "cpu" and device.type != "cpu":
-        raise ValueError(f"attention_backend 'cpu' (the C++ kernel) runs on a CPU, not on {device.type}")
-    if name == "auto" and device.type == "cuda":
-        from minengine.layers.triton_attention import triton_available
-
-        name = "triton" if triton_available() else "reference"
-    elif name == "auto":
-        name = "cpu" if cpu_attention.applies(device, dtype, head_dim, kv_cache_dtype) else "reference"
-    if (name == "triton" and kv_cache_dtype == torch.float8_e4m3fn and device.type == "cuda"
-            and torch.cuda.get_device_capability(device) < (8, 9)):
-        logger.warning("minengine: an FP8 KV cache needs compute capability 8.9+ for the Triton attention; "
-                       "using the reference attention")
-        name = "reference"
-    return name
-
-
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, batch: ForwardBatch, scale: float, k_scale: float = 1.0,
                     v_scale: float = 1.0) -> torch.Tensor:
@@ -228,11 +189,7 @@ def _cpu_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_s
     return paged_attention_cpu(query, key, value, k_cache, v_cache, batch, scale, kernel, k_scale, v_scale)
 
 
-def _triton_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale) -> torch.Tensor:
-    from minengine.layers.triton_attention import triton_paged_attention
-
-    return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
-                                  batch.seq_lens, scale, k_scale, v_scale)
-
-
-_BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": _triton_backend}
+# The backends by name (``EngineConfig.attention_backend``, vLLM's ``--attention-backend``): the ModelRunner
+# resolves "auto" once, at construction (``layers/attention_backend.py``), and every step's ForwardBatch carries
+# the name.
+_BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": triton_backend}
