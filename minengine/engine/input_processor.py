@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import cdiv
-from minengine.engine.parallel_sampling import RequestGroup, child_request_id, child_sampling_params
+from minengine.engine.parallel_sampling import child_request_id, child_sampling_params
 from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import as_float, check_unicode, token_ids
-from minengine.request import Request
+from minengine.request import Request, RequestGroup
 from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock
 

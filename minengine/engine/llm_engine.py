@@ -23,14 +23,14 @@ from minengine.engine.detokenizer import Detokenizers
 from minengine.engine.input_processor import InputProcessor, Prompt
 from minengine.engine.model_setup import eos_token_id, load_model, make_runner
 from minengine.engine.output_processor import OutputProcessor
-from minengine.engine.parallel_sampling import ParentRequest, RequestGroup
+from minengine.engine.parallel_sampling import ParentRequest
 from minengine.inputs import as_request_ids
 from minengine.metrics.prometheus_recorder import make_recorder
 from minengine.metrics.reader import Metric, get_metrics_snapshot
 from minengine.metrics.recorder import ScheduledStep
 from minengine.metrics.stats import ServingSummary, summarize
 from minengine.outputs import RequestMetrics, RequestOutput
-from minengine.request import Request, RequestStatus
+from minengine.request import Request, RequestGroup, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock, as_clock
 from minengine.worker.kv_pool import size_kv_pool

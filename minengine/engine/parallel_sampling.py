@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics
-from minengine.request import Request
+from minengine.request import Request, RequestGroup  # noqa: F401  (RequestGroup: re-exported)
 from minengine.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -27,25 +27,6 @@ def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     if params.seed is not None:
         child.seed = params.seed + index
     return child
-
-
-@dataclass
-class RequestGroup:
-    """A validated request ready to queue: one ``Request`` (``n == 1``) or the ``n`` children of a parent.
-
-    Attributes:
-        request_id: the id the caller gave (the parent's for n > 1).
-        params: the caller's ``SamplingParams`` (with ``n``).
-        requests: the engine requests to queue (children in index order).
-    """
-
-    request_id: str
-    params: SamplingParams
-    requests: list[Request]
-
-    @property
-    def is_parent(self) -> bool:
-        return self.params.n > 1
 
 
 @dataclass
