@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import cdiv
+from minengine.engine.bad_words import bad_words_token_ids
 from minengine.engine.parallel_sampling import child_request_id, child_sampling_params
 from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import as_float, check_unicode, token_ids
@@ -269,7 +270,7 @@ class InputProcessor:
             if bad:
                 _invalid(name, f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:10]}")
         if params.bad_words:
-            params.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
+            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words, vocab)
         custom = self.custom_logits_processors
         for cls in custom.classes if custom is not None else ():
             cls.validate_params(params)
@@ -287,24 +288,6 @@ class InputProcessor:
             self.structured_output_manager = StructuredOutputManager(self.tokenizer, vocab, self.eos_token_id,
                                                                      self.config.structured_outputs_config)
         return self.structured_output_manager.new_request(params.structured_outputs)
-
-    def _bad_words_token_ids(self, words: list[str]) -> tuple[tuple[int, ...], ...]:
-        """vLLM's tokenization of ``bad_words``: each word as it is (its leading spaces dropped) and, when that
-        gives a different first token of the same length, with one leading space (a word inside the text)."""
-        if self.tokenizer is None:
-            _invalid("bad_words", "bad_words needs a tokenizer (the model has none)")
-        out: list[tuple[int, ...]] = []
-        for word in dict.fromkeys(words):
-            plain = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
-            spaced = tuple(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
-            out += [plain] if plain else []
-            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
-                out.append(spaced)
-        vocab = self.vocab_size
-        bad = sorted({t for w in out for t in w if not 0 <= t < vocab})
-        if bad:
-            _invalid("bad_words", f"bad_words tokenize to ids outside the vocabulary [0, {vocab}): {bad[:10]}")
-        return tuple(out)
 
     def make_requests(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
                       arrival_time: float | None = None, priority: int = 0,
