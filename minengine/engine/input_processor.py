@@ -10,11 +10,11 @@ request is queued by ``LLMEngine.enqueue`` (or ``add_request``), so a whole batc
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import cdiv
+from minengine.engine.arrival_time import wall_to_engine_clock
 from minengine.engine.bad_words import bad_words_token_ids
 from minengine.engine.parallel_sampling import child_request_id, child_sampling_params
 from minengine.exceptions import VLLMValidationError, show
@@ -24,25 +24,6 @@ from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock
 
 Prompt = str | dict | list[int]
-
-
-UNIX_TIME_FLOOR = 1e9  # seconds since 1970 (2001-09-09): engine clocks (perf_counter, modelled) count from ~0
-
-
-def wall_to_engine_clock(arrival_time: float, now: float, wall_now: float | None = None) -> float:
-    """An ``arrival_time`` on the engine clock. vLLM's arrival times are wall-clock (``time.time()``); minengine's
-    engine clock may be ``perf_counter`` (seconds since boot) or modelled (from 0). A value later than the engine
-    clock's ``now`` that is a plausible Unix time (after 2001 and not in the wall clock's future by more than a
-    second) is taken as wall-clock and mapped by its age: ``now - (time.time() - arrival_time)``, so
-    ``arrival_time=time.time()`` means "now" on any clock and a request that arrived 2 s ago is 2 s old. Any
-    other value is already on the engine clock and is returned as it is. (The age is wall seconds; on a modelled
-    clock it counts as modelled seconds.)"""
-    if arrival_time <= now:
-        return arrival_time
-    wall_now = time.time() if wall_now is None else wall_now
-    if UNIX_TIME_FLOOR < arrival_time <= wall_now + 1.0:
-        return now - max(0.0, wall_now - arrival_time)
-    return arrival_time
 
 
 def _invalid(parameter: str, message: str):

@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.generation_config import default_sampling_overrides
 from minengine.engine.llm_engine import LLMEngine, Prompt
-from minengine.entrypoints.chat_utils import render_chat
+from minengine.entrypoints.chat_utils import chat_prompts
 from minengine.exceptions import VLLMValidationError
 from minengine.metrics.reader import Metric
 from minengine.outputs import RequestOutput
@@ -115,12 +115,8 @@ class LLM:
         Raises:
             ValueError: no chat template, malformed messages, and as ``generate``.
         """
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = []
-        for conv in conversations:
-            text, ids = render_chat(self.get_tokenizer(), conv, chat_template, add_generation_prompt,
-                                    continue_final_message, chat_template_kwargs)
-            prompts.append({"prompt_token_ids": ids, "prompt": text})
+        prompts = chat_prompts(self.get_tokenizer(), messages, chat_template, add_generation_prompt,
+                               continue_final_message, chat_template_kwargs)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def get_metrics(self) -> list[Metric]:

@@ -185,38 +185,19 @@ class OutputProcessor:
                 if parent.request_id not in updated:
                     updated[parent.request_id] = []
                     outputs.append(parent)
-                self._update_parent(state, request, completion, updated[parent.request_id])
+                parent.add_child_step(state.index, state.prompt_logprobs, completion, request.is_finished,
+                                      updated[parent.request_id])
             if request.is_finished:
                 del self.states[request.request_id]
         result = []
         for out in outputs:
-            if isinstance(out, RequestOutput):
+            if isinstance(out, ParentRequest):  # its children's completions of this step, gathered
+                if out.finished:
+                    self.parents.pop(out.request_id, None)
+                out = out.request_output(updated[out.request_id])
+            if out is not None:
                 result.append(out)
-                continue
-            completions = out.outputs(updated[out.request_id])
-            if completions is not None and (completions or out.finished):
-                first = out.first_child
-                result.append(RequestOutput(
-                    request_id=out.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
-                    outputs=completions, finished=out.finished, metrics=out.metrics,
-                    num_cached_tokens=first.num_cached_tokens,
-                    prompt_logprobs=list(out.prompt_logprobs) if out.prompt_logprobs is not None else None))
-            if out.finished:
-                self.parents.pop(out.request_id, None)
         return result
-
-    @staticmethod
-    def _update_parent(state: _RequestState, request: Request, completion: CompletionOutput | None,
-                       updated: list[CompletionOutput]) -> None:
-        """An ``n > 1`` child's step reaches its parent: its completion (appended to ``updated``), its end."""
-        parent = state.parent
-        if parent.prompt_logprobs is None and state.index == 0:
-            parent.prompt_logprobs = state.prompt_logprobs
-        if completion is not None:
-            parent.update(completion, request.is_finished)
-            updated.append(completion)
-        elif request.is_finished:
-            parent.unfinished.discard(state.index)
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget aborted engine requests (no output is made for them, as in vLLM); a parent whose children

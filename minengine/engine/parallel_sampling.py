@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics
+from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from minengine.request import Request, RequestGroup  # noqa: F401  (RequestGroup: re-exported)
 from minengine.sampling_params import RequestOutputKind, SamplingParams
 
@@ -74,3 +74,29 @@ class ParentRequest:
         if self.output_kind == RequestOutputKind.DELTA:
             return sorted(updated, key=lambda c: c.index)
         return [self.latest[i] for i in sorted(self.latest)]
+
+    def add_child_step(self, index: int, prompt_logprobs: list[PositionLogprobs | None] | None,
+                       completion: CompletionOutput | None, child_finished: bool,
+                       updated: list[CompletionOutput]) -> None:
+        """Child ``index``'s step: its completion (None: nothing to send; else appended to ``updated``, the
+        parent's completions of this step) and whether it finished. Child 0 brings the prompt logprobs."""
+        if self.prompt_logprobs is None and index == 0:
+            self.prompt_logprobs = prompt_logprobs
+        if completion is not None:
+            self.update(completion, child_finished)
+            updated.append(completion)
+        elif child_finished:
+            self.unfinished.discard(index)
+
+    def request_output(self, updated: list[CompletionOutput]) -> RequestOutput | None:
+        """The parent's ``RequestOutput`` of this step (``outputs(updated)`` with child 0's prompt), or None
+        when there is nothing to send."""
+        completions = self.outputs(updated)
+        if completions is None or not (completions or self.finished):
+            return None
+        first = self.first_child
+        return RequestOutput(
+            request_id=self.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
+            outputs=completions, finished=self.finished, metrics=self.metrics,
+            num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None else None)
