@@ -1,4 +1,5 @@
-"""SamplingParams: how one request samples and when it stops (vLLM's names, defaults and meanings)."""
+"""SamplingParams: how one request samples and when it stops (vLLM's names, defaults and meanings).
+``StructuredOutputsParams`` (a request's output constraint) is re-exported from ``structured_outputs_params.py``."""
 
 from __future__ import annotations
 
@@ -10,9 +11,6 @@ from dataclasses import dataclass, field
 from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import as_float, check_unicode, token_ids
 from minengine.structured_outputs_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams  # noqa: F401
-
-# STRUCTURED_OUTPUT_KINDS and StructuredOutputsParams are re-exported: the constraint type has its own module
-# (only a constrained request runs it).
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold under which a temperature means greedy
 MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs`` (EngineConfig.max_logprobs): most alternatives per position

@@ -2,7 +2,8 @@
 
 One step, one direction: schedule (``Scheduler.schedule()`` -> ``SchedulerOutput``) -> execute
 (``ModelRunner.execute()``, then detokenize and stop strings) -> commit (``Scheduler.update_from_output()``) ->
-outputs (``RequestOutput``s; the ``StepRecorder`` keeps the ``StepTrace`` and the Prometheus series).
+outputs (``RequestOutput``s; the recorder keeps the ``StepTrace``, and unless ``disable_log_stats`` the
+Prometheus series: ``metrics/prometheus_recorder.py``).
 Async scheduling is its own engine (``AsyncSchedulingEngine``, ``async_scheduling_engine.py``). torch is imported
 where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``) schedules without it.
 """
