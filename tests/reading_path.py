@@ -37,7 +37,11 @@ class ReadingPath:
 def trace_default_generate(max_tokens: int = 8) -> ReadingPath:
     """Run ``LLM().generate`` twice (a warm-up, then traced) and return what the traced call executed."""
     from minengine import LLM, SamplingParams
+    from minengine.layers import cpu_attention
 
+    # The default CPU step runs the C++ attention kernel once it is built: wait for the build (cached after the
+    # first), so the path measured is the one an engine settles into, not the reference's while it compiles.
+    cpu_attention.get_kernel()
     llm = LLM()
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     llm.generate(PROMPTS, params, use_tqdm=False)
