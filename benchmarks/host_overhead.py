@@ -76,7 +76,7 @@ def time_steps(sched: Scheduler, steps: int, warmup: int = 3) -> dict[str, float
         t1 = time.process_time()
         ForwardBatch.build(out, BLOCK_SIZE, "cpu", tables["torch"])
         t2 = time.process_time()
-        ForwardBatch.build(out, BLOCK_SIZE, "cpu", tables["triton"], for_triton=True)
+        ForwardBatch.build(out, BLOCK_SIZE, "cpu", tables["triton"], attention_backend="triton")
         t3 = time.process_time()
         sched.update_from_output(out, {s.request_id: [5] for s in out.scheduled if s.sample})
         t4 = time.process_time()

@@ -190,7 +190,7 @@ class EngineConfig:
             absmax / 127, W8A16), is accepted and stored as ``"int8"``. See ``minengine/layers/quantization.py``.
         attention_backend: vLLM's name (``--attention-backend``): which paged attention reads the KV cache,
             chosen once when the engine is built: ``"reference"`` (the Python paged read the course teaches,
-            ``paged_attention_reference``), ``"cpu"`` (minengine's C++ kernel, ``layers/cpu_attention.py``; the
+            ``layers/reference_attention.py``), ``"cpu"`` (minengine's C++ kernel, ``layers/cpu_attention.py``; the
             reference runs while it builds), ``"triton"`` (the Triton kernel: CUDA, or the Triton interpreter) or
             ``"auto"``: "triton" on CUDA where Triton is installed, "cpu" on a CPU where the kernel takes the
             model, else "reference". The environment variable ``MINENGINE_CPU_KERNEL=0`` makes "auto" pick

@@ -1,4 +1,5 @@
-"""Request and RequestStatus: one generation request and its progress through the engine."""
+"""Request and RequestStatus: one generation request and its progress through the engine; RequestGroup: what
+the engine queues for one caller's request (the request, or the children of an ``n > 1`` one)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,23 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.finished
+
+
+@dataclass
+class RequestGroup:
+    """A validated request ready to queue: one ``Request`` (``n == 1``) or the ``n`` children of a parent
+    (``engine/parallel_sampling.py``).
+
+    Attributes:
+        request_id: the id the caller gave (the parent's for n > 1).
+        params: the caller's ``SamplingParams`` (with ``n``).
+        requests: the engine requests to queue (children in index order).
+    """
+
+    request_id: str
+    params: SamplingParams
+    requests: list[Request]
+
+    @property
+    def is_parent(self) -> bool:
+        return self.params.n > 1

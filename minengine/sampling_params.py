@@ -1,14 +1,16 @@
-"""SamplingParams: how one request samples and when it stops (vLLM's names, defaults and meanings)."""
+"""SamplingParams: how one request samples and when it stops (vLLM's names, defaults and meanings).
+``StructuredOutputsParams`` (a request's output constraint) is re-exported from ``structured_outputs_params.py``."""
 
 from __future__ import annotations
 
 import copy
 import enum
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import as_float, check_unicode, token_ids
+from minengine.structured_outputs_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams  # noqa: F401
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold under which a temperature means greedy
 MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs`` (EngineConfig.max_logprobs): most alternatives per position
@@ -31,90 +33,6 @@ class RequestOutputKind(enum.IntEnum):
 
 
 LOGIT_BIAS_LIMIT = 100.0  # vLLM clamps each bias to [-100, 100] (OpenAI's range)
-# the constraint fields of StructuredOutputsParams, exactly one of which a request sets (vLLM's list)
-STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-
-
-@dataclass
-class StructuredOutputsParams:
-    """One output constraint of a request (vLLM's ``StructuredOutputsParams``): exactly one of ``json`` (a JSON
-    schema, a dict or its JSON text), ``regex``, ``choice`` (the output is one of these strings), ``grammar``
-    (EBNF, xgrammar's dialect of GBNF), ``json_object=True`` (any JSON object or array) or ``structural_tag`` (a
-    JSON string, vLLM's format). The engine compiles it into a token automaton (``worker/structured_output.py``,
-    xgrammar) when the request is added, so a constraint the grammar engine cannot compile is a ``ValueError``
-    naming the field there, before anything runs.
-
-    Attributes:
-        disable_any_whitespace: JSON without free whitespace between tokens (xgrammar's ``any_whitespace=False``).
-        disable_additional_properties: objects of ``json`` take only the listed properties (``additionalProperties:
-            false`` wherever the schema leaves it unset).
-        whitespace_pattern: accepted for vLLM compatibility; the xgrammar backend rejects a non-None value (as
-            vLLM's xgrammar backend does).
-
-    Raises:
-        VLLMValidationError: (a ``ValueError``) none or more than one constraint, or a field of the wrong type
-            (naming it).
-    """
-
-    json: str | dict | None = None
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-    structural_tag: str | None = None
-
-    def __post_init__(self) -> None:
-        given = [k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) is not None]
-        if len(given) != 1:
-            _invalid("structured_outputs", f"structured_outputs must set exactly one of "
-                     f"{', '.join(STRUCTURED_OUTPUT_KINDS)}, got {given or 'none'}")
-        kind, value = given[0], getattr(self, given[0])
-        ok = {"json": isinstance(value, (str, dict)), "regex": isinstance(value, str),
-              "choice": isinstance(value, (list, tuple)) and bool(value) and all(isinstance(c, str) for c in value),
-              "grammar": isinstance(value, str) and bool(value.strip()), "json_object": value is True,
-              "structural_tag": isinstance(value, str)}[kind]
-        if not ok or (kind == "json" and isinstance(value, str) and not value.strip()):
-            want = {"json": "a JSON schema (dict or JSON text)", "regex": "a string",
-                    "choice": "a non-empty list of strings", "grammar": "a non-empty EBNF string",
-                    "json_object": "True (omit structured_outputs for unconstrained output)",
-                    "structural_tag": "a JSON string"}[kind]
-            _invalid(f"structured_outputs.{kind}", f"structured_outputs.{kind} must be {want}, got {show(value)}")
-        if kind == "choice":
-            self.choice = list(value)
-        for i, text in enumerate(value if kind == "choice" else [value] if isinstance(value, str) else []):
-            check_unicode(text, f"structured_outputs.{kind}" + (f"[{i}]" if kind == "choice" else ""))
-        for name in ("disable_any_whitespace", "disable_additional_properties"):
-            if not isinstance(getattr(self, name), bool):
-                _invalid(f"structured_outputs.{name}",
-                         f"structured_outputs.{name} must be a bool, got {show(getattr(self, name))}")
-        if self.whitespace_pattern is not None and not isinstance(self.whitespace_pattern, str):
-            _invalid("structured_outputs.whitespace_pattern", f"structured_outputs.whitespace_pattern must be a "
-                     f"string or None, got {show(self.whitespace_pattern)}")
-
-    @property
-    def kind(self) -> str:
-        """Which constraint is set: one of ``STRUCTURED_OUTPUT_KINDS``."""
-        return next(k for k in STRUCTURED_OUTPUT_KINDS if getattr(self, k) is not None)
-
-    def all_constraints_none(self) -> bool:
-        """vLLM's helper (always False here: construction requires one constraint)."""
-        return all(getattr(self, k) is None for k in STRUCTURED_OUTPUT_KINDS)
-
-    @classmethod
-    def from_dict(cls, value: dict) -> StructuredOutputsParams:
-        """From the JSON the OpenAI server receives (``{"json": {...}}``); an unknown key is a
-        ``VLLMValidationError``."""
-        if not isinstance(value, dict):
-            _invalid("structured_outputs", f"structured_outputs must be an object, got {show(value)}")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            _invalid("structured_outputs", f"structured_outputs has unknown keys {show(unknown)} "
-                     f"(known: {sorted(known)})")
-        return cls(**value)
 
 
 def _is_int(x) -> bool:
@@ -254,11 +172,23 @@ class SamplingParams:
     def verify(self) -> None:
         """Check every field against its range; raises ``VLLMValidationError`` (a ``ValueError``) naming the first
         bad one."""
+        self._verify_n()
+        self._verify_sampling()
+        self._verify_lengths()
+        self._verify_stops()
+        self._verify_flags()
+        self._verify_logits_processing()
+
+    def _verify_n(self) -> None:
+        """How many completions: ``n`` and vLLM v1's ``best_of`` (which must equal it)."""
         if not _is_int(self.n) or not 1 <= self.n <= MAX_N:
             _invalid("n", f"n must be an integer in [1, {MAX_N}], got {show(self.n)}")
         if self.best_of is not None and self.best_of != self.n:
             _invalid("best_of", f"best_of ({show(self.best_of)}) must be None or equal to n ({self.n}): generating "
                      "more sequences than are returned is not supported (as in vLLM v1)")
+
+    def _verify_sampling(self) -> None:
+        """The penalties, temperature and truncation (top-p, top-k, min-p), then the float ones made floats."""
         for name in ("presence_penalty", "frequency_penalty"):
             v = getattr(self, name)
             if not _is_number(v) or not -2.0 <= v <= 2.0:
@@ -279,6 +209,9 @@ class SamplingParams:
             # as floats (vLLM's types): the sampler divides tensors by them, and an int beyond 64 bits (a
             # temperature of 2**64) would overflow there, after the request was admitted
             setattr(self, name, float(getattr(self, name)))
+
+    def _verify_lengths(self) -> None:
+        """How many tokens: ``max_tokens``, ``min_tokens`` (at most ``max_tokens``) and the logprobs counts."""
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             _invalid("max_tokens", f"max_tokens must be an integer >= 1 or None, got {show(self.max_tokens)}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
@@ -291,6 +224,9 @@ class SamplingParams:
             if v is not None and (not _is_int(v) or not 0 <= v <= LOGPROBS_BOUND):
                 _invalid(name, f"{name} must be None or an integer >= 0 (the engine's max_logprobs limits it, "
                          f"{MAX_LOGPROBS} by default), got {show(v)}")
+
+    def _verify_stops(self) -> None:
+        """The stop strings (non-empty, valid UTF-8) and stop token ids (non-negative integers)."""
         if any(not isinstance(s, str) or not s for s in self.stop):
             _invalid("stop", f"stop must hold non-empty strings, got {show(self.stop)}")
         for i, s in enumerate(self.stop):
@@ -298,6 +234,9 @@ class SamplingParams:
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             _invalid("stop_token_ids",
                      f"stop_token_ids must hold non-negative integers, got {show(self.stop_token_ids)}")
+
+    def _verify_flags(self) -> None:
+        """The bool switches, the seed's range and the output kind."""
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
                      "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
@@ -307,7 +246,6 @@ class SamplingParams:
                      f"got {show(self.seed)}")
         if not isinstance(self.output_kind, RequestOutputKind):
             _invalid("output_kind", f"output_kind must be a RequestOutputKind, got {show(self.output_kind)}")
-        self._verify_logits_processing()
 
     def _verify_logits_processing(self) -> None:
         """Types of the logits-processing fields (their ids are checked against the vocabulary by the engine)."""

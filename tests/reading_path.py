@@ -38,7 +38,11 @@ def trace_default_generate(max_tokens: int = 8) -> ReadingPath:
     """Run ``LLM().generate`` twice (a warm-up, then traced) and return what the traced call executed: default
     sampling settings (temperature 1, seeded for repeatability), ``max_tokens`` tokens per prompt."""
     from minengine import LLM, SamplingParams
+    from minengine.layers import cpu_attention
 
+    # The default CPU step runs the C++ attention kernel once it is built: wait for the build (cached after the
+    # first), so the path measured is the one an engine settles into, not the reference's while it compiles.
+    cpu_attention.get_kernel()
     llm = LLM()
     params = SamplingParams(max_tokens=max_tokens, seed=0)
     llm.generate(PROMPTS, params, use_tqdm=False)

@@ -10,38 +10,20 @@ request is queued by ``LLMEngine.enqueue`` (or ``add_request``), so a whole batc
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import cdiv
-from minengine.engine.parallel_sampling import RequestGroup, child_request_id, child_sampling_params
+from minengine.engine.arrival_time import wall_to_engine_clock
+from minengine.engine.bad_words import bad_words_token_ids
+from minengine.engine.parallel_sampling import child_request_id, child_sampling_params
 from minengine.exceptions import VLLMValidationError, show
 from minengine.inputs import as_float, check_unicode, token_ids
-from minengine.request import Request
+from minengine.request import Request, RequestGroup
 from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock
 
 Prompt = str | dict | list[int]
-
-
-UNIX_TIME_FLOOR = 1e9  # seconds since 1970 (2001-09-09): engine clocks (perf_counter, modelled) count from ~0
-
-
-def wall_to_engine_clock(arrival_time: float, now: float, wall_now: float | None = None) -> float:
-    """An ``arrival_time`` on the engine clock. vLLM's arrival times are wall-clock (``time.time()``); minengine's
-    engine clock may be ``perf_counter`` (seconds since boot) or modelled (from 0). A value later than the engine
-    clock's ``now`` that is a plausible Unix time (after 2001 and not in the wall clock's future by more than a
-    second) is taken as wall-clock and mapped by its age: ``now - (time.time() - arrival_time)``, so
-    ``arrival_time=time.time()`` means "now" on any clock and a request that arrived 2 s ago is 2 s old. Any
-    other value is already on the engine clock and is returned as it is. (The age is wall seconds; on a modelled
-    clock it counts as modelled seconds.)"""
-    if arrival_time <= now:
-        return arrival_time
-    wall_now = time.time() if wall_now is None else wall_now
-    if UNIX_TIME_FLOOR < arrival_time <= wall_now + 1.0:
-        return now - max(0.0, wall_now - arrival_time)
-    return arrival_time
 
 
 def _invalid(parameter: str, message: str):
@@ -269,7 +251,7 @@ class InputProcessor:
             if bad:
                 _invalid(name, f"{name} has token ids outside the vocabulary [0, {vocab}): {bad[:10]}")
         if params.bad_words:
-            params.bad_words_token_ids = self._bad_words_token_ids(params.bad_words)
+            params.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words, vocab)
         custom = self.custom_logits_processors
         for cls in custom.classes if custom is not None else ():
             cls.validate_params(params)
@@ -287,24 +269,6 @@ class InputProcessor:
             self.structured_output_manager = StructuredOutputManager(self.tokenizer, vocab, self.eos_token_id,
                                                                      self.config.structured_outputs_config)
         return self.structured_output_manager.new_request(params.structured_outputs)
-
-    def _bad_words_token_ids(self, words: list[str]) -> tuple[tuple[int, ...], ...]:
-        """vLLM's tokenization of ``bad_words``: each word as it is (its leading spaces dropped) and, when that
-        gives a different first token of the same length, with one leading space (a word inside the text)."""
-        if self.tokenizer is None:
-            _invalid("bad_words", "bad_words needs a tokenizer (the model has none)")
-        out: list[tuple[int, ...]] = []
-        for word in dict.fromkeys(words):
-            plain = tuple(self.tokenizer.encode(word.lstrip(), add_special_tokens=False))
-            spaced = tuple(self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
-            out += [plain] if plain else []
-            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
-                out.append(spaced)
-        vocab = self.vocab_size
-        bad = sorted({t for w in out for t in w if not 0 <= t < vocab})
-        if bad:
-            _invalid("bad_words", f"bad_words tokenize to ids outside the vocabulary [0, {vocab}): {bad[:10]}")
-        return tuple(out)
 
     def make_requests(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
                       arrival_time: float | None = None, priority: int = 0,

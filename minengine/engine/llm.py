@@ -3,38 +3,18 @@
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from minengine.engine.arg_utils import EngineArgs
+from minengine.engine.generation_config import default_sampling_overrides
 from minengine.engine.llm_engine import LLMEngine, Prompt
-from minengine.entrypoints.chat_utils import render_chat
+from minengine.entrypoints.chat_utils import chat_prompts
 from minengine.exceptions import VLLMValidationError
 from minengine.metrics.reader import Metric
 from minengine.outputs import RequestOutput
 from minengine.sampling_params import RequestOutputKind, SamplingParams
-
-# generation_config.json keys vLLM takes as default sampling parameters -> SamplingParams fields
-_GENERATION_CONFIG_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-                           "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
-
-
-def default_sampling_overrides(model_path: str | Path) -> dict:
-    """The sampling defaults a checkpoint's ``generation_config.json`` sets (vLLM's ``generation_config="auto"``):
-    ``{SamplingParams field: value}`` for temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens;
-    ``{}`` without the file or those keys. Only where ``do_sample`` is not False do sampling keys count."""
-    path = Path(model_path) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    config = json.loads(path.read_text())
-    out = {}
-    for key, name in _GENERATION_CONFIG_KEYS.items():
-        if config.get(key) is not None and (name == "max_tokens" or config.get("do_sample", True) is not False):
-            out[name] = config[key]
-    return out
 
 
 class LLM:
@@ -135,12 +115,8 @@ class LLM:
         Raises:
             ValueError: no chat template, malformed messages, and as ``generate``.
         """
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = []
-        for conv in conversations:
-            text, ids = render_chat(self.get_tokenizer(), conv, chat_template, add_generation_prompt,
-                                    continue_final_message, chat_template_kwargs)
-            prompts.append({"prompt_token_ids": ids, "prompt": text})
+        prompts = chat_prompts(self.get_tokenizer(), messages, chat_template, add_generation_prompt,
+                               continue_final_message, chat_template_kwargs)
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def get_metrics(self) -> list[Metric]:

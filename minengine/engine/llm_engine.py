@@ -2,7 +2,8 @@
 
 One step, one direction: schedule (``Scheduler.schedule()`` -> ``SchedulerOutput``) -> execute
 (``ModelRunner.execute()``, then detokenize and stop strings) -> commit (``Scheduler.update_from_output()``) ->
-outputs (``RequestOutput``s; the ``StepRecorder`` keeps the ``StepTrace`` and the Prometheus series).
+outputs (``RequestOutput``s; the recorder keeps the ``StepTrace``, and unless ``disable_log_stats`` the
+Prometheus series: ``metrics/prometheus_recorder.py``).
 Async scheduling is its own engine (``AsyncSchedulingEngine``, ``async_scheduling_engine.py``). torch is imported
 where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``) schedules without it.
 """
@@ -20,22 +21,22 @@ from minengine.core.scheduler import Scheduler
 from minengine.core.scheduler_config import SchedulerConfig
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import Detokenizers
+from minengine.engine.engine_statistics import EngineStatistics
 from minengine.engine.input_processor import InputProcessor, Prompt
 from minengine.engine.model_setup import eos_token_id, load_model, make_runner
 from minengine.engine.output_processor import OutputProcessor
-from minengine.engine.parallel_sampling import ParentRequest, RequestGroup
+from minengine.engine.parallel_sampling import ParentRequest
 from minengine.inputs import as_request_ids
-from minengine.metrics.reader import Metric, get_metrics_snapshot
-from minengine.metrics.recorder import ScheduledStep, StepRecorder
-from minengine.metrics.stats import ServingSummary, summarize
+from minengine.metrics.prometheus_recorder import make_recorder
+from minengine.metrics.recorder import ScheduledStep
 from minengine.outputs import RequestMetrics, RequestOutput
-from minengine.request import Request, RequestStatus
+from minengine.request import Request, RequestGroup, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock, as_clock
 from minengine.worker.kv_pool import size_kv_pool
 
 
-class LLMEngine:
+class LLMEngine(EngineStatistics):
     """A serving engine over one model: requests in, ``RequestOutput``s out, one ``step()`` at a time.
 
     Args:
@@ -90,8 +91,8 @@ class LLMEngine:
                                               self.num_kv_blocks, self.clock, self._request_id_in_use,
                                               getattr(self.runner, "logits_processors", None))
         self.output_processor = OutputProcessor(self.tokenizer)
-        self.recorder = StepRecorder(config, self.scheduler, self.kv_cache_manager, self.num_kv_blocks,
-                                     self.num_swap_blocks, self.clock, lambda: self.runner.last_swap_time_s)
+        self.recorder = make_recorder(config, self.scheduler, self.kv_cache_manager, self.num_kv_blocks,
+                                      self.num_swap_blocks, self.clock, lambda: self.runner.last_swap_time_s)
         self.stat_logger, self.log_stats = self.recorder.stat_logger, self.recorder.log_stats  # Prometheus series
 
     def _make_scheduler(self) -> Scheduler:
@@ -134,20 +135,6 @@ class LLMEngine:
     def structured_output_manager(self):
         """The grammar compiler and matchers of structured outputs (``None`` until the first such request)."""
         return self.input_processor.structured_output_manager
-
-    # ---- what the recorder keeps, under the engine's names ------------------------------------------------
-    @property
-    def traces(self):  # one ``StepTrace`` per recorded step
-        return self.recorder.traces
-
-    @property
-    def num_steps(self) -> int:
-        return self.recorder.num_steps
-
-    @property
-    def num_bookkeeping_errors(self) -> int:
-        """Traces, statistics or final texts that failed to record after a step committed (each one logged)."""
-        return self.recorder.num_bookkeeping_errors + self.detokenizers.num_errors
 
     # ---- requests -------------------------------------------------------------------------------------
     def prompt_to_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
@@ -359,31 +346,6 @@ class LLMEngine:
             done.append((request, self.detokenizers.text(request.request_id, True)))
             self.detokenizers.remove(request.request_id)
         return done
-
-    # ---- statistics -----------------------------------------------------------------------------------
-    def summary(self) -> ServingSummary:
-        """TTFT/TPOT/ITL percentiles, throughput, preemptions, prefix hits and peak KV use of all requests
-        finished so far, over all recorded steps."""
-        return summarize(self._past_metrics + list(self.request_metrics.values()), self.traces, self.num_kv_blocks)
-
-    def reset_stats(self) -> None:
-        """Forget finished requests' metrics and the step trace (e.g. between benchmark runs)."""
-        live = set(self.scheduler.requests)
-        self.request_metrics = {k: v for k, v in self.request_metrics.items() if k in live}
-        self._past_metrics = []
-        self.recorder.reset()
-
-    def get_metrics(self) -> list[Metric]:
-        """vLLM's ``LLMEngine.get_metrics()``: a snapshot of the Prometheus series (``minengine.metrics.reader``
-        Counter / Gauge / Histogram objects, vLLM's names; the totals count since the engine started).
-
-        Raises:
-            RuntimeError: the engine runs with ``disable_log_stats`` (as vLLM: the series are not kept).
-        """
-        if not self.log_stats:
-            raise RuntimeError("stat logging is disabled (EngineConfig.disable_log_stats=True)")
-        with self.stat_logger.lock:  # one consistent snapshot, as /metrics renders it
-            return get_metrics_snapshot(self.stat_logger.registry)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Forget every cached prefix (vLLM's ``reset_prefix_cache``). Only when no request holds a block

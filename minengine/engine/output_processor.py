@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from minengine.engine.logprobs_positions import LogprobsPositions
 from minengine.engine.parallel_sampling import ParentRequest
 from minengine.exceptions import RequestError
-from minengine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestMetrics, RequestOutput
+from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from minengine.request import Request
 from minengine.sampling_params import RequestOutputKind
 
@@ -65,7 +66,10 @@ class OutputProcessor:
     tokenizer: object = None
     states: dict[str, _RequestState] = field(default_factory=dict)
     parents: dict[str, ParentRequest] = field(default_factory=dict)
-    _decoded: dict[int, str] = field(default_factory=dict)
+    _logprobs: LogprobsPositions = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._logprobs = LogprobsPositions(self.tokenizer)
 
     def add_request(self, request: Request, index: int = 0, parent: ParentRequest | None = None) -> None:
         p = request.sampling_params
@@ -88,25 +92,11 @@ class OutputProcessor:
         return [request_id]
 
     # ---- logprobs ------------------------------------------------------------------------------------
-    def _decode(self, token_id: int) -> str | None:
-        if self.tokenizer is None:
-            return None
-        if token_id not in self._decoded:
-            self._decoded[token_id] = self.tokenizer.decode([token_id])
-        return self._decoded[token_id]
-
-    def _position(self, lp: TokenLogprobs) -> PositionLogprobs:
-        out: PositionLogprobs = {}
-        for tid, value, rank in zip(lp.token_ids, lp.logprobs, lp.ranks):
-            if tid not in out:
-                out[tid] = Logprob(logprob=value, rank=rank, decoded_token=self._decode(tid))
-        return out
-
     def prepare_logprobs(self, sampled: dict[str, list[TokenLogprobs]],
                          prompt: dict[str, tuple[int, list[TokenLogprobs]]]) -> dict[str, tuple]:
         """A step's logprobs as positions, changing nothing (the step may still fail): of the tokens each request
-        got (one, or several with speculative decoding), and of the prompt tokens its chunks scored (a re-prefill
-        after a recompute preemption scores them again: kept once). ``record_logprobs`` stores them.
+        got (one, or several with speculative decoding), and of the prompt tokens its chunks scored
+        (``LogprobsPositions.of_request``). ``record_logprobs`` stores them.
 
         Raises:
             RequestError: building one request's positions failed (decoding its tokens); names that request.
@@ -117,21 +107,11 @@ class OutputProcessor:
             if state is None:
                 continue
             try:
-                positions, total = [], 0.0
-                if state.logprobs is not None:
-                    for lp in sampled.get(rid, ()):
-                        positions.append(self._position(lp))
-                        total += lp.logprobs[0]
-                new_prompt = []
-                if state.prompt_logprobs is not None and rid in prompt:
-                    start, scored = prompt[rid]
-                    have = len(state.prompt_logprobs)
-                    for i, lp in enumerate(scored, start):
-                        if i == have + len(new_prompt):  # the next position not yet kept
-                            new_prompt.append(self._position(lp))
+                out[rid] = self._logprobs.of_request(
+                    sampled.get(rid, ()) if state.logprobs is not None else None,
+                    len(state.prompt_logprobs) if state.prompt_logprobs is not None else None, prompt.get(rid))
             except Exception as exc:
                 raise RequestError([self.caller_id(rid)], f"logprobs of request {rid!r} failed: {exc!r}") from exc
-            out[rid] = (positions, total, new_prompt)
         return out
 
     def record_logprobs(self, prepared: dict[str, tuple]) -> None:
@@ -205,38 +185,19 @@ class OutputProcessor:
                 if parent.request_id not in updated:
                     updated[parent.request_id] = []
                     outputs.append(parent)
-                self._update_parent(state, request, completion, updated[parent.request_id])
+                parent.add_child_step(state.index, state.prompt_logprobs, completion, request.is_finished,
+                                      updated[parent.request_id])
             if request.is_finished:
                 del self.states[request.request_id]
         result = []
         for out in outputs:
-            if isinstance(out, RequestOutput):
+            if isinstance(out, ParentRequest):  # its children's completions of this step, gathered
+                if out.finished:
+                    self.parents.pop(out.request_id, None)
+                out = out.request_output(updated[out.request_id])
+            if out is not None:
                 result.append(out)
-                continue
-            completions = out.outputs(updated[out.request_id])
-            if completions is not None and (completions or out.finished):
-                first = out.first_child
-                result.append(RequestOutput(
-                    request_id=out.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
-                    outputs=completions, finished=out.finished, metrics=out.metrics,
-                    num_cached_tokens=first.num_cached_tokens,
-                    prompt_logprobs=list(out.prompt_logprobs) if out.prompt_logprobs is not None else None))
-            if out.finished:
-                self.parents.pop(out.request_id, None)
         return result
-
-    @staticmethod
-    def _update_parent(state: _RequestState, request: Request, completion: CompletionOutput | None,
-                       updated: list[CompletionOutput]) -> None:
-        """An ``n > 1`` child's step reaches its parent: its completion (appended to ``updated``), its end."""
-        parent = state.parent
-        if parent.prompt_logprobs is None and state.index == 0:
-            parent.prompt_logprobs = state.prompt_logprobs
-        if completion is not None:
-            parent.update(completion, request.is_finished)
-            updated.append(completion)
-        elif request.is_finished:
-            parent.unfinished.discard(state.index)
 
     def abort(self, request_ids: list[str]) -> None:
         """Forget aborted engine requests (no output is made for them, as in vLLM); a parent whose children

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics
-from minengine.request import Request
+from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
+from minengine.request import Request, RequestGroup  # noqa: F401  (RequestGroup: re-exported)
 from minengine.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -27,25 +27,6 @@ def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     if params.seed is not None:
         child.seed = params.seed + index
     return child
-
-
-@dataclass
-class RequestGroup:
-    """A validated request ready to queue: one ``Request`` (``n == 1``) or the ``n`` children of a parent.
-
-    Attributes:
-        request_id: the id the caller gave (the parent's for n > 1).
-        params: the caller's ``SamplingParams`` (with ``n``).
-        requests: the engine requests to queue (children in index order).
-    """
-
-    request_id: str
-    params: SamplingParams
-    requests: list[Request]
-
-    @property
-    def is_parent(self) -> bool:
-        return self.params.n > 1
 
 
 @dataclass
@@ -93,3 +74,29 @@ class ParentRequest:
         if self.output_kind == RequestOutputKind.DELTA:
             return sorted(updated, key=lambda c: c.index)
         return [self.latest[i] for i in sorted(self.latest)]
+
+    def add_child_step(self, index: int, prompt_logprobs: list[PositionLogprobs | None] | None,
+                       completion: CompletionOutput | None, child_finished: bool,
+                       updated: list[CompletionOutput]) -> None:
+        """Child ``index``'s step: its completion (None: nothing to send; else appended to ``updated``, the
+        parent's completions of this step) and whether it finished. Child 0 brings the prompt logprobs."""
+        if self.prompt_logprobs is None and index == 0:
+            self.prompt_logprobs = prompt_logprobs
+        if completion is not None:
+            self.update(completion, child_finished)
+            updated.append(completion)
+        elif child_finished:
+            self.unfinished.discard(index)
+
+    def request_output(self, updated: list[CompletionOutput]) -> RequestOutput | None:
+        """The parent's ``RequestOutput`` of this step (``outputs(updated)`` with child 0's prompt), or None
+        when there is nothing to send."""
+        completions = self.outputs(updated)
+        if completions is None or not (completions or self.finished):
+            return None
+        first = self.first_child
+        return RequestOutput(
+            request_id=self.request_id, prompt=first.prompt, prompt_token_ids=first.prompt_token_ids,
+            outputs=completions, finished=self.finished, metrics=self.metrics,
+            num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=list(self.prompt_logprobs) if self.prompt_logprobs is not None else None)

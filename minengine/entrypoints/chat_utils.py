@@ -61,6 +61,20 @@ def render_chat(tokenizer, messages, chat_template: str | None = None, add_gener
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def chat_prompts(tokenizer, messages: list[dict] | list[list[dict]], chat_template: str | None = None,
+                 add_generation_prompt: bool = True, continue_final_message: bool = False,
+                 chat_template_kwargs: dict | None = None) -> list[dict]:
+    """``LLM.chat``'s prompts: one conversation (a list of ``{"role", "content"}`` dicts) or a list of them, each
+    rendered by ``render_chat`` into ``{"prompt_token_ids": [...], "prompt": text}``. Raises as ``render_chat``."""
+    conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+    prompts = []
+    for conv in conversations:
+        text, ids = render_chat(tokenizer, conv, chat_template, add_generation_prompt, continue_final_message,
+                                chat_template_kwargs)
+        prompts.append({"prompt_token_ids": ids, "prompt": text})
+    return prompts
+
+
 def render_chat_text(tokenizer, messages, chat_template: str | None = None, add_generation_prompt: bool = True,
                      continue_final_message: bool = False, chat_template_kwargs: dict | None = None) -> str:
     """The prompt text of a conversation through the chat template (not tokenized).

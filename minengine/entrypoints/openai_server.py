@@ -41,7 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import minengine
-from minengine.engine.llm import default_sampling_overrides
+from minengine.engine.generation_config import default_sampling_overrides
 from minengine.entrypoints.async_engine import AsyncLLMEngine, EngineDeadError, EngineDrainingError, RequestStream
 from minengine.entrypoints.async_tokenizer import AsyncTokenizer
 from minengine.entrypoints.auth import APIKeyMiddleware

@@ -4,22 +4,23 @@ Idea: PagedAttention (Kwon et al., SOSP 2023, section 4.1): the K/V of a request
 blocks anywhere in one big pool; a block table maps its logical blocks to physical ones, and the slot
 mapping says where each new token's K/V goes.
 
+Here: ``write_kv``, the backends by name and ``paged_attention``, which runs the step's backend; by default on a
+CPU that is "cpu", ``paged_attention_cpu``, the C++ kernel (``layers/cpu_attention.py``) over the plan
+``ForwardBatch`` made. The same plan read in PyTorch, gather + SDPA, is the "reference" backend
+(``layers/reference_attention.py``): what runs without the kernel, and for prefills too long for it.
+
 The cache may be FP8 (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``): K/V are then written as float8 e4m3 with
 the layer's per-tensor ``k_scale`` / ``v_scale`` and every path below reads them back dequantized.
 """
 
 from __future__ import annotations
 
-import logging
-
 import torch
-import torch.nn.functional as F
 
-from minengine.config import ATTENTION_BACKENDS
 from minengine.layers import cpu_attention, kv_quant
-from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGroup
-
-logger = logging.getLogger(__name__)
+from minengine.layers.reference_attention import paged_attention_reference, prefill_group_sdpa
+from minengine.layers.triton_attention import triton_backend
+from minengine.worker.forward_batch import ForwardBatch
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -40,94 +41,6 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     num_kv_heads, head_dim = key.shape[1], key.shape[2]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
-
-
-def paged_attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
-                              v_cache: torch.Tensor, batch: ForwardBatch, scale: float, k_scale: float = 1.0,
-                              v_scale: float = 1.0) -> torch.Tensor:
-    """Causal attention of each request's new tokens against its own cached keys, read via its block table.
-
-    The PyTorch path (CPU, or CUDA without Triton), with no block-diagonal mask over the whole batch. It follows
-    the plan ``ForwardBatch`` made once for the step (shared by all layers):
-
-    - decodes (one new token) in groups of similar length: each group gathers its requests' KV *blocks*
-      (contiguous rows of the cache, not single slots) into one [n, L, Hkv, D] tensor and runs one SDPA call,
-      the G query heads of a KV head as G query rows against it (grouped-query attention without copying K/V);
-    - prefill chunks in groups of equal (q_len, seq_len), one SDPA call per group, with PyTorch's fused CPU
-      kernel (4-D inputs). A prefill from position 0 attends to this step's own K/V rows, which need no gather
-      (with an FP8 cache, ``key`` and ``value`` must then be what the cache holds: ``kv_quant.round_trip``).
-
-    With an FP8 cache the gathered blocks are converted to the query's dtype, ``k_scale`` is folded into the
-    softmax scale and ``v_scale`` multiplies the output.
-
-    Args:
-        query: [T, Hq, D] for all new tokens of the step (request i owns rows
-            ``query_start_loc[i]:query_start_loc[i+1]``).
-        key, value: [T, Hkv, D], this step's new K/V (already written to the cache too).
-        k_cache, v_cache: [num_blocks, block_size, Hkv, D] with this step's K/V already written.
-        batch: the step's metadata (``ForwardBatch`` built for a CPU backend: its attention groups).
-        scale: softmax scale, usually ``1 / sqrt(D)``.
-        k_scale, v_scale: an FP8 cache's per-tensor scales (a stored element times its scale is the true value).
-
-    Returns:
-        [T, Hq, D], same dtype as ``query``.
-    """
-    out = torch.empty_like(query)
-    for g in batch.decode_groups:
-        _decode_group_sdpa(out, query, k_cache, v_cache, g, scale, k_scale, v_scale)
-    for g in batch.prefill_groups:
-        _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale, k_scale, v_scale)
-    return out
-
-
-def _gather(cache: torch.Tensor, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The blocks ``block_ids`` of ``cache`` ([n_blocks, block_size, Hkv, D]) in ``dtype`` (an FP8 cache's bytes
-    converted, not yet scaled: the scales are applied once per group, on the scores and the output)."""
-    blocks = cache.index_select(0, block_ids)
-    return blocks.to(dtype) if blocks.dtype != dtype else blocks
-
-
-def _decode_group_sdpa(out: torch.Tensor, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       g: DecodeGroup, scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """One decode group: gather its requests' blocks, then one SDPA call (writes ``out``'s group rows)."""
-    num_heads = query.shape[1]
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    n, rows = g.num_requests, slice(g.first_row, g.first_row + g.num_requests)
-    # [n * num_blocks, block_size, Hkv, D] -> [n, L, Hkv, D] -> [n, Hkv, L, D] (a view)
-    k = _gather(k_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = _gather(v_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim).transpose(1, 2)
-    q = query[rows].view(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=g.key_mask, scale=scale * k_scale)
-    if v_scale != 1.0:
-        o = o * v_scale
-    out[rows] = o.view(n, num_heads, head_dim)
-
-
-def _prefill_group_sdpa(out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        k_cache: torch.Tensor, v_cache: torch.Tensor, g: PrefillGroup, scale: float,
-                        k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """One group of equal-shape prefill chunks, one SDPA call (writes ``out``'s group rows). ``key``/``value``
-    are the step's rows in true values; cached blocks are stored ones (times ``k_scale``/``v_scale``)."""
-    num_heads = query.shape[1]
-    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    n, q_len, seq_len = g.num_requests, g.q_len, g.seq_len
-    rows = slice(g.first_row, g.first_row + n * q_len)
-    q = query[rows].view(n, q_len, num_heads, head_dim)
-    if g.from_start:  # prefill from position 0: the keys are this step's own rows
-        k = key[rows].view(n, q_len, num_kv_heads, head_dim)
-        v = value[rows].view(n, q_len, num_kv_heads, head_dim)
-        k_scale = v_scale = 1.0  # true values already
-    else:  # a chunk after cached context: gather the requests' blocks, cut to seq_len
-        k = _gather(k_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
-        v = _gather(v_cache, g.block_ids, query.dtype).view(n, -1, num_kv_heads, head_dim)[:, :seq_len]
-    # [n, H, len, D]: with a batch dimension SDPA takes PyTorch's fused CPU kernel (several times faster
-    # than the 3-D call, and no [len, len] score matrix in memory).
-    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                       attn_mask=g.mask, is_causal=g.mask is None, scale=scale * k_scale,
-                                       enable_gqa=num_heads != num_kv_heads)
-    if v_scale != 1.0:
-        o = o * v_scale
-    out[rows] = o.transpose(1, 2).reshape(n * q_len, num_heads, head_dim)
 
 
 def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -151,47 +64,12 @@ def paged_attention_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
                scale, threads, k_scale, v_scale)
     for g in batch.prefill_groups:
         if not cpu_attention.use_kernel(g.q_len, g.seq_len):
-            _prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale, k_scale, v_scale)
+            prefill_group_sdpa(out, query, key, value, k_cache, v_cache, g, scale, k_scale, v_scale)
             continue
         rows = slice(g.first_row, g.first_row + g.num_requests * g.q_len)
         kernel(out[rows], query[rows], k_cache, v_cache, g.block_ids.view(g.num_requests, -1),
                torch.full((g.num_requests,), g.seq_len, dtype=torch.int32), g.q_len, scale, threads, k_scale, v_scale)
     return out
-
-
-# The attention backends by name (``EngineConfig.attention_backend``, vLLM's ``--attention-backend``,
-# ``ATTENTION_BACKENDS``): the ModelRunner resolves "auto" once, at construction, and every step's ForwardBatch
-# carries the name.
-
-
-def resolve_attention_backend(name: str, device: torch.device | str, dtype: torch.dtype, head_dim: int,
-                              kv_cache_dtype: torch.dtype | None = None) -> str:
-    """The backend that runs for ``name`` on this device, model dtype, head_dim and cache dtype.
-
-    "auto": "triton" on CUDA where Triton is installed; on a CPU "cpu" where the C++ kernel takes the model
-    (``cpu_attention.applies``) unless ``MINENGINE_CPU_KERNEL=0`` (then "reference"); "reference" otherwise.
-    An FP8 cache on a GPU older than sm_89 gets "reference" instead of "triton" (Triton cannot convert it there).
-
-    Raises:
-        ValueError: ``name`` is not one of ``ATTENTION_BACKENDS``, or "cpu" on a CUDA device.
-    """
-    if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}; got {name!r}")
-    device = torch.device(device)
-    if name == "cpu" and device.type != "cpu":
-        raise ValueError(f"attention_backend 'cpu' (the C++ kernel) runs on a CPU, not on {device.type}")
-    if name == "auto" and device.type == "cuda":
-        from minengine.layers.triton_attention import triton_available
-
-        name = "triton" if triton_available() else "reference"
-    elif name == "auto":
-        name = "cpu" if cpu_attention.applies(device, dtype, head_dim, kv_cache_dtype) else "reference"
-    if (name == "triton" and kv_cache_dtype == torch.float8_e4m3fn and device.type == "cuda"
-            and torch.cuda.get_device_capability(device) < (8, 9)):
-        logger.warning("minengine: an FP8 KV cache needs compute capability 8.9+ for the Triton attention; "
-                       "using the reference attention")
-        name = "reference"
-    return name
 
 
 def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
@@ -228,11 +106,7 @@ def _cpu_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_s
     return paged_attention_cpu(query, key, value, k_cache, v_cache, batch, scale, kernel, k_scale, v_scale)
 
 
-def _triton_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale) -> torch.Tensor:
-    from minengine.layers.triton_attention import triton_paged_attention
-
-    return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
-                                  batch.seq_lens, scale, k_scale, v_scale)
-
-
-_BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": _triton_backend}
+# The backends by name (``EngineConfig.attention_backend``, vLLM's ``--attention-backend``): the ModelRunner
+# resolves "auto" once, at construction (``layers/attention_backend.py``), and every step's ForwardBatch carries
+# the name.
+_BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": triton_backend}

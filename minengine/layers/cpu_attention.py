@@ -1,7 +1,7 @@
 """The CPU paged-attention kernel (``cpu_attention.cpp``): built once per machine and environment, in the
 background, with the torch path meanwhile and as the fallback.
 
-Why a kernel of our own: the torch path (``paged_attention_reference``) gathers each decode group's KV blocks into
+Why a kernel of our own: the torch path (``layers/reference_attention.py``) gathers each decode group's KV blocks into
 one tensor and then runs SDPA over it, so the K/V cross memory about twice, and SDPA with the 1-8 query rows of a
 KV head runs far below the machine's matmul rate. The kernel reads the blocks in place through the block table, the
 keys in one pass and the values in a second with an exact softmax in between, each pass serving up to 4 query rows
@@ -11,7 +11,7 @@ keys in one pass and the values in a second with an exact softmax in between, ea
 
 This file is what a step calls (``kernel_for``, ``use_kernel``); the build, the cache and the background loader are
 ``layers/cpu_kernel_build.py``. Without the kernel (``MINENGINE_CPU_KERNEL=0``, no C++ compiler, a build in
-progress or failed) ``kernel_for`` returns None and the torch path (``paged_attention_reference``) runs.
+progress or failed) ``kernel_for`` returns None and the torch path (``layers/reference_attention.py``) runs.
 """
 
 from __future__ import annotations

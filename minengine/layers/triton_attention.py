@@ -317,3 +317,10 @@ def triton_paged_attention(
         QUERIES_PER_KV=num_q_heads // num_kv_heads,
     )
     return out
+
+
+def triton_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale) -> torch.Tensor:
+    """``paged_attention``'s "triton" backend (``layers/attention.py``): the kernel over a ``ForwardBatch``
+    built for it (its ``block_tables``). ``key`` / ``value`` are unused: the kernel reads the cache only."""
+    return triton_paged_attention(query, k_cache, v_cache, batch.block_tables, batch.query_start_loc,
+                                  batch.seq_lens, scale, k_scale, v_scale)

@@ -1,10 +1,13 @@
-"""StepRecorder: what a step leaves behind besides its outputs, its ``StepTrace`` and the Prometheus series.
+"""StepRecorder: what a step leaves behind besides its outputs, its ``StepTrace``.
 
 ``LLMEngine`` calls it at fixed points and never reads it back: ``pool_state()`` when a step is scheduled,
 ``on_step`` after a step commits, ``on_rolled_back`` after a step fails, and ``on_requests_added`` /
 ``on_requests_finished`` / ``on_prefix_cache_reset`` for what happens between steps. Once a step has committed
 nothing here may cost it its outputs: every ``on_*`` logs and counts a failure (``num_bookkeeping_errors``)
 instead of raising.
+
+The Prometheus series are a subclass's (``PrometheusRecorder``, ``metrics/prometheus_recorder.py``): the
+recorder ``make_recorder`` builds unless ``disable_log_stats``. Here the statistics hooks do nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.scheduler import Scheduler
 from minengine.core.scheduler_output import SchedulerOutput
-from minengine.metrics.prometheus import PrometheusStatLogger
 from minengine.metrics.trace import ScheduledChunk, StepTrace
 from minengine.outputs import RequestMetrics
 from minengine.request import Request
@@ -47,25 +49,22 @@ class ScheduledStep:
 
 
 class StepRecorder:
-    """The engine's traces (``traces``: one ``StepTrace`` per step, ``num_steps`` recorded so far) and its
-    Prometheus series (``stat_logger``; not updated with ``disable_log_stats``)."""
+    """The engine's traces (``traces``: one ``StepTrace`` per step, ``num_steps`` recorded so far).
+
+    ``stat_logger`` is the engine's Prometheus series (``/metrics``, ``get_metrics``), held for the engine:
+    this class never updates them (``log_stats`` False: ``disable_log_stats``); ``PrometheusRecorder`` does.
+    """
+
+    log_stats = False
 
     def __init__(self, config: EngineConfig, scheduler: Scheduler, kv_cache_manager: KVCacheManager,
-                 num_kv_blocks: int, num_swap_blocks: int, clock: Callable[[], float],
-                 swap_time_s: Callable[[], float]):
+                 num_kv_blocks: int, clock: Callable[[], float], swap_time_s: Callable[[], float], stat_logger):
         self.config, self.scheduler, self.kv_cache_manager = config, scheduler, kv_cache_manager
         self.num_kv_blocks, self.clock, self.swap_time_s = num_kv_blocks, clock, swap_time_s
+        self.stat_logger = stat_logger
         self.traces: list[StepTrace] = []
         self.num_steps = 0  # steps recorded so far (the next trace's ``step``), kept when old traces are dropped
         self.num_bookkeeping_errors = 0  # traces / statistics / final texts that failed after a step committed
-        self.log_stats = not config.disable_log_stats
-        self.stat_logger = PrometheusStatLogger(
-            config.served_model_name, config.max_model_len,
-            {"block_size": str(config.block_size), "num_gpu_blocks": str(num_kv_blocks),
-             "num_cpu_blocks": str(num_swap_blocks), "enable_prefix_caching": str(config.enable_prefix_caching),
-             "cache_dtype": config.dtype if config.kv_cache_dtype == "auto" else config.kv_cache_dtype},
-            num_speculative_tokens=config.speculative_config.num_speculative_tokens if config.speculative_config else 0)
-        self._record_state()
 
     def reset(self) -> None:
         """Forget the traces (the Prometheus totals count on, as vLLM's)."""
@@ -86,9 +85,7 @@ class StepRecorder:
         and its statistics. Never raises."""
         try:
             self._record_step(step, start, end, sampled, got_token, finished, timed_out)
-            num_new_tokens = ({rid: len(tokens) for rid, tokens in kept.items()}
-                              if step.scheduler_output.num_spec_tokens else None)
-            self._record_stats(self.traces[-1], got_token, timed_out + finished, request_metrics, num_new_tokens)
+            self._on_step_recorded(step, kept, got_token, timed_out + finished, request_metrics)
         except Exception:  # an observer failed: the step stands and its outputs go out
             self.num_bookkeeping_errors += 1
             logger.exception("step %d committed, but recording its trace or statistics failed", self.num_steps)
@@ -108,35 +105,33 @@ class StepRecorder:
                 prefix_hit_tokens=0, rolled_back=True,
                 **(self._block_snapshot() if self.config.trace_block_tables else {})))
             self.num_steps += 1
-            if self.log_stats:
-                self.stat_logger.record_step(self.traces[-1], [], request_metrics)
+            self._on_rolled_back_recorded(request_metrics)
         except Exception:
             self.num_bookkeeping_errors += 1
             logger.exception("recording the rolled-back step %d failed", self.num_steps)
 
     def on_requests_added(self, n: int, request_ids: list[str]) -> None:
         """A request queued (``n``: its ``SamplingParams.n``; ``request_ids``: its children's ids)."""
-        if self.log_stats:
-            self.stat_logger.record_new_request(n, request_ids)
-            self._record_state(self.stat_logger.last_cached_free_blocks)  # queueing frees no block
 
     def on_requests_finished(self, finished: list[Request], request_metrics: dict[str, RequestMetrics]) -> None:
         """Requests finished outside a step's commit (aborted, or past their deadline with no step run)."""
-        if self.log_stats:
-            self._record_finished(finished, request_metrics)
-            self._record_state()
 
     def on_running_preempted(self, num_preempted: int) -> None:
         """``num_preempted`` running requests were preempted outside a step (to reset the prefix cache)."""
-        if self.log_stats:
-            self.stat_logger.preemptions.inc(num_preempted)
 
     def on_prefix_cache_reset(self) -> None:
-        self._record_state()
+        """Every cached prefix was forgotten."""
 
     def on_finished_without_step(self, finished: list[Request], request_metrics: dict[str, RequestMetrics]) -> None:
         """Requests past their deadline, delivered by a step that ran nothing."""
-        self._record_stats(None, [], finished, request_metrics, None)
+
+    def _on_step_recorded(self, step: ScheduledStep, kept: dict[str, list[int]], got_token: list[Request],
+                          finished: list[Request], request_metrics: dict[str, RequestMetrics]) -> None:
+        """The statistics of a committed step, whose trace is ``self.traces[-1]`` (``finished``: those that
+        timed out, then those that stopped)."""
+
+    def _on_rolled_back_recorded(self, request_metrics: dict[str, RequestMetrics]) -> None:
+        """The statistics of a rolled-back step, whose trace is ``self.traces[-1]``."""
 
     def _record_step(self, step: ScheduledStep, start: float, end: float, sampled: dict[str, list[int]],
                      got_token: list[Request], finished: list[Request], timed_out: list[Request]) -> None:
@@ -162,39 +157,6 @@ class StepRecorder:
             **step.pool.block_snapshot,
         ))
         self.num_steps += 1
-
-    def _record_stats(self, trace: StepTrace | None, got_token: list[Request], finished: list[Request],
-                      request_metrics: dict[str, RequestMetrics], num_new_tokens: dict[str, int] | None) -> None:
-        """Update the Prometheus series after a step (``num_new_tokens``: tokens per request when a request got
-        more than one, with speculative decoding)."""
-        if not self.log_stats:
-            return
-        self.stat_logger.record_step(trace, got_token, request_metrics, num_new_tokens)
-        self._record_finished(finished, request_metrics)
-        # Without finished requests no block was freed after scheduling: the trace's count is still exact.
-        self._record_state(trace.num_cached_free_blocks if trace is not None and not finished else None)
-
-    def _record_finished(self, finished: list[Request], request_metrics: dict[str, RequestMetrics]) -> None:
-        """The Prometheus series of finished requests, one at a time: one request's statistics failing is logged
-        and counted (``num_bookkeeping_errors``) and costs neither the others theirs nor anyone an output."""
-        for r in finished:
-            try:
-                self.stat_logger.record_finished(
-                    [(request_metrics[r.request_id], r.sampling_params.max_tokens, r.request_id)])
-            except Exception:
-                self.num_bookkeeping_errors += 1
-                logger.exception("request %r: recording its statistics failed", r.request_id)
-
-    def _record_state(self, num_cached_free_blocks: int | None = None) -> None:
-        """Queue and pool gauges. ``num_cached_free_blocks`` saves a scan of the free queue when the caller
-        knows it (None: count now)."""
-        if not self.log_stats:
-            return
-        s, kv = self.scheduler, self.kv_cache_manager
-        if num_cached_free_blocks is None:
-            num_cached_free_blocks = kv.pool.num_cached_free_blocks
-        self.stat_logger.record_state(s.num_running, s.num_waiting, s.num_swapped,
-                                      kv.num_free_blocks, num_cached_free_blocks, self.num_kv_blocks)
 
     def _block_snapshot(self) -> dict:
         pool = self.kv_cache_manager.pool

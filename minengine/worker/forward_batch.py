@@ -127,8 +127,7 @@ class ForwardBatch:
 
     @classmethod
     def build(cls, scheduler_output: SchedulerOutput, block_size: int, device: torch.device | str = "cpu",
-              block_table: BlockTable | None = None, for_triton: bool = False,
-              attention_backend: str | None = None) -> ForwardBatch:
+              block_table: BlockTable | None = None, attention_backend: str = "cpu") -> ForwardBatch:
         """Flatten a (non-empty) step.
 
         Args:
@@ -136,10 +135,9 @@ class ForwardBatch:
             block_size: tokens per KV block.
             device: where the tensors go.
             block_table: the runner's persistent ``BlockTable`` (updated here); None builds a throwaway one.
-            for_triton: build ``block_tables`` for the Triton kernel instead of the torch attention's groups.
-            attention_backend: the backend ``paged_attention`` runs ("reference", "cpu", "triton"; the
-                ``ModelRunner``'s); None: "triton" ``for_triton``, else "cpu" (the C++ kernel where it is
-                ready, the reference otherwise).
+            attention_backend: the backend ``paged_attention`` runs (the ``ModelRunner``'s): "triton" builds
+                ``block_tables`` for the Triton kernel, "reference" and "cpu" (the C++ kernel where it is ready,
+                the reference otherwise) the decode and prefill groups instead.
 
         Raises:
             ValueError: an empty step (the runner skips those).
@@ -176,8 +174,7 @@ class ForwardBatch:
                     seq_lens=t(seq_lens, torch.int32),
                     logits_indices=t(_logits_indices(scheduler_output, where, query_start_loc), torch.long),
                     batch_order=order, first_rows=query_start_loc[where], block_size=block_size,
-                    num_decodes=num_decodes,
-                    attention_backend=attention_backend or ("triton" if for_triton else "cpu"))
+                    num_decodes=num_decodes, attention_backend=attention_backend)
         batch._plan_attention(table[rows, :int(blocks_needed.max())], q_lens, seq_lens, query_start_loc,
                               blocks_needed, t)
         return batch

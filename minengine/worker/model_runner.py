@@ -8,7 +8,7 @@ import torch
 
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.layers import cpu_attention
-from minengine.layers.attention import resolve_attention_backend
+from minengine.layers.attention_backend import resolve_attention_backend
 from minengine.models.llama import LlamaForCausalLM
 from minengine.worker.block_table import BlockTable
 from minengine.worker.cuda_graphs import DecodeGraphs, capture_sizes_for
@@ -37,7 +37,7 @@ class ModelRunner:
         seed: seed of the sampler's shared generator.
         num_swap_blocks: CPU swap-space blocks for swap preemption (0 = none).
         attention_backend: ``EngineConfig.attention_backend``, resolved here once
-            (``layers/attention.resolve_attention_backend``): "reference" (the Python paged read), "cpu"
+            (``layers/attention_backend.resolve_attention_backend``): "reference" (the Python paged read), "cpu"
             (minengine's C++ kernel, ``layers/cpu_attention.py``, started here and built in the background; the
             reference runs until it is ready), "triton" (the paged-attention kernel); "auto" or None: "triton" on
             CUDA with Triton installed, "cpu" on a CPU where the kernel takes the model, else "reference".

@@ -85,8 +85,39 @@ def test_each_feature_opens_its_door(settings, door):
     assert scheduler.step_builder_class is not StepBuilder
 
 
-def test_the_default_step_reads_in_one_sitting():
-    path = trace_default_generate()
+# Files of optional features and of what runs once, at construction or on request: doors a default step never opens.
+DOOR_FILES = ("minengine/structured_outputs_params.py", "minengine/metrics/prometheus_recorder.py",
+              "minengine/metrics/prometheus.py", "minengine/engine/parallel_sampling.py",
+              "minengine/engine/logprobs_positions.py", "minengine/engine/engine_statistics.py",
+              "minengine/engine/bad_words.py", "minengine/engine/arrival_time.py",
+              "minengine/engine/generation_config.py", "minengine/layers/attention_backend.py",
+              "minengine/layers/triton_attention.py")
+
+
+@pytest.fixture(scope="module")
+def default_path():
+    return trace_default_generate()
+
+
+def test_the_default_step_opens_no_door_file(default_path):
+    assert default_path.files and not set(DOOR_FILES) & set(default_path.files)
+
+
+def test_the_prometheus_series_are_a_recorder_chosen_at_construction(bundled_model):
+    from minengine import LLM
+    from minengine.config import EngineConfig
+    from minengine.engine.llm_engine import LLMEngine
+    from minengine.metrics.prometheus_recorder import PrometheusRecorder
+    from minengine.metrics.recorder import StepRecorder
+
+    quiet = LLM(bundled_model).llm_engine  # vLLM's offline default: disable_log_stats=True
+    assert type(quiet.recorder) is StepRecorder and not quiet.log_stats and quiet.stat_logger is not None
+    loud = LLMEngine(EngineConfig(model=bundled_model))
+    assert type(loud.recorder) is PrometheusRecorder and loud.log_stats
+
+
+def test_the_default_step_reads_in_one_sitting(default_path):
+    path = default_path
     assert path.total_lines <= MAX_FILE_LINES, (
         f"the default step executes code in {len(path.files)} files of {path.total_lines} non-blank lines "
         f"(at most {MAX_FILE_LINES}): {sorted(path.files.items(), key=lambda kv: -kv[1])[:8]}")

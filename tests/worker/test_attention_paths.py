@@ -67,7 +67,7 @@ def dense_reference(step, q, k_new, v_new, k_cache, v_cache, batch, scale):
 
 def run_case(requests, heads, kv_heads, head_dim, for_triton, seed=0):
     step, k_cache, v_cache, gen = make_step(requests, kv_heads, head_dim, seed)
-    batch = ForwardBatch.build(step, BS, "cpu", for_triton=for_triton)
+    batch = ForwardBatch.build(step, BS, "cpu", attention_backend="triton" if for_triton else "cpu")
     t = batch.num_tokens
     q = torch.randn(t, heads, head_dim, generator=gen)
     k_new = torch.randn(t, kv_heads, head_dim, generator=gen)

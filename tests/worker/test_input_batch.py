@@ -19,6 +19,11 @@ from minengine.worker.forward_batch import ForwardBatch, plan_decode_groups
 BS = 4  # a small block size: many block boundaries
 
 
+def backend(for_triton: bool) -> str:
+    """The backend a batch is built for: the Triton kernel's block tables, or the CPU backends' groups."""
+    return "triton" if for_triton else "cpu"
+
+
 def check_batch(out, batch: ForwardBatch, for_triton: bool) -> None:
     """Every field of ``batch`` against the scheduler output's own lists."""
     scheduled = out.scheduled
@@ -99,7 +104,8 @@ def test_forward_batch_matches_a_naive_rebuild(work, num_blocks, budget, prefix_
                                       arrival_time=0.0))
         out = sched.schedule()
         for for_triton, table in tables.items():
-            check_batch(out, ForwardBatch.build(out, BS, "cpu", table, for_triton=for_triton), for_triton)
+            batch = ForwardBatch.build(out, BS, "cpu", table, attention_backend=backend(for_triton))
+            check_batch(out, batch, for_triton)
         sched.update_from_output(out, {s.request_id: [3 + rng.randrange(40)] for s in out.scheduled if s.sample})
         if rng.random() < 0.05 and sched.running:
             sched.finish_requests([rng.choice(sched.running).request_id], RequestStatus.FINISHED_ABORTED)
@@ -230,7 +236,7 @@ def test_forward_batch_matches_a_naive_rebuild_with_speculative_decoding(work, n
         if not out.scheduled:
             continue
         for for_triton, table in tables.items():
-            batch = ForwardBatch.build(out, block_size, "cpu", table, for_triton=for_triton)
+            batch = ForwardBatch.build(out, block_size, "cpu", table, attention_backend=backend(for_triton))
             slots = batch.slot_mapping.tolist()
             for j, i in enumerate(batch.batch_order.tolist()):
                 s = out.scheduled[i]

@@ -57,7 +57,7 @@ def test_fp8_cache_round_trip_on_every_attention_path(path, scales, monkeypatch)
     k_scale, v_scale = scales
     step, k32, v32, gen = make_step(MIXED, 2, 8, seed=1)
     k8, v8 = kv_quant.quantize_kv(k32, k_scale), kv_quant.quantize_kv(v32, v_scale)  # the cached context
-    batch = ForwardBatch.build(step, BS, "cpu", for_triton=path == "triton")
+    batch = ForwardBatch.build(step, BS, "cpu", attention_backend="triton" if path == "triton" else "cpu")
     t = batch.num_tokens
     q = torch.randn(t, 4, 8, generator=gen)
     k_new, v_new = torch.randn(t, 2, 8, generator=gen), torch.randn(t, 2, 8, generator=gen)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from minengine import LLM, SamplingParams
 from minengine.core.scheduler_output import ScheduledRequest
+from minengine.engine.bad_words import bad_words_token_ids
 from minengine.sampling_params import StructuredOutputsParams
 from minengine.worker.sampler import Sampler
 from minengine.worker.structured_output import StructuredOutputManager
@@ -257,7 +258,7 @@ def test_allowed_token_ids_logit_bias_and_bad_words(llm):
     assert outs[1].outputs[0].token_ids == [allowed[1]] * 5
     plain, banned = outs[3].outputs[0], outs[2].outputs[0]
     assert "the" in plain.text.lower()  # the ban below is not vacuous
-    words = llm.llm_engine.input_processor._bad_words_token_ids(["thee", "the"])
+    words = bad_words_token_ids(llm.get_tokenizer(), ["thee", "the"], llm.llm_engine.input_processor.vocab_size)
     ids = banned.token_ids
     assert not any(tuple(ids[i:i + len(w)]) == w for w in words for i in range(len(ids)))
 
