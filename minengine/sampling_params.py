@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, field
 
 from minengine.exceptions import VLLMValidationError, show
-from minengine.inputs import as_float, check_unicode, token_ids
 from minengine.structured_outputs_params import STRUCTURED_OUTPUT_KINDS, StructuredOutputsParams  # noqa: F401
+from minengine.value_checks import as_float, check_unicode, token_ids
 
 SAMPLING_EPS = 1e-5  # vLLM's threshold under which a temperature means greedy
 MAX_LOGPROBS = 20  # vLLM's default ``max_logprobs`` (EngineConfig.max_logprobs): most alternatives per position

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from minengine.exceptions import VLLMValidationError, show
-from minengine.inputs import check_unicode
+from minengine.value_checks import check_unicode
 
 # the constraint fields of StructuredOutputsParams, exactly one of which a request sets (vLLM's list)
 STRUCTURED_OUTPUT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")

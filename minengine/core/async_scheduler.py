@@ -16,9 +16,16 @@ them in front of the default classes).
 from __future__ import annotations
 
 from minengine.core.scheduler import OpenStep
-from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID, ScheduledRequest
+from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID, ScheduledRequest, SchedulerOutput
 from minengine.core.step_builder import StateBeforeStep
 from minengine.request import Request, RequestStatus
+
+
+def has_work(scheduler_output: SchedulerOutput) -> bool:
+    """Something for the runner: scheduled requests, or KV blocks to swap (a step may schedule nothing and only
+    swap out a request that preempted itself, its blocks held by a step in flight)."""
+    return bool(scheduler_output.scheduled or scheduler_output.blocks_to_swap_out
+                or scheduler_output.blocks_to_swap_in)
 
 
 class AsyncScheduling:
@@ -29,7 +36,7 @@ class AsyncScheduling:
         """Nothing to set up: the mixin's methods are the whole door."""
 
     def open_step(self, open_step: OpenStep) -> None:
-        if not open_step.out.has_work:  # a step with nothing to run has nothing to commit (its preemptions stand)
+        if not has_work(open_step.out):  # a step with nothing to run has nothing to commit (its preemptions stand)
             return
         for request, s in zip(open_step.requests, open_step.out.scheduled):  # they count for every later step
             request.num_computed_tokens += s.num_new_tokens

@@ -19,7 +19,6 @@ outputs open theirs with the first constrained request (``core/structured_commit
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 from collections import deque
 from collections.abc import Iterable
@@ -225,7 +224,7 @@ class Scheduler:
                 return i
         return len(tokens)
 
-    # ---- a failed step, and preemption between steps --------------------------------------------------
+    # ---- a failed step --------------------------------------------------
     def rollback(self, scheduler_output: SchedulerOutput) -> None:
         """Give back the step scheduled last, whose forward, sampling or detokenization failed: the engine is
         left as if it had not been scheduled, so the next ``schedule()`` serves the same requests again.
@@ -276,41 +275,11 @@ class Scheduler:
     def order_waiting(self, victims: list[Request], before: list[Request], later: list[Request]) -> list[Request]:
         return victims + before + later
 
-    def preempt(self, request: Request, out: SchedulerOutput) -> None:
-        """Preempt a running request between steps, recording the move in ``out`` (``StepBuilder.preempt``
-        makes it; inside ``schedule()`` the builder preempts by itself)."""
-        step = self.new_step(out)
-        step.preempt(request)
-        self.count_moves(step)
-
-    def preempt_running_by_recompute(self) -> int:
-        """Preempt every running request by recompute, between steps (what vLLM's
-        ``reset_prefix_cache(reset_running_requests=True)`` does first): their blocks are freed and
-        ``num_computed_tokens`` goes back to 0, their generated tokens stay, and they wait at the front of the
-        queue in their running order. Recompute whatever ``preemption_mode`` says: the point is to hold no
-        block. Returns how many were preempted.
-
-        Raises:
-            RuntimeError: while a scheduled step is open (between ``schedule()`` and ``update_from_output``).
-        """
-        if self._open_steps:
-            raise RuntimeError("cannot preempt between schedule() and update_from_output(): a step is open")
-        step = self.new_step(SchedulerOutput())
-        step.config = dataclasses.replace(self.config, preemption_mode="recompute")
-        victims = list(self.running)
-        for request in reversed(victims):  # each goes to the front: the first running ends up first
-            step.preempt(request)
-        self.count_moves(step)
-        return len(victims)
-
     # ---- what the engine and the metrics read ---------------------------------------------------------
     @property
-    def max_model_len(self) -> int:
-        return self.config.max_model_len
-
-    @property
-    def async_scheduling(self) -> bool:
-        return self.config.async_scheduling
+    def has_open_step(self) -> bool:
+        """A step is scheduled and not yet committed or rolled back."""
+        return bool(self._open_steps)
 
     @property
     def num_waiting(self) -> int:

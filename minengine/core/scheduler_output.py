@@ -109,9 +109,3 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
-
-    @property
-    def has_work(self) -> bool:
-        """Something for the runner: scheduled requests, or KV blocks to swap (with async scheduling a step may
-        schedule nothing and only swap out a request that preempted itself, its blocks held by a step in flight)."""
-        return bool(self.scheduled or self.blocks_to_swap_out or self.blocks_to_swap_in)

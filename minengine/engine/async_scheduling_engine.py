@@ -12,8 +12,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from minengine.core.async_scheduler import has_work
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.llm_engine import LLMEngine
+from minengine.engine.logprobs_positions import prepare_logprobs
 from minengine.metrics.recorder import ScheduledStep
 from minengine.outputs import RequestOutput
 from minengine.request import Request
@@ -57,7 +59,7 @@ class AsyncSchedulingEngine(LLMEngine):
         executor stopped: every later step raises ``WorkerFailedError``."""
         start = self._begin_step()
         scheduler_output = self.scheduler.schedule()  # at most one step is in flight here
-        submitted = scheduler_output.has_work  # a step may only swap out or preempt (its blocks held in flight)
+        submitted = has_work(scheduler_output)  # a step may only swap out or preempt (its blocks held in flight)
         if submitted:
             self._submit(self._scheduled_step(scheduler_output, start))
         else:
@@ -119,7 +121,9 @@ class AsyncSchedulingEngine(LLMEngine):
         logprobs = {rid: lps for rid, lps in self.runner.last_logprobs.items() if rid in tokens_to_commit}
         prompt_logprobs = {rid: lps for rid, lps in self.runner.last_prompt_logprobs.items()
                            if self._is_live(step, rid)}
-        return self.output_processor.prepare_logprobs(logprobs, prompt_logprobs)
+        if not logprobs and not prompt_logprobs:  # nobody in the step asked for logprobs
+            return {}
+        return prepare_logprobs(self.output_processor, logprobs, prompt_logprobs)
 
     def _abandon_in_flight(self, failed: InFlightStep, start: float) -> None:
         """Processing ``failed`` raised. Drain the steps submitted after it (so the workers are idle and run

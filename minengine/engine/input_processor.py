@@ -16,12 +16,12 @@ from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import cdiv
 from minengine.engine.arrival_time import wall_to_engine_clock
 from minengine.engine.bad_words import bad_words_token_ids
-from minengine.engine.parallel_sampling import child_request_id, child_sampling_params
+from minengine.engine.parallel_sampling import make_children
 from minengine.exceptions import VLLMValidationError, show
-from minengine.inputs import as_float, check_unicode, token_ids
 from minengine.request import Request, RequestGroup
 from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock
+from minengine.value_checks import as_float, check_unicode, token_ids
 
 Prompt = str | dict | list[int]
 
@@ -257,18 +257,9 @@ class InputProcessor:
             cls.validate_params(params)
         if params.structured_outputs is None:
             return None
-        if self.config.uses_worker_processes:  # the grammar state lives here; the workers' samplers mask
-            raise ValueError("structured_outputs is not supported with worker processes (tensor_parallel_size > 1, "
-                             "async_scheduling or distributed_executor_backend='mp')")
-        if self.structured_output_manager is None:
-            if self.tokenizer is None:
-                _invalid("structured_outputs", "structured_outputs needs a tokenizer (the model has none): the "
-                         "grammar is compiled against the tokenizer's vocabulary")
-            from minengine.worker.structured_output import StructuredOutputManager
+        from minengine.worker.structured_output import grammar_state  # the door of structured outputs
 
-            self.structured_output_manager = StructuredOutputManager(self.tokenizer, vocab, self.eos_token_id,
-                                                                     self.config.structured_outputs_config)
-        return self.structured_output_manager.new_request(params.structured_outputs)
+        return grammar_state(self, params)
 
     def make_requests(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
                       arrival_time: float | None = None, priority: int = 0,
@@ -281,10 +272,4 @@ class InputProcessor:
             return RequestGroup(request_id, params, [self.make_request(request_id, prompt, params, arrival_time,
                                                                        priority, deadline)])
         self._check_request_id(request_id)
-        first = self.make_request(child_request_id(request_id, 0), prompt, child_sampling_params(params, 0),
-                                  arrival_time, priority, deadline)
-        tokenized = {"prompt_token_ids": first.prompt_token_ids, "prompt": first.prompt}  # tokenize once
-        children = [first] + [self.make_request(child_request_id(request_id, i), tokenized,
-                                                child_sampling_params(params, i), first.arrival_time, priority,
-                                                deadline) for i in range(1, params.n)]
-        return RequestGroup(request_id, params, children)
+        return make_children(self.make_request, request_id, prompt, params, arrival_time, priority, deadline)

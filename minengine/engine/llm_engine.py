@@ -17,22 +17,24 @@ from minengine.config import EngineConfig
 from minengine.core.doors import build_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import PolicySettings, make_policy
+from minengine.core.preempt_between_steps import preempt_running_by_recompute
 from minengine.core.scheduler import Scheduler
 from minengine.core.scheduler_config import SchedulerConfig
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import Detokenizers
 from minengine.engine.engine_statistics import EngineStatistics
 from minengine.engine.input_processor import InputProcessor, Prompt
+from minengine.engine.logprobs_positions import prepare_logprobs, record_logprobs
 from minengine.engine.model_setup import eos_token_id, load_model, make_runner
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest
-from minengine.inputs import as_request_ids
 from minengine.metrics.prometheus_recorder import make_recorder
 from minengine.metrics.recorder import ScheduledStep
 from minengine.outputs import RequestMetrics, RequestOutput
 from minengine.request import Request, RequestGroup, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.timing.wall_clock import Clock, as_clock
+from minengine.value_checks import as_request_ids
 from minengine.worker.kv_pool import size_kv_pool
 
 
@@ -286,18 +288,21 @@ class LLMEngine(EngineStatistics):
         Raises:
             RequestError: building one request's positions failed; names it (the step is rolled back).
         """
-        logprobs = self.runner.last_logprobs
+        logprobs, prompt_logprobs = self.runner.last_logprobs, self.runner.last_prompt_logprobs
+        if not logprobs and not prompt_logprobs:  # nobody in the step asked for logprobs
+            return {}
         if logprobs and step.scheduler_output.num_spec_tokens:
             logprobs = {rid: lps[:len(tokens_to_commit[rid])] for rid, lps in logprobs.items()
                         if rid in tokens_to_commit}
-        return self.output_processor.prepare_logprobs(logprobs, self.runner.last_prompt_logprobs)
+        return prepare_logprobs(self.output_processor, logprobs, prompt_logprobs)
 
     def _commit(self, step: ScheduledStep, start: float, sampled: dict[str, list[int]], tokens_to_commit: dict,
                 detoks: dict, logprobs: dict) -> list[RequestOutput]:
         """Commit a step that ran (``update_from_output``), then metrics, outputs and its ``StepTrace``. Nothing
         here may raise, or the step's outputs would be lost: the recorder guards the trace and statistics."""
         scheduler_output = step.scheduler_output
-        self.output_processor.record_logprobs(logprobs)
+        if logprobs:  # some request asked for logprobs
+            record_logprobs(self.output_processor, logprobs)
         got_token, finished = self.scheduler.update_from_output(scheduler_output, tokens_to_commit)
         self.clock.end_step(scheduler_output)  # a modelled clock advances by this step's cost here
         now = self.clock()
@@ -351,10 +356,10 @@ class LLMEngine(EngineStatistics):
         """Forget every cached prefix (vLLM's ``reset_prefix_cache``). Only when no request holds a block
         (the prefix cache of running requests is in use): returns False and changes nothing otherwise. With
         ``reset_running_requests`` (vLLM's) the running requests are first preempted by recompute
-        (``Scheduler.preempt_running_by_recompute``), so the reset always happens; they go on from where they
+        (``core/preempt_between_steps.py``), so the reset always happens; they go on from where they
         were, recomputing their KV."""
         if reset_running_requests:
-            self.recorder.on_running_preempted(self.scheduler.preempt_running_by_recompute())
+            self.recorder.on_running_preempted(preempt_running_by_recompute(self.scheduler))
         if self.kv_cache_manager.num_used_blocks:
             return False
         self.kv_cache_manager.pool.reset_prefix_cache()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from minengine.exceptions import RequestError
 from minengine.outputs import Logprob, PositionLogprobs
 
 if TYPE_CHECKING:  # the sampler imports torch; an engine on a model-free runner (minengine.fleet) runs without it
@@ -59,3 +60,36 @@ class LogprobsPositions:
         if token_id not in self._decoded:
             self._decoded[token_id] = self.tokenizer.decode([token_id])
         return self._decoded[token_id]
+
+
+def prepare_logprobs(processor, sampled: dict[str, list[TokenLogprobs]],
+                     prompt: dict[str, tuple[int, list[TokenLogprobs]]]) -> dict[str, tuple]:
+    """A step's logprobs as positions for ``processor`` (the ``OutputProcessor``), changing nothing (the step may
+    still fail): of the tokens each request got (one, or several with speculative decoding), and of the prompt
+    tokens its chunks scored (``LogprobsPositions.of_request``). ``record_logprobs`` stores them.
+
+    Raises:
+        RequestError: building one request's positions failed (decoding its tokens); names that request.
+    """
+    out: dict[str, tuple] = {}
+    for rid in set(sampled) | set(prompt):
+        state = processor.states.get(rid)
+        if state is None:
+            continue
+        try:
+            out[rid] = processor.logprobs_positions.of_request(
+                sampled.get(rid, ()) if state.logprobs is not None else None,
+                len(state.prompt_logprobs) if state.prompt_logprobs is not None else None, prompt.get(rid))
+        except Exception as exc:
+            raise RequestError([processor.caller_id(rid)], f"logprobs of request {rid!r} failed: {exc!r}") from exc
+    return out
+
+def record_logprobs(processor, prepared: dict[str, tuple]) -> None:
+    """Store what ``prepare_logprobs`` built (after the step committed; plain appends, nothing can fail)."""
+    for rid, (positions, total, new_prompt) in prepared.items():
+        state = processor.states[rid]
+        if state.logprobs is not None:
+            state.logprobs.extend(positions)
+            state.cumulative_logprob += total
+        if state.prompt_logprobs is not None:
+            state.prompt_logprobs.extend(new_prompt)

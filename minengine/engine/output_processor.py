@@ -12,13 +12,12 @@ from typing import TYPE_CHECKING
 
 from minengine.engine.logprobs_positions import LogprobsPositions
 from minengine.engine.parallel_sampling import ParentRequest
-from minengine.exceptions import RequestError
 from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
 from minengine.request import Request
 from minengine.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:  # the sampler imports torch; an engine on a model-free runner (minengine.fleet) runs without it
-    from minengine.worker.token_logprobs import TokenLogprobs
+    pass
 
 
 def streamable_length(text: str, stop: list[str]) -> int:
@@ -66,10 +65,10 @@ class OutputProcessor:
     tokenizer: object = None
     states: dict[str, _RequestState] = field(default_factory=dict)
     parents: dict[str, ParentRequest] = field(default_factory=dict)
-    _logprobs: LogprobsPositions = field(init=False)
+    logprobs_positions: LogprobsPositions = field(init=False)  # ``engine/logprobs_positions.py``
 
     def __post_init__(self) -> None:
-        self._logprobs = LogprobsPositions(self.tokenizer)
+        self.logprobs_positions = LogprobsPositions(self.tokenizer)
 
     def add_request(self, request: Request, index: int = 0, parent: ParentRequest | None = None) -> None:
         p = request.sampling_params
@@ -90,39 +89,6 @@ class OutputProcessor:
         if request_id in self.parents:
             return [rid for rid, s in self.states.items() if s.parent is not None and s.parent.request_id == request_id]
         return [request_id]
-
-    # ---- logprobs ------------------------------------------------------------------------------------
-    def prepare_logprobs(self, sampled: dict[str, list[TokenLogprobs]],
-                         prompt: dict[str, tuple[int, list[TokenLogprobs]]]) -> dict[str, tuple]:
-        """A step's logprobs as positions, changing nothing (the step may still fail): of the tokens each request
-        got (one, or several with speculative decoding), and of the prompt tokens its chunks scored
-        (``LogprobsPositions.of_request``). ``record_logprobs`` stores them.
-
-        Raises:
-            RequestError: building one request's positions failed (decoding its tokens); names that request.
-        """
-        out: dict[str, tuple] = {}
-        for rid in set(sampled) | set(prompt):
-            state = self.states.get(rid)
-            if state is None:
-                continue
-            try:
-                out[rid] = self._logprobs.of_request(
-                    sampled.get(rid, ()) if state.logprobs is not None else None,
-                    len(state.prompt_logprobs) if state.prompt_logprobs is not None else None, prompt.get(rid))
-            except Exception as exc:
-                raise RequestError([self.caller_id(rid)], f"logprobs of request {rid!r} failed: {exc!r}") from exc
-        return out
-
-    def record_logprobs(self, prepared: dict[str, tuple]) -> None:
-        """Store what ``prepare_logprobs`` built (after the step committed; plain appends, nothing can fail)."""
-        for rid, (positions, total, new_prompt) in prepared.items():
-            state = self.states[rid]
-            if state.logprobs is not None:
-                state.logprobs.extend(positions)
-                state.cumulative_logprob += total
-            if state.prompt_logprobs is not None:
-                state.prompt_logprobs.extend(new_prompt)
 
     def caller_id(self, request_id: str) -> str:
         """The id the caller knows an engine request by: its parent's for a child of an ``n > 1`` request."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from minengine.outputs import CompletionOutput, PositionLogprobs, RequestMetrics, RequestOutput
-from minengine.request import Request, RequestGroup  # noqa: F401  (RequestGroup: re-exported)
+from minengine.request import Request, RequestGroup
 from minengine.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -27,6 +27,18 @@ def child_sampling_params(params: SamplingParams, index: int) -> SamplingParams:
     if params.seed is not None:
         child.seed = params.seed + index
     return child
+
+
+def make_children(make_request, request_id: str, prompt, params: SamplingParams, arrival_time, priority: int,
+                  deadline) -> RequestGroup:
+    """The ``params.n`` child requests of an ``n > 1`` request (``make_request``: ``InputProcessor.make_request``),
+    the prompt tokenized once: ids ``"{index}_{request_id}"``, seeds ``seed + index`` (vLLM's parallel sampling)."""
+    first = make_request(child_request_id(request_id, 0), prompt, child_sampling_params(params, 0), arrival_time,
+                         priority, deadline)
+    tokenized = {"prompt_token_ids": first.prompt_token_ids, "prompt": first.prompt}
+    children = [first] + [make_request(child_request_id(request_id, i), tokenized, child_sampling_params(params, i),
+                                       first.arrival_time, priority, deadline) for i in range(1, params.n)]
+    return RequestGroup(request_id, params, children)
 
 
 @dataclass

@@ -16,8 +16,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 
 from minengine.entrypoints.chat_utils import render_chat_text
-from minengine.inputs import check_unicode
 from minengine.tokenize_within import BoundedEncoding
+from minengine.value_checks import check_unicode
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from minengine.exceptions import VLLMValidationError, show
-from minengine.inputs import check_unicode
+from minengine.value_checks import check_unicode
 
 
 def _text_content(content, where: str) -> str:

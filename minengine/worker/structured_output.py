@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from minengine.config import StructuredOutputsConfig
+from minengine.exceptions import VLLMValidationError
 from minengine.sampling_params import StructuredOutputsParams
 
 _CPP_PREFIX = re.compile(r"\[[^\]]*\]\s*\S+:\d+:\s*")  # "[22:31:55] /project/cpp/x.cc:83: " before xgrammar's text
@@ -378,6 +379,27 @@ class StructuredOutputRequest:
         """Undo the last ``num_tokens`` speculative advances."""
         if num_tokens:
             self.matcher.rollback(num_tokens)
+
+def grammar_state(processor, params) -> StructuredOutputRequest:
+    """The grammar state of a new request with ``params.structured_outputs`` (``processor``: the engine's
+    ``InputProcessor``, which keeps one ``StructuredOutputManager``, built with the first such request).
+
+    Raises:
+        ValueError: with worker processes (the grammar state lives in the engine; the workers' samplers mask).
+        VLLMValidationError: without a tokenizer (``structured_outputs``), or what the manager raises.
+    """
+    if processor.config.uses_worker_processes:
+        raise ValueError("structured_outputs is not supported with worker processes (tensor_parallel_size > 1, "
+                         "async_scheduling or distributed_executor_backend='mp')")
+    if processor.structured_output_manager is None:
+        if processor.tokenizer is None:
+            raise VLLMValidationError("structured_outputs needs a tokenizer (the model has none): the grammar is "
+                                      "compiled against the tokenizer's vocabulary", parameter="structured_outputs")
+        processor.structured_output_manager = StructuredOutputManager(
+            processor.tokenizer, processor.vocab_size, processor.eos_token_id,
+            processor.config.structured_outputs_config)
+    return processor.structured_output_manager.new_request(params.structured_outputs)
+
 
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from minengine.core import doors
+from minengine.core.async_scheduler import has_work
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID
 from minengine.request import Request, RequestStatus
@@ -120,10 +121,10 @@ class Driver:
             if not self.sched.has_unfinished_requests() and not in_flight:
                 break
             out = self.sched.schedule()
-            if out.has_work:
+            if has_work(out):
                 in_flight.append((out, self.device.run(out)))  # the device runs steps in submission order
             assert in_flight, "nothing scheduled, nothing in flight"
-            if out.has_work and len(in_flight) == 1:
+            if has_work(out) and len(in_flight) == 1:
                 continue
             out, sampled = in_flight.popleft()
             if call in fail_at:  # processing failed: the step in flight is drained, both roll back

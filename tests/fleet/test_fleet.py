@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from minengine.config import EngineConfig
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager, cdiv
+from minengine.core.preempt_between_steps import preempt_request
 from minengine.fleet import (
     LINKS,
     ROUTERS,
@@ -418,7 +419,7 @@ def test_external_kv_is_admitted_only_when_its_blocks_are_free():
     assert received.num_external_computed_tokens == 0  # consumed: a recompute preemption recomputes it
     sched.update_from_output(out, {"rx": [11]})
     assert all(kv.pool.get_cached_block(h) is not None for h in received.block_hashes[:3])  # received KV indexed
-    sched.preempt(received, out)
+    preempt_request(sched, received, out)
     assert received.num_computed_tokens == 0
     sched.add_request(Request("filler", [1] * 4, params, 0.0))
     out = sched.schedule()
