@@ -10,14 +10,19 @@ page's ids, so that a link to a missing section of a chapter is a warning (an er
 
 from __future__ import annotations
 
+import html as html_lib
 import re
 
+from markdown.extensions.toc import slugify
 from mkdocs.utils import get_relative_url
 
 PLOTLY_JS = "assets/plotly.min.js"  # where scripts/build_docs.py stages plotly.js
 ID_RE = re.compile(r"""\sid=["']([^"']+)["']""")
 FIGURE_MARK = '<div class="minengine-figure">'
 MATHJAX_RE = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.S)
+HEADING_RE = re.compile(r"<(h[1-6])((?:\s[^>]*)?)>(.*?)</\1>", re.S)
+TAG_RE = re.compile(r"<[^>]+>")
+CODE_RE = re.compile(r"<code[^>]*>.*?</code>", re.S)
 MERMAID_RE = re.compile(r"<script type=\"module\">(?:(?!</script>).)*?mermaid(?:(?!</script>).)*?</script>", re.S)
 
 
@@ -42,5 +47,34 @@ def on_page_content(html, page, config, files):  # noqa: ARG001  (mkdocs passes 
     html = offline_notebook_html(html, get_relative_url(PLOTLY_JS, page.file.url))
     # mkdocs checks a link's #anchor against the ids its own markdown rendering found; a notebook page is rendered
     # by mkdocs-jupyter, so hand mkdocs the page's ids (else a link to a missing section of a chapter passes).
+    html = ids_for_toc_headings(html, page.toc)
     page.present_anchor_ids = set(ID_RE.findall(html))
     return html
+
+
+def _toc_items(toc):
+    for item in toc or ():
+        yield item
+        yield from _toc_items(item.children)
+
+
+def ids_for_toc_headings(html: str, toc) -> str:
+    """Give each heading the page's table of contents links to the id the link names, where the page lacks it:
+    mkdocs-jupyter titles a heading without its inline code ("The official `openai` client" is "The official
+    client", #the-official-client) while nbconvert's id keeps it, and a heading a code cell printed has no id."""
+    present = set(ID_RE.findall(html))
+    wanted = {slugify(item.title, "-"): item.id for item in _toc_items(toc) if item.id not in present}
+    if not wanted:
+        return html
+
+    def add_id(match: re.Match) -> str:
+        tag, attrs, inner = match.groups()
+        text = html_lib.unescape(TAG_RE.sub("", CODE_RE.sub("", inner))).replace("\u00b6", "").strip()
+        anchor = wanted.pop(slugify(text, "-"), None)
+        if anchor is None:
+            return match.group(0)
+        if ID_RE.search(attrs):  # keep nbconvert's id; the table of contents' id goes on an anchor inside
+            return f'<{tag}{attrs}><span id="{anchor}"></span>{inner}</{tag}>'
+        return f'<{tag}{attrs} id="{anchor}">{inner}</{tag}>'
+
+    return HEADING_RE.sub(add_id, html)

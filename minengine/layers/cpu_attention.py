@@ -74,7 +74,7 @@ def _start_over_after_fork() -> None:
     parent = _PROCESS
     _PROCESS = KernelLoader(parent._name, parent._directory, parent._lock_timeout_s)
     if parent._status.settled:
-        _PROCESS._status, _PROCESS._op, _PROCESS._started_at = parent._status, parent._op, parent._started_at
+        _PROCESS._status, _PROCESS.op, _PROCESS._started_at = parent._status, parent.op, parent._started_at
 
 
 os.register_at_fork(after_in_child=_start_over_after_fork)

@@ -199,7 +199,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
     | 1 | `self.running`, `self.waiting` | two queues; running requests are served first (decode-first) | `Scheduler.running` / `waiting`, `DecodeFirst.fill`: `step.run_all(...)` then `step.admit_all()` |
     | 2 | `num_new_tokens = request.num_tokens_with_spec - request.num_computed_tokens`, capped by `long_prefill_token_threshold` and `token_budget` | tokens this step | `SchedulerConfig.chunk`, called by `StepBuilder.run` |
     | 3 | `self.kv_cache_manager.allocate_slots(request, num_new_tokens)`; on `None`, preempt `self.running.pop()` (or the lowest priority) and `self.waiting.prepend_request(...)` | KV allocation, preemption | `StepBuilder.run`: `self.kv.allocate_slots`, `policy.pick_victim`, `StepBuilder.preempt` (`waiting.appendleft`) |
-    | 4 | `SchedulerOutput(scheduled_new_reqs=..., num_scheduled_tokens=..., ...)` | the step's plan for the model runner | `StepBuilder.build` → `SchedulerOutput` of `ScheduledRequest`s |
+    | 4 | `SchedulerOutput(scheduled_new_reqs=..., num_scheduled_tokens=..., ...)` | the step's plan for the model runner | `StepBuilder.build` → `SchedulerOutput` of `ScheduledRequest`s (`scheduled_request`) |
     | 5 | `update_from_output`: advance `num_computed_tokens`, append sampled tokens, check stop, free finished | write-back after the forward | `Scheduler.update_from_output` (its `commit_chunk`, `commit_sampled`) |
     """),
     code("""
@@ -209,7 +209,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         "3 KV allocation": (step_builder_module.StepBuilder.run, "self.kv.allocate_slots(request, num_new)"),
         "3 preemption": (step_builder_module.StepBuilder.run, "self.policy.pick_victim(self.unscheduled_running()"),
         "3 re-queue at the head": (step_builder_module.StepBuilder.preempt, "self.waiting.appendleft(request)"),
-        "4 SchedulerOutput": (step_builder_module.StepBuilder.build, "ScheduledRequest("),
+        "4 SchedulerOutput": (step_builder_module.StepBuilder.scheduled_request, "ScheduledRequest("),
         "5 write-back": (scheduler_module.Scheduler.commit_chunk, "request.num_computed_tokens += s.num_new_tokens"),
     }
     found = {}

@@ -224,14 +224,16 @@ def test_a_forked_child_restarts_an_unsettled_kernel_start(monkeypatch, settled)
 
     loader = ca.KernelLoader()
     state = ca.KernelState.READY if settled else ca.KernelState.BUILDING
-    loader._status, loader._op = ca.KernelStatus(state), (print if settled else None)
+    loader._status, loader.op = ca.KernelStatus(state), (print if settled else None)
     monkeypatch.setattr(ca, "_PROCESS", loader)
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: report and leave at once
-        child = ca._PROCESS
-        os.write(write, f"{child is not loader} {child.status().state.name} {child._op is print}".encode())
-        os._exit(0)
+    if pid == 0:  # the child: report and leave at once, whatever happens (it is a copy of this test process)
+        try:
+            child = ca._PROCESS
+            os.write(write, f"{child is not loader} {child.status().state.name} {child.op is print}".encode())
+        finally:
+            os._exit(0)
     os.close(write)
     report = os.read(read, 200).decode()
     os.waitpid(pid, 0)

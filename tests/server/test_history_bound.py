@@ -153,3 +153,22 @@ def test_reused_request_ids_do_not_grow_the_history(bundled_model):
         assert 0 < num_past < 39 and measured <= 30_000
     finally:
         engine.shutdown()
+
+
+def test_the_committed_benchmark_run_is_what_the_page_says():
+    """``docs/server.md`` quotes the committed ``benchmarks/results/server_memory.json``: its size, its RSS at the
+    first and last samples, the slope over the last half and the largest history measured, all under the cap."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    run = json.loads((root / "benchmarks" / "results" / "server_memory.json").read_text())
+    text = " ".join((root / "docs" / "server.md").read_text().split())
+    assert run["history_max_measured_bytes"] <= run["max_history_bytes"]
+    quoted = [f"{run['num_requests']:,} requests", f"{run['max_history_bytes'] // 2**20} MiB cap",
+              f"{run['clients']} clients", f"{run['rss_first_mb']:.1f} MB to {run['rss_last_mb']:.1f} MB",
+              f"{run['rss_slope_last_half_mb_per_1000']} MB per 1,000 requests",
+              f"{run['history_max_measured_bytes']:,} bytes", f"(the cap: {run['max_history_bytes']:,})",
+              f"1 to {run['max_tokens']} tokens"]
+    missing = [q for q in quoted if q not in text]
+    assert not missing, f"docs/server.md does not say {missing}"
