@@ -15,6 +15,8 @@ them in front of the default classes).
 
 from __future__ import annotations
 
+import dataclasses
+
 from minengine.core.scheduler import OpenStep
 from minengine.core.scheduler_output import PLACEHOLDER_TOKEN_ID, ScheduledRequest, SchedulerOutput
 from minengine.core.step_builder import StateBeforeStep
@@ -101,21 +103,12 @@ class AsyncSteps:
         in_flight = request.num_output_placeholders
         if not in_flight:
             return super().scheduled_request(request, num_new)
-        start = request.num_computed_tokens
-        end = start + num_new
+        scheduled = super().scheduled_request(request, num_new)  # the known tokens' share, then what differs
+        start, end = scheduled.start_pos, scheduled.start_pos + num_new
         num_tokens = request.num_tokens + in_flight
         token_ids = request.token_ids_slice(start, end)
         token_ids += [PLACEHOLDER_TOKEN_ID] * (num_new - len(token_ids))
-        return ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=token_ids,
-            start_pos=start,
-            block_ids=self.kv.get_block_ids(request.request_id),
-            sample=end == num_tokens,
+        return dataclasses.replace(
+            scheduled, token_ids=token_ids, sample=end == num_tokens,
             is_prefill=not (num_tokens - start == 1 and start >= request.prefill_len),
-            sampling_params=request.sampling_params,
-            output_index=len(request.output_token_ids) + in_flight,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=request.output_token_ids,
-            structured_output=request.structured_output,
-        )
+            output_index=len(request.output_token_ids) + in_flight)
