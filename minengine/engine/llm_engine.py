@@ -296,13 +296,17 @@ class LLMEngine(EngineStatistics):
                         if rid in tokens_to_commit}
         return prepare_logprobs(self.output_processor, logprobs, prompt_logprobs)
 
+    def _record_logprobs(self, logprobs: dict) -> None:
+        """Keep what ``_prepare_logprobs`` built (nothing when no request of the step asked for logprobs)."""
+        if logprobs:
+            record_logprobs(self.output_processor, logprobs)
+
     def _commit(self, step: ScheduledStep, start: float, sampled: dict[str, list[int]], tokens_to_commit: dict,
                 detoks: dict, logprobs: dict) -> list[RequestOutput]:
         """Commit a step that ran (``update_from_output``), then metrics, outputs and its ``StepTrace``. Nothing
         here may raise, or the step's outputs would be lost: the recorder guards the trace and statistics."""
         scheduler_output = step.scheduler_output
-        if logprobs:  # some request asked for logprobs
-            record_logprobs(self.output_processor, logprobs)
+        self._record_logprobs(logprobs)
         got_token, finished = self.scheduler.update_from_output(scheduler_output, tokens_to_commit)
         self.clock.end_step(scheduler_output)  # a modelled clock advances by this step's cost here
         now = self.clock()
