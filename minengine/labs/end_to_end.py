@@ -167,3 +167,11 @@ def engine_matches_transformers(labs: dict, workloads) -> None:
         if free != total:
             raise LabFailure(f"workload {workload.name!r}: every request finished but {total - free} of {total} KV "
                              f"blocks are still held (a leaked block: a reference never dropped)")
+
+
+def end_to_end_check(lab: str, workloads: list[str | Workload]):
+    """A ``Check.run`` for ``lab``: the engine with the learner's module as ``lab`` matches transformers on
+    ``workloads`` (the module is passed by name: ``load_submission`` registered it in ``sys.modules``)."""
+    def check(module) -> None:
+        engine_matches_transformers({lab: module.__name__}, workloads)
+    return check
