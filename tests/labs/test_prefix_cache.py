@@ -46,11 +46,15 @@ def test_wrong_implementation_fails(bug):
     assert_wrong_fails(LAB, bug, *WRONG[bug])
 
 
-def test_end_to_end_catches_a_cache_that_covers_the_last_token():
-    """On its own, the end-to-end stage stops an engine whose lookup leaves no token to compute (a repeated
-    prompt of whole blocks): it breaks, stalls or samples from the wrong position, and the check says so."""
-    with pytest.raises(LabFailure, match="workload 'prefix_hits'"):
-        engine_matches_transformers({LAB: str(wrong_files(LAB)["no_recompute_last_token"])}, ["prefix_hits"])
+@pytest.mark.parametrize("bug, words", [
+    ("no_recompute_last_token", "no request could be scheduled"),  # a repeated prompt of whole blocks: nothing left
+    ("unchained_hash", "output token 2 differs from transformers"),  # blocks hit at other positions: other K/V
+])
+def test_end_to_end_stage_alone_catches(bug, words):
+    """Without the unit checks, the engine on these parts fails the comparison with transformers, in words."""
+    with pytest.raises(LabFailure, match="workload 'prefix_hits'") as failure:
+        engine_matches_transformers({LAB: str(wrong_files(LAB)[bug])}, ["prefix_hits"])
+    assert words in str(failure.value)
 
 
 def test_the_engine_hashes_and_looks_up_with_the_learners_functions():
