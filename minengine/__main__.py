@@ -251,6 +251,10 @@ def cmd_serve(a: argparse.Namespace) -> None:
           f"(OpenAI API under /v1{', API key required but for /health, /ping, /version' if api_keys else ''}, "
           "Prometheus at /metrics, step feed at "
           "/v1/engine/steps)", flush=True)
+    if config.labs:
+        from minengine.labs.door import describe_parts
+
+        print(f"minengine: {describe_parts(engine.engine)}", flush=True)
     run_server(engine, a.host, a.port, a.uvicorn_log_level, frontend, generation_config=a.generation_config)
 
 

@@ -102,7 +102,7 @@ def describe_parts(engine) -> str:
     parts = learner_parts(engine)
     if not parts:
         return "every part is the engine's own (no lab installed)"
-    return "learner's parts: " + "; ".join(f"{p.part} ({p.lab} lab, from {p.source})" for p in parts)
+    return "learner's parts: " + "; ".join(f"{p.part} <- {p.source}" for p in parts)
 
 
 def mix_into(obj, mixin: type) -> None:
