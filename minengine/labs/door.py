@@ -65,8 +65,8 @@ def load_labs(labs) -> dict[str, ModuleType]:
     return modules
 
 
-class LabEngine:
-    """The mixin of ``LabLLMEngine``: an engine whose parts named by ``config.labs`` are the learner's.
+class LabLLMEngine(LLMEngine):
+    """``LLMEngine`` on the learner's parts (``EngineConfig.labs``); everything else is the engine's own.
 
     Attributes:
         lab_parts: the learner's parts in this engine (``LabPart``), in course order.
@@ -77,7 +77,7 @@ class LabEngine:
     """
 
     def __init__(self, config, *args, **kwargs):
-        modules = load_labs(config.labs)
+        modules = load_labs(config.labs)  # before any weights load: a bad name or file fails fast
         if config.async_scheduling:
             raise VLLMValidationError("labs run on the synchronous engine: leave async_scheduling off",
                                       parameter="labs")
@@ -86,10 +86,6 @@ class LabEngine:
         for name, module in modules.items():
             LABS[name].install(self, module)
             self.lab_parts.append(LabPart(name, LABS[name].part, config.labs[name]))
-
-
-class LabLLMEngine(LabEngine, LLMEngine):
-    """``LLMEngine`` on the learner's parts (``EngineConfig.labs``); everything else is the engine's own."""
 
 
 def learner_parts(engine) -> list[LabPart]:
