@@ -61,9 +61,8 @@ class GradeReport:
 
     def format(self) -> str:
         """A table of the checks (stage, status, name) and the words of the first failure."""
-        width = max((len(r.name) for r in self.results), default=10)
         lines = [f"lab {self.lab}: {self.submission}", f"{'stage':<11} {'status':<8} check"]
-        lines += [f"{r.stage:<11} {r.status:<8} {r.name:<{width}}" for r in self.results]
+        lines += [f"{r.stage:<11} {r.status:<8} {r.name}" for r in self.results]
         passed = sum(r.status == "passed" for r in self.results)
         lines.append(f"score {passed}/{len(self.results)} ({self.score:.0%})")
         failure = self.first_failure
