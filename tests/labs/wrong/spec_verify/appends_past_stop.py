@@ -1,0 +1,37 @@
+"""WRONG (spec_verify): appends every kept token before checking for a stop, so a request can end with more than
+max_tokens tokens."""
+
+from __future__ import annotations
+
+from minengine.request import Request, RequestStatus
+
+
+def accept(proposals: list[int], target: list[int]) -> list[int]:
+    """The accepted prefix of ``proposals`` plus the target's own next token (see the skeleton)."""
+    kept = []
+    for proposal, choice in zip(proposals, target):
+        if proposal != choice:
+            break
+        kept.append(proposal)
+    return kept + [target[len(kept)]]  # the correction, or the bonus when every proposal matched
+
+
+def verify_step(target_argmax: list[int], proposals: list[list[int]]) -> list[list[int]]:
+    """Each request's tokens from its own ``len(proposals) + 1`` rows (see the skeleton)."""
+    tokens, row = [], 0
+    for spec in proposals:
+        rows = target_argmax[row:row + len(spec) + 1]
+        tokens.append(accept(spec, rows))
+        row += len(spec) + 1
+    return tokens
+
+
+def commit_verified(scheduler, request: Request, tokens: list[int]) -> RequestStatus | None:
+    """Advance, free the rejected proposals' blocks, append until a stop (see the skeleton)."""
+    request.num_computed_tokens += len(tokens)
+    block_size = scheduler.kv.block_size
+    scheduler.kv.truncate(request, -(-request.num_computed_tokens // block_size))
+    status = None
+    for token in tokens:
+        status = scheduler.append_token(request, token) or status
+    return status
