@@ -1,0 +1,148 @@
+"""Lab 5, a scheduling policy of the learner's design: the spec (checks) and the install (the engine's scheduler
+builds every step with the learner's ``MyPolicy``).
+
+Graded on what a policy is for, not on equality with a reference: replayed on the modelled clock (an H100 with
+Llama-3-8B shapes, ``minengine.timing``) through the real engine on a token-free runner
+(``minengine.fleet.token_free``), the held trace's SLO attainment (``minengine.workloads.goodput``) must be at
+least that of the default policy, decode-first. Before that, the mechanics every policy must respect, checked
+after every step of random traces on a small KV pool: a step never holds more than ``max_num_batched_tokens``,
+a step is never empty while requests are unfinished, the preemption victim is always one of the candidates.
+Last, the real model on the learner's policy gives transformers' greedy tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from types import ModuleType
+
+from minengine.config import EngineConfig
+from minengine.core.policies import SchedulingPolicy, make_policy
+from minengine.labs.grading import LabFailure
+from minengine.workloads.goodput import SLO, slo_attainment
+from minengine.workloads.traces import TraceRequest
+
+HELD_SLO = SLO(ttft_s=0.25, tpot_s=0.022)
+HELD_CONFIG = dict(max_num_batched_tokens=2048, max_num_seqs=64, num_kv_blocks=1200, block_size=16,
+                   max_model_len=8192)
+MODEL_SHAPE = "llama-3-8b"  # the modelled clock's shape (an H100 is its default hardware)
+
+
+def lab_trace(num_requests: int, rate: float, seed: int) -> list[TraceRequest]:
+    """Poisson arrivals at ``rate`` requests/s: 4 in 5 are chats (64-512 prompt tokens, 32-160 out), 1 in 5 long
+    documents (2,000-4,000 prompt tokens, 8-32 out)."""
+    rng = random.Random(seed)
+    t, trace = 0.0, []
+    for i in range(num_requests):
+        t += rng.expovariate(rate)
+        long_doc = rng.random() < 0.2
+        prompt_len = rng.randint(2000, 4000) if long_doc else rng.randint(64, 512)
+        output_len = rng.randint(8, 32) if long_doc else rng.randint(32, 160)
+        trace.append(TraceRequest(t, prompt_len, output_len, None, f"q{i}"))
+    return trace
+
+
+def held_trace() -> list[TraceRequest]:
+    """The trace the attainment is graded on: 120 requests at 25/s (the engine is overloaded at times)."""
+    return lab_trace(120, 25.0, seed=5)
+
+
+class CheckedVictim:
+    """Policy mixin: the learner's ``pick_victim`` must return one of the candidates."""
+
+    def pick_victim(self, candidates, step_index):
+        victim = super().pick_victim(candidates, step_index)
+        if not any(victim is c for c in candidates):
+            raise LabFailure(f"pick_victim returned {getattr(victim, 'request_id', victim)!r}, which is not one of the "
+                             f"candidates {[c.request_id for c in candidates]} (running requests not yet scheduled in "
+                             f"this step; preempting any other would free blocks the step reads)")
+        return victim
+
+
+def learner_policy(module: ModuleType) -> SchedulingPolicy:
+    """An instance of the learner's ``MyPolicy`` (checked: a ``SchedulingPolicy``)."""
+    policy_class = getattr(module, "MyPolicy", None)
+    if not (isinstance(policy_class, type) and issubclass(policy_class, SchedulingPolicy)):
+        raise LabFailure("the submission must define class MyPolicy(SchedulingPolicy)")
+    return type(f"Checked{policy_class.__name__}", (CheckedVictim, policy_class), {})()
+
+
+def install(engine, module: ModuleType) -> None:
+    """``engine`` builds every step with ``module.MyPolicy`` (whose victims are checked to be candidates)."""
+    engine.scheduler.policy = learner_policy(module)
+
+
+def replay_with(policy: SchedulingPolicy, trace: list[TraceRequest], max_steps: int, **config):
+    """``trace`` replayed on the modelled clock through a token-free engine building its steps with ``policy``;
+    every step checked (budget, not empty while work is left). Returns the ``ReplayResult``."""
+    from minengine.fleet.token_free import token_free_engine
+    from minengine.workloads.replay import replay
+
+    engine = token_free_engine(EngineConfig(**{**HELD_CONFIG, **config}), MODEL_SHAPE)
+    engine.scheduler.policy = policy
+    budget = engine.config.max_num_batched_tokens
+
+    def check_step(trace) -> None:
+        tokens = sum(c.num_tokens for c in trace.chunks)
+        if tokens > budget:
+            raise LabFailure(f"step {trace.step} scheduled {tokens} tokens, over max_num_batched_tokens={budget}")
+        if not trace.chunks:
+            raise LabFailure(f"step {trace.step} scheduled nothing while {trace.num_running} requests ran and "
+                             f"{trace.num_waiting} waited: {_stuck(engine)}")
+
+    try:
+        return replay(engine, trace, max_steps=max_steps, on_step=check_step)
+    except RuntimeError as e:  # max_steps, or the engine's own guard against a step with nothing scheduled
+        raise LabFailure(f"the trace did not finish ({e}): {_stuck(engine)}") from None
+
+
+def _stuck(engine) -> str:
+    scheduler = engine.scheduler
+    running = [f"{r.request_id} ({r.num_computed_tokens} of {r.num_tokens} tokens computed)"
+               for r in list(scheduler.running)[:3]]
+    waiting = [r.request_id for r in list(scheduler.waiting)[:3]]
+    return (f"running {running or 'none'}, waiting {waiting or 'none'}: every step must serve the running "
+            f"requests (decodes and the next chunks of prompts) and admit waiting ones")
+
+
+@functools.lru_cache(maxsize=1)
+def baseline() -> tuple[float, int]:
+    """Decode-first on the held trace: (SLO attainment, steps)."""
+    result = replay_with(make_policy("decode-first"), held_trace(), max_steps=100_000)
+    return slo_attainment(result.request_metrics, HELD_SLO), len(result.steps)
+
+
+# ---- checks ------------------------------------------------------------------------------------------------------
+def check_is_a_policy(module: ModuleType) -> None:
+    learner_policy(module)
+
+
+def check_random_traces(module: ModuleType) -> None:
+    """Small random traces on a small KV pool (preemptions happen): every step within the budget, none empty
+    while work is left, every victim a candidate, every request finished."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=6, derandomize=True, deadline=None, database=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @given(seed=st.integers(0, 10**6), rate=st.sampled_from([10.0, 40.0]), budget=st.sampled_from([512, 2048]))
+    def random_trace(seed, rate, budget):
+        trace = lab_trace(30, rate, seed)
+        result = replay_with(learner_policy(module), trace, max_steps=20_000, num_kv_blocks=300,
+                             max_num_batched_tokens=budget)
+        unfinished = [rid for rid, reason in result.finish_reasons.items() if reason is None]
+        if unfinished:
+            raise LabFailure(f"requests {unfinished[:5]} never finished (trace seed {seed})")
+
+    random_trace()
+
+
+def check_slo_attainment(module: ModuleType) -> None:
+    base, base_steps = baseline()
+    result = replay_with(learner_policy(module), held_trace(), max_steps=10 * base_steps)
+    attained = slo_attainment(result.request_metrics, HELD_SLO)
+    if attained < base:
+        n = len(result.request_metrics)
+        raise LabFailure(f"SLO attainment ({HELD_SLO}) on the held trace (modelled H100, Llama-3-8B shapes): "
+                         f"{attained:.1%} ({round(attained * n)} of {n} requests) is below decode-first's {base:.1%} "
+                         f"({round(base * n)} of {n})")
