@@ -225,6 +225,8 @@ class EngineConfig:
             measures each entry: a step trace grows with the KV pool and the running requests' block tables, a
             finished request with its output tokens, one latency each; ``benchmarks/server_memory.py`` prints
             both). An offline ``LLM`` / ``LLMEngine`` keeps all of its history.
+        labs: the parts a learner wrote, lab name -> file path or module name (``minengine/labs``, ``labs/README.md``):
+            the engine runs on them; checked when the engine is built. None = the engine's own parts.
 
     Every count (tokens, blocks, sequences, steps) is at most ``MAX_COUNT`` (2**31 - 1), every byte size at most
     2**63 - 1, ``seed`` below 2**64, ``num_cpu_threads`` at most the cores this process may use; ``extra`` takes
@@ -279,6 +281,7 @@ class EngineConfig:
     execute_model_timeout_s: float = 300.0
     structured_outputs_config: dict | StructuredOutputsConfig | None = None
     max_history_bytes: int = DEFAULT_MAX_HISTORY_BYTES
+    labs: dict[str, str] | None = None
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

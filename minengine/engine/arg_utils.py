@@ -113,6 +113,16 @@ def _json_object(text: str) -> dict:
     return value
 
 
+class _LabAction(argparse.Action):
+    """``--lab NAME=PATH``, repeatable: adds ``NAME: PATH`` to the ``labs`` dict (argparse reports a bad value)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        name, sep, path = value.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise argparse.ArgumentError(self, f"expected NAME=PATH (a lab name and the learner's file), got {value!r}")
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}), name.strip(): path.strip()})
+
+
 def _resolve_auto_dtype(model: str | None, device: str) -> str:
     """vLLM's dtype="auto": the checkpoint's dtype on a GPU (float16 for a float32 checkpoint); float32 on the
     CPU, where minengine is exact against transformers."""
@@ -194,6 +204,12 @@ class _EngineArgsMethods:
                                    metavar="JSON", help='structured outputs, vLLM\'s JSON: \'{"backend": "auto", '
                                    '"disable_any_whitespace": false, "disable_additional_properties": false}\' '
                                    '(backend: auto, xgrammar or guidance)')
+                continue
+            if f.name == "labs":
+                group.add_argument("--lab", "--labs", dest=f.name, action=_LabAction, default=None, metavar="NAME=PATH",
+                                   help="run the engine on a part a learner wrote: a lab's name and the learner's file "
+                                   "(or module), repeatable, e.g. --lab block_pool=labs/block_pool/block_pool.py "
+                                   "(labs/README.md)")
                 continue
             if f.name in _VLLM_ONLY:
                 kind, _, _, help_text = _VLLM_ONLY[f.name]

@@ -28,6 +28,7 @@ from minengine.engine.logprobs_positions import prepare_logprobs, record_logprob
 from minengine.engine.model_setup import eos_token_id, load_model, make_runner
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest
+from minengine.labs.door import with_labs
 from minengine.metrics.prometheus_recorder import make_recorder
 from minengine.metrics.recorder import ScheduledStep
 from minengine.outputs import RequestMetrics, RequestOutput
@@ -64,10 +65,10 @@ class LLMEngine(EngineStatistics):
     schedules_ahead = False  # async scheduling: step N+1 is scheduled before step N's tokens are known
 
     def __new__(cls, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter, runner=None):
-        """``LLMEngine(config)`` with ``async_scheduling`` (and the model in worker processes) builds the subclass."""
+        """``LLMEngine(config)`` with ``async_scheduling`` (model in worker processes) or ``labs`` builds a subclass."""
         if cls is LLMEngine and getattr(config, "async_scheduling", False) and runner is None:
             cls = LLMEngine.async_scheduling_class
-        return super().__new__(cls)
+        return super().__new__(with_labs(cls) if getattr(config, "labs", None) else cls)  # labs: labs/door.py
 
     def __init__(self, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter,
                  runner=None):
