@@ -66,5 +66,5 @@ def commit_verified(scheduler, request: Request, tokens: list[int]) -> RequestSt
     Returns:
         the finished status if one of the tokens stopped the request, else None.
     """
-    raise NotImplementedError("implement commit_verified: advance num_computed_tokens by len(tokens), truncate "
-                              "the request's blocks to those the computed tokens fill, append tokens until one stops it")
+    raise NotImplementedError("implement commit_verified: advance num_computed_tokens by len(tokens), "
+                              "truncate its blocks to those the computed tokens fill, append tokens until one stops it")

@@ -10,14 +10,17 @@ with every attention layer reading through the learner's function.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
 from minengine.labs.grading import Check, LabFailure
+from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.models.llama import Attention
 from minengine.worker.model_runner import ModelRunner
 
+LAB = "paged_attention"
 TOLERANCE = 1e-4  # float32 attention against a float64 reference: agreement to ~1e-6; a bug is off by >> 1e-3
 
 
@@ -236,3 +239,32 @@ def install(engine, module: ModuleType) -> None:
     layer_class = type("LabAttention", (LabAttention,), {"lab_module": module})
     for layer in runner.model.model.layers:
         layer.self_attn.__class__ = layer_class
+
+
+def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
+    def check(m: ModuleType) -> None:
+        from minengine.labs.end_to_end import engine_matches_transformers
+
+        engine_matches_transformers({LAB: m.__name__}, workloads)
+    return check
+
+
+SPEC = LabSpec(
+    name=LAB, title="Paged attention's read", order=6, minutes=60,
+    teaches="how attention reads a KV cache split into blocks: gather by block table, the causal mask of a chunk "
+            "after cached context, grouped-query heads, the softmax scale",
+    part="the attention read (paged_attention, minengine/layers/attention.py and reference_attention.py)",
+    skeleton=SKELETONS / LAB / f"{LAB}.py", solution=f"minengine.labs.solutions.{LAB}",
+    checks=[
+        Check("gather_kv: positions in order through the block table, the last block cut at seq_len", "unit",
+              check_gather_kv),
+        Check("attend: scale, causal mask (prefill, chunk after context), grouped-query heads", "unit",
+              check_attend),
+        Check("paged_attention: every request's rows of a step", "unit", check_paged_attention),
+        Check("random steps: any block size, heads, context and chunk, shuffled blocks", "property",
+              check_random_steps),
+        Check("the engine on your attention matches transformers: chunked prefill, prefix hits", "end_to_end",
+              _end_to_end(["chunked_prefill", "prefix_hits"])),
+    ],
+    install=install,
+)

@@ -10,16 +10,19 @@ preemptions are the ones the default scheduler makes; then the real engine on a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import DecodeFirst, make_policy
 from minengine.core.step_builder import StepBuilder
-from minengine.labs.grading import LabFailure
+from minengine.labs.grading import Check, LabFailure
+from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
+
+LAB = "preemption"
 
 
 class LabPreemption:
@@ -113,8 +116,9 @@ def check_preempt(module: ModuleType) -> None:
         problems.append(f"r1 must be the FIRST waiting request (it goes next); waiting is "
                         f"{[r.request_id for r in step.waiting]}")
     if kv.req_to_blocks.get(r1.request_id) or kv.num_free_blocks != free_before + held:
-        problems.append(f"all {held} of r1's blocks must be free: it still holds "
-                        f"{len(kv.req_to_blocks.get(r1.request_id, ()))}, {kv.num_free_blocks - free_before} were freed")
+        still = len(kv.req_to_blocks.get(r1.request_id, ()))
+        problems.append(f"all {held} of r1's blocks must be free: it still holds {still}, "
+                        f"{kv.num_free_blocks - free_before} were freed")
     if r1.num_computed_tokens != 0:
         problems.append(f"num_computed_tokens must be 0 (its K/V is gone), got {r1.num_computed_tokens}")
     if r1.status is not RequestStatus.PREEMPTED:
@@ -234,3 +238,33 @@ def check_random_workloads(module: ModuleType) -> None:
         run_against_default(module, prompts, outputs, arrivals, num_blocks, budget, policy)
 
     random_workload()
+
+
+def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
+    def check(m: ModuleType) -> None:
+        from minengine.labs.end_to_end import engine_matches_transformers
+
+        engine_matches_transformers({LAB: m.__name__}, workloads)
+    return check
+
+
+SPEC = LabSpec(
+    name=LAB, title="Preemption by recompute", order=4, minutes=60,
+    teaches="what a server does when KV memory runs out: the policy's victim among the requests not yet scheduled, "
+            "every block given back, and the request re-queued first to be prefilled again where it was",
+    part="preemption (StepBuilder.run's allocation loop and StepBuilder.preempt, minengine/core/step_builder.py)",
+    skeleton=SKELETONS / LAB / f"{LAB}.py", solution=f"minengine.labs.solutions.{LAB}",
+    checks=[
+        Check("pick_victim: the policy's choice among the running requests not yet scheduled", "unit",
+              check_pick_victim),
+        Check("preempt: off running, every block freed, progress reset, first in waiting, recorded", "unit",
+              check_preempt),
+        Check("allocate_or_preempt: preempt until the slots fit; False when the request is its own victim", "unit",
+              check_allocate_or_preempt),
+        Check("random workloads on small pools: the engine's schedule and preemptions, nothing lost", "property",
+              check_random_workloads),
+        Check("the engine on your preemption matches transformers: a small KV pool", "end_to_end",
+              _end_to_end(["preemption", "prefix_hits"])),
+    ],
+    install=install,
+)

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from types import ModuleType
 
 from minengine.config import EngineConfig
-from minengine.core.policies import SchedulingPolicy, make_policy
-from minengine.labs.grading import LabFailure
+from minengine.core.policies import SchedulingPolicy
+from minengine.labs.grading import Check, LabFailure
+from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.workloads.goodput import SLO, slo_attainment
 from minengine.workloads.traces import TraceRequest
 
+LAB = "scheduling_policy"
 HELD_SLO = SLO(ttft_s=0.25, tpot_s=0.022)
 HELD_CONFIG = dict(max_num_batched_tokens=2048, max_num_seqs=64, num_kv_blocks=1200, block_size=16,
                    max_model_len=8192)
@@ -72,14 +75,15 @@ def install(engine, module: ModuleType) -> None:
     engine.scheduler.policy = learner_policy(module)
 
 
-def replay_with(policy: SchedulingPolicy, trace: list[TraceRequest], max_steps: int, **config):
-    """``trace`` replayed on the modelled clock through a token-free engine building its steps with ``policy``;
-    every step checked (budget, not empty while work is left). Returns the ``ReplayResult``."""
+def replay_with(module: ModuleType | None, trace: list[TraceRequest], max_steps: int, **config):
+    """``trace`` replayed on the modelled clock through a token-free engine built on the learner's policy (the
+    lab door, ``EngineConfig.labs``; ``module`` None: the default, decode-first); every step checked (budget,
+    not empty while work is left). Returns the ``ReplayResult``."""
     from minengine.fleet.token_free import token_free_engine
     from minengine.workloads.replay import replay
 
-    engine = token_free_engine(EngineConfig(**{**HELD_CONFIG, **config}), MODEL_SHAPE)
-    engine.scheduler.policy = policy
+    labs = {LAB: module.__name__} if module is not None else None
+    engine = token_free_engine(EngineConfig(labs=labs, **{**HELD_CONFIG, **config}), MODEL_SHAPE)
     budget = engine.config.max_num_batched_tokens
 
     def check_step(trace) -> None:
@@ -108,13 +112,45 @@ def _stuck(engine) -> str:
 @functools.lru_cache(maxsize=1)
 def baseline() -> tuple[float, int]:
     """Decode-first on the held trace: (SLO attainment, steps)."""
-    result = replay_with(make_policy("decode-first"), held_trace(), max_steps=100_000)
+    result = replay_with(None, held_trace(), max_steps=100_000)
     return slo_attainment(result.request_metrics, HELD_SLO), len(result.steps)
 
 
 # ---- checks ------------------------------------------------------------------------------------------------------
-def check_is_a_policy(module: ModuleType) -> None:
-    learner_policy(module)
+def _one_step(module: ModuleType, num_running: int, num_waiting: int):
+    """A scheduler on the learner's policy with ``num_running`` decoding requests and ``num_waiting`` new
+    prompts (budget and blocks to spare); returns its next step's ``SchedulerOutput``."""
+    from minengine.core.doors import make_scheduler
+    from minengine.core.kv_cache_manager import KVCacheManager
+    from minengine.request import Request
+    from minengine.sampling_params import SamplingParams
+
+    scheduler = make_scheduler(KVCacheManager(64, 16, True), 512, 8, 1024)  # decode-first admits the running ones
+    requests = [Request(f"r{i}", [i + 1] * 20, SamplingParams(max_tokens=50), 0.0)
+                for i in range(num_running + num_waiting)]
+    for request in requests[:num_running]:
+        scheduler.add_request(request)
+    if num_running:
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, {s.request_id: [7] for s in out.scheduled if s.sample})
+    for request in requests[num_running:]:
+        scheduler.add_request(request)
+    scheduler.policy = learner_policy(module)
+    return scheduler.schedule()
+
+
+def check_admits_when_idle(module: ModuleType) -> None:
+    out = _one_step(module, 0, 1)
+    if [s.request_id for s in out.scheduled] != ["r0"]:
+        raise LabFailure(f"a step with nothing running and one waiting prompt of 20 tokens (budget 512, 64 free "
+                         f"blocks) must admit it; it scheduled {[s.request_id for s in out.scheduled]}")
+
+
+def check_serves_running(module: ModuleType) -> None:
+    out = _one_step(module, 2, 0)
+    if sorted(s.request_id for s in out.scheduled) != ["r0", "r1"]:
+        raise LabFailure(f"a step with two running decodes and nothing waiting (budget 512) must serve both; it "
+                         f"scheduled {[s.request_id for s in out.scheduled]}")
 
 
 def check_random_traces(module: ModuleType) -> None:
@@ -128,7 +164,7 @@ def check_random_traces(module: ModuleType) -> None:
     @given(seed=st.integers(0, 10**6), rate=st.sampled_from([10.0, 40.0]), budget=st.sampled_from([512, 2048]))
     def random_trace(seed, rate, budget):
         trace = lab_trace(30, rate, seed)
-        result = replay_with(learner_policy(module), trace, max_steps=20_000, num_kv_blocks=300,
+        result = replay_with(module, trace, max_steps=20_000, num_kv_blocks=300,
                              max_num_batched_tokens=budget)
         unfinished = [rid for rid, reason in result.finish_reasons.items() if reason is None]
         if unfinished:
@@ -139,10 +175,38 @@ def check_random_traces(module: ModuleType) -> None:
 
 def check_slo_attainment(module: ModuleType) -> None:
     base, base_steps = baseline()
-    result = replay_with(learner_policy(module), held_trace(), max_steps=10 * base_steps)
+    result = replay_with(module, held_trace(), max_steps=10 * base_steps)
     attained = slo_attainment(result.request_metrics, HELD_SLO)
     if attained < base:
         n = len(result.request_metrics)
         raise LabFailure(f"SLO attainment ({HELD_SLO}) on the held trace (modelled H100, Llama-3-8B shapes): "
                          f"{attained:.1%} ({round(attained * n)} of {n} requests) is below decode-first's {base:.1%} "
                          f"({round(base * n)} of {n})")
+
+
+def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
+    def check(m: ModuleType) -> None:
+        from minengine.labs.end_to_end import engine_matches_transformers
+
+        engine_matches_transformers({LAB: m.__name__}, workloads)
+    return check
+
+
+SPEC = LabSpec(
+    name=LAB, title="A scheduling policy of your own", order=5, minutes=90,
+    teaches="what a step's order and caps do to TTFT and TPOT: a policy graded on SLO attainment against "
+            "decode-first on a held trace, on the modelled clock, not on equality with an answer",
+    part="the scheduling policy (SchedulingPolicy, minengine/core/policies/)",
+    skeleton=SKELETONS / LAB / f"{LAB}.py", solution=f"minengine.labs.solutions.{LAB}",
+    checks=[
+        Check("a step with nothing running admits the waiting prompt", "unit", check_admits_when_idle),
+        Check("a step with budget to spare serves every running decode", "unit", check_serves_running),
+        Check("random traces on a small KV pool: steps within the budget, never empty, victims among the "
+              "candidates, every request finished", "property", check_random_traces),
+        Check("SLO attainment on the held trace at least decode-first's (modelled H100, Llama-3-8B)", "end_to_end",
+              check_slo_attainment),
+        Check("the engine on your policy matches transformers: chunked prefill, preemption", "end_to_end",
+              _end_to_end(["chunked_prefill", "preemption"])),
+    ],
+    install=install,
+)

@@ -10,15 +10,20 @@ with plain one-token-at-a-time decoding, checking the blocks after every step; t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import ModuleType
 
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
+from minengine.labs.end_to_end import Workload
 from minengine.labs.grading import Check, LabFailure
+from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.worker.model_runner import ModelRunner
 from minengine.worker.sampler import Sampler
+
+LAB = "spec_verify"
 
 # ---- unit checks ---------------------------------------------------------------------------------------------
 ACCEPT_CASES = [  # (the rule, proposals, target rows, the tokens kept)
@@ -247,3 +252,38 @@ def install(engine, module: ModuleType) -> None:
         raise ValueError("the spec_verify lab runs the model in this process (tensor_parallel_size=1)")
     engine.scheduler.__class__ = _lab_scheduler_class(type(engine.scheduler), module)
     engine.runner.sampler.__class__ = type("LabVerifyingSampler", (LabVerifyingSampler,), {"lab_module": module})
+
+
+def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
+    def check(m: ModuleType) -> None:
+        from minengine.labs.end_to_end import engine_matches_transformers
+
+        engine_matches_transformers({LAB: m.__name__}, workloads)
+    return check
+
+
+# Prompt lookup on repeated text: the proposals are often right (accepted runs, bonus tokens) and often wrong.
+SPECULATIVE = Workload("speculative", dict(block_size=4, max_num_batched_tokens=64, num_kv_blocks=96,
+                                           speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                               "prompt_lookup_max": 3, "prompt_lookup_min": 1}),
+                       ((0, 40), (60, 30), (100, 45), (7, 12)), max_tokens=24)
+
+SPEC = LabSpec(
+    name=LAB, title="Speculative decoding's verification", order=7, minutes=45,
+    teaches="why speculative decoding is exact: keep the longest prefix of the proposals the target agrees with, "
+            "plus its own next token, and give back the blocks of the rest",
+    part="speculative verification (the sampler's verify_proposals, worker/spec_verify.py, and the commit, "
+         "core/spec_scheduling.py)",
+    skeleton=SKELETONS / LAB / f"{LAB}.py", solution=f"minengine.labs.solutions.{LAB}",
+    checks=[
+        Check("accept: the accepted prefix, then the correction or the bonus token", "unit", check_accept),
+        Check("verify_step: each request's own len(proposals) + 1 rows", "unit", check_verify_step),
+        Check("commit_verified: progress, blocks of rejected proposals freed, stop in the middle", "unit",
+              check_commit_verified),
+        Check("random speculative runs of the real scheduler: plain decoding's outputs, no leaked block", "property",
+              check_speculative_runs),
+        Check("the engine on your verification matches transformers: prompt-lookup speculation", "end_to_end",
+              _end_to_end([SPECULATIVE])),
+    ],
+    install=install,
+)

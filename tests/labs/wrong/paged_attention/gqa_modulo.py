@@ -1,4 +1,5 @@
-"""WRONG (paged_attention): maps query head h to KV head h % Hkv (tiles the KV heads) instead of h // (Hq // Hkv)."""
+"""A wrong paged attention read. The bug: maps query head h to KV head h % Hkv (tiles the KV heads) instead of h //
+(Hq // Hkv)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (paged_attention): counts the request's blocks with floor division, so a partly filled last block is never
-read (its keys are missing)."""
+"""A wrong paged attention read. The bug: counts the request's blocks with floor division, so a partly filled last
+block is never read (its keys are missing)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (paged_attention): places the causal triangle at the chunk's start instead of its end: a chunk after cached
-context (and a decode) sees only the first keys, not the context."""
+"""A wrong paged attention read. The bug: places the causal triangle at the chunk's start instead of its end: a chunk
+after cached context (and a decode) sees only the first keys, not the context."""
 
 from __future__ import annotations
 

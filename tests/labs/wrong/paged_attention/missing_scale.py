@@ -1,4 +1,4 @@
-"""WRONG (paged_attention): forgets the softmax scale: the scores are q . k, not q . k / sqrt(D)."""
+"""A wrong paged attention read. The bug: forgets the softmax scale: the scores are q . k, not q . k / sqrt(D)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (paged_attention): counts query positions from 1, so every token also sees the key one position after its
-own (the future)."""
+"""A wrong paged attention read. The bug: counts query positions from 1, so every token also sees the key one
+position after its own (the future)."""
 
 from __future__ import annotations
 

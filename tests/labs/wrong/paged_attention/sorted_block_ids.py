@@ -1,4 +1,5 @@
-"""WRONG (paged_attention): reads the blocks in the order of their ids, not the order of the block table."""
+"""A wrong paged attention read. The bug: reads the blocks in the order of their ids, not the order of the block
+table."""
 
 from __future__ import annotations
 

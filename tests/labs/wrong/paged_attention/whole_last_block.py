@@ -1,4 +1,5 @@
-"""WRONG (paged_attention): keeps every slot of the last block: the unused slots after seq_len are read as keys."""
+"""A wrong paged attention read. The bug: keeps every slot of the last block: the unused slots after seq_len are read
+as keys."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (preemption): frees the victim's blocks but leaves num_computed_tokens as it was: the request claims K/V it
-no longer has."""
+"""A wrong preemption. The bug: frees the victim's blocks but leaves num_computed_tokens as it was: the request
+claims K/V it no longer has."""
 
 from __future__ import annotations
 

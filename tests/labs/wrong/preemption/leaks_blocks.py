@@ -1,4 +1,4 @@
-"""WRONG (preemption): gives back only the victim's last block instead of all of them (the others leak)."""
+"""A wrong preemption. The bug: gives back only the victim's last block instead of all of them (the others leak)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""WRONG (preemption): always preempts the newest candidate instead of asking the scheduling policy."""
+"""A wrong preemption. The bug: always preempts the newest candidate instead of asking the scheduling policy."""
 
 from __future__ import annotations
 

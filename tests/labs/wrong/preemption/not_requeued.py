@@ -1,4 +1,4 @@
-"""WRONG (preemption): frees the victim but never puts it back in the waiting queue: the request is lost."""
+"""A wrong preemption. The bug: frees the victim but never puts it back in the waiting queue: the request is lost."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (preemption): keeps trying after the request itself was preempted, so a request that is no longer running
-can get blocks and be scheduled."""
+"""A wrong preemption. The bug: keeps trying after the request itself was preempted, so a request that is no longer
+running can get blocks and be scheduled."""
 
 from __future__ import annotations
 

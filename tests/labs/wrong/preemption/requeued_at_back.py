@@ -1,4 +1,4 @@
-"""WRONG (preemption): puts the victim at the BACK of the waiting queue, behind requests that never ran."""
+"""A wrong preemption. The bug: puts the victim at the BACK of the waiting queue, behind requests that never ran."""
 
 from __future__ import annotations
 

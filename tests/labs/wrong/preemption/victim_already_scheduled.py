@@ -1,5 +1,5 @@
-"""WRONG (preemption): picks the victim among ALL running requests, including those already scheduled in this step
-(whose chunks would then read freed blocks)."""
+"""A wrong preemption. The bug: picks the victim among ALL running requests, including those already scheduled in
+this step (whose chunks would then read freed blocks)."""
 
 from __future__ import annotations
 

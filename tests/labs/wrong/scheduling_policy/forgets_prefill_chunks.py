@@ -1,5 +1,5 @@
-"""WRONG (scheduling_policy): serves only the decodes among the running requests: a prompt cut into chunks never gets
-its next chunk."""
+"""A wrong scheduling policy. The bug: serves only the decodes among the running requests: a prompt cut into chunks
+never gets its next chunk."""
 
 from __future__ import annotations
 

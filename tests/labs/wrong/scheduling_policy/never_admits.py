@@ -1,4 +1,5 @@
-"""WRONG (scheduling_policy): serves only the running requests and never admits a waiting one: nothing ever starts."""
+"""A wrong scheduling policy. The bug: serves only the running requests and never admits a waiting one: nothing ever
+starts."""
 
 from __future__ import annotations
 

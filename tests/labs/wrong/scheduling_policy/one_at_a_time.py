@@ -1,4 +1,5 @@
-"""WRONG (scheduling_policy): runs one request at a time (admits only when nothing runs): no batching at all."""
+"""A wrong scheduling policy. The bug: runs one request at a time (admits only when nothing runs): no batching at
+all."""
 
 from __future__ import annotations
 

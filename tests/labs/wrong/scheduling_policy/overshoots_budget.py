@@ -1,5 +1,5 @@
-"""WRONG (scheduling_policy): raises the step's token budget so a long prompt fits in one step: the step holds more
-than max_num_batched_tokens."""
+"""A wrong scheduling policy. The bug: raises the step's token budget so a long prompt fits in one step: the step
+holds more than max_num_batched_tokens."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (scheduling_policy): admits every waiting prompt before serving the running requests: each newcomer's
-prefill delays every decode (prefill-first without a reservation)."""
+"""A wrong scheduling policy. The bug: admits every waiting prompt before serving the running requests: each
+newcomer's prefill delays every decode (prefill-first without a reservation)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (scheduling_policy): preempts the oldest request running at the start of the step (to protect newcomers),
-which decode-first has already scheduled in this step (its chunk would read freed blocks)."""
+"""A wrong scheduling policy. The bug: preempts the oldest request running at the start of the step (to protect
+newcomers), which decode-first has already scheduled in this step (its chunk would read freed blocks)."""
 
 from __future__ import annotations
 

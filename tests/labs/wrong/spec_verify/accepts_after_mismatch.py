@@ -1,4 +1,5 @@
-"""WRONG (spec_verify): keeps every proposal that matches its row, even after the first mismatch."""
+"""A wrong speculative verification. The bug: keeps every proposal that matches its row, even after the first
+mismatch."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""WRONG (spec_verify): appends every kept token before checking for a stop, so a request can end with more than
-max_tokens tokens."""
+"""A wrong speculative verification. The bug: appends every kept token before checking for a stop, so a request can
+end with more than max_tokens tokens."""
 
 from __future__ import annotations
 

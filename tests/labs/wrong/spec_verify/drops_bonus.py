@@ -1,4 +1,5 @@
-"""WRONG (spec_verify): when every proposal was accepted it returns the proposals only, dropping the bonus token."""
+"""A wrong speculative verification. The bug: when every proposal was accepted it returns the proposals only,
+dropping the bonus token."""
 
 from __future__ import annotations
 

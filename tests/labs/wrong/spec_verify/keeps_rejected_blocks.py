@@ -1,5 +1,5 @@
-"""WRONG (spec_verify): never frees the blocks that held only rejected proposals (a KV block leak while the request
-runs)."""
+"""A wrong speculative verification. The bug: never frees the blocks that held only rejected proposals (a KV block
+leak while the request runs)."""
 
 from __future__ import annotations
 

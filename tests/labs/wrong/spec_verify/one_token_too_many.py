@@ -1,5 +1,5 @@
-"""WRONG (spec_verify): after a mismatch it keeps the correction AND the next row's token, which the model computed
-after a rejected proposal (one token too many)."""
+"""A wrong speculative verification. The bug: after a mismatch it keeps the correction AND the next row's token,
+which the model computed after a rejected proposal (one token too many)."""
 
 from __future__ import annotations
 
