@@ -1,0 +1,97 @@
+"""Lab 4, preemption: the grader passes the reference, fails the skeleton and every wrong preemption with words, its
+property and end-to-end stages catch bugs on their own, and the engine really preempts through the learner's code."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from minengine import EngineConfig, LLMEngine
+from minengine.core.step_builder import StepBuilder
+from minengine.labs import LabFailure
+from minengine.labs.end_to_end import engine_matches_transformers
+from minengine.labs.loading import load_submission
+from minengine.labs.preemption_lab import LabPreemption, check_random_workloads
+from tests.labs.lab_checks import (
+    assert_reference_passes,
+    assert_skeleton_not_implemented,
+    assert_wrong_fails,
+    assert_wrong_set_is_complete,
+    wrong_files,
+)
+
+LAB = "preemption"
+WRONG = {  # bug -> (the stage that catches it first, words of the failure)
+    "not_requeued": ("unit", "r1 must be the FIRST waiting request (it goes next); waiting is []"),
+    "computed_not_reset": ("unit", "num_computed_tokens must be 0 (its K/V is gone), got 6"),
+    "victim_already_scheduled": ("unit", "got r2 (a request scheduled in this step is never a victim)"),
+    "newest_not_policy": ("unit", "the victim must be r0 (ask step.policy.pick_victim), got r2"),
+    "leaks_blocks": ("unit", "all 2 of r1's blocks must be free: it still holds 1"),
+    "requeued_at_back": ("property", "the engine's preemption scheduled"),
+    "request_not_stopped": ("unit", "r0 is its own victim: it must be preempted (waiting again) and the call "
+                                    "return False; got True"),
+}
+
+
+def test_reference_passes():
+    assert_reference_passes(LAB)
+
+
+def test_skeleton_fails_with_not_implemented():
+    assert_skeleton_not_implemented(LAB)
+
+
+def test_wrong_implementations_are_listed():
+    assert_wrong_set_is_complete(LAB, WRONG)
+
+
+@pytest.mark.parametrize("bug", sorted(WRONG))
+def test_wrong_implementation_fails(bug):
+    assert_wrong_fails(LAB, bug, *WRONG[bug])
+
+
+@pytest.mark.parametrize("bug, words", [
+    ("not_requeued", "is in neither running nor waiting"),
+    ("leaks_blocks", "the waiting (preempted) request"),
+    ("computed_not_reset", "computed tokens: preemption by recompute frees all its blocks and resets its progress"),
+    ("victim_already_scheduled", "the engine's preemption scheduled"),
+    ("newest_not_policy", "the engine's preemption scheduled"),
+])
+def test_property_stage_alone_catches(bug, words):
+    """Random workloads against the engine's own scheduler find these bugs without the unit checks."""
+    with pytest.raises(LabFailure, match=re.escape(words)):
+        check_random_workloads(load_submission(wrong_files(LAB)[bug]))
+
+
+def test_end_to_end_alone_catches_a_lost_request():
+    """On the real engine a victim that is never re-queued never finishes: the end-to-end stage sees it too."""
+    with pytest.raises(LabFailure, match="workload 'preemption'"):
+        engine_matches_transformers({LAB: str(wrong_files(LAB)["not_requeued"])}, ["preemption"])
+
+
+def test_the_engine_preempts_through_the_learners_code():
+    module = load_submission("minengine/labs/solutions/preemption.py")  # a fresh copy, to count its calls
+    calls = {"preempt": 0, "allocate_or_preempt": 0}
+    for name in calls:
+        def counted(*args, _real=getattr(module, name), _name=name):
+            calls[_name] += 1
+            return _real(*args)
+        setattr(module, name, counted)
+    engine_matches_transformers({LAB: module.__name__}, ["preemption"])
+    assert calls["preempt"] > 0 and calls["allocate_or_preempt"] > calls["preempt"], calls
+
+
+def test_install_composes_the_step_builder_and_no_lab_leaves_it():
+    labbed = LLMEngine(EngineConfig(labs={LAB: "minengine.labs.solutions.preemption"}, num_kv_blocks=16,
+                                    max_model_len=64))
+    assert issubclass(labbed.scheduler.step_builder_class, LabPreemption)
+    assert issubclass(labbed.scheduler.step_builder_class, StepBuilder)
+    plain = LLMEngine(EngineConfig(num_kv_blocks=16, max_model_len=64))
+    assert plain.scheduler.step_builder_class is StepBuilder
+
+
+def test_swap_preemption_is_refused():
+    with pytest.raises(ValueError, match="preemption_mode='recompute'"):
+        LLMEngine(EngineConfig(labs={LAB: "minengine.labs.solutions.preemption"}, preemption_mode="swap",
+                               swap_space_bytes=1 << 20, num_kv_blocks=16, max_model_len=64))
