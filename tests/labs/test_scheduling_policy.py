@@ -1,0 +1,94 @@
+"""Lab 5, a scheduling policy of the learner's design: graded on SLO attainment against decode-first on the held
+trace (modelled clock), not on equality; the mechanics every policy must respect are checked step by step; the
+reference (shortest-prompt-first admission) passes and beats the baseline; every wrong policy fails with words."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from minengine import EngineConfig, LLMEngine
+from minengine.core.policies import DecodeFirst
+from minengine.labs import LabFailure
+from minengine.labs.loading import load_submission
+from minengine.labs.scheduling_policy_lab import (
+    HELD_SLO,
+    baseline,
+    check_random_traces,
+    check_slo_attainment,
+    held_trace,
+    replay_with,
+)
+from minengine.labs.solutions import scheduling_policy as reference
+from minengine.workloads.goodput import slo_attainment
+from tests.labs.lab_checks import (
+    assert_reference_passes,
+    assert_skeleton_not_implemented,
+    assert_wrong_fails,
+    assert_wrong_set_is_complete,
+    wrong_files,
+)
+
+LAB = "scheduling_policy"
+WRONG = {  # bug -> (the stage that catches it first, words of the failure)
+    "starves_decodes": ("end_to_end", "is below decode-first's"),
+    "never_admits": ("unit", "must admit it; it scheduled []"),
+    "overshoots_budget": ("property", "tokens, over max_num_batched_tokens=512"),
+    "forgets_prefill_chunks": ("property", "the trace did not finish"),
+    "one_at_a_time": ("unit", "must serve both; it scheduled ['r0']"),
+    "victim_already_scheduled": ("property", "which is not one of the candidates"),
+}
+
+
+def test_reference_passes():
+    assert_reference_passes(LAB)
+
+
+def test_skeleton_fails_with_not_implemented():
+    assert_skeleton_not_implemented(LAB)
+
+
+def test_wrong_implementations_are_listed():
+    assert_wrong_set_is_complete(LAB, WRONG)
+
+
+@pytest.mark.parametrize("bug", sorted(WRONG))
+def test_wrong_implementation_fails(bug):
+    assert_wrong_fails(LAB, bug, *WRONG[bug])
+
+
+def test_the_held_trace_separates_the_policies():
+    """Decode-first misses some SLOs on the held trace (so there is something to win), the reference wins some of
+    them back, and the policy that starves decodes loses more: the grade measures the policy."""
+    base, _ = baseline()
+    ref = slo_attainment(replay_with(reference, held_trace(), 100_000).request_metrics, HELD_SLO)
+    starving = load_submission(wrong_files(LAB)["starves_decodes"])
+    worse = slo_attainment(replay_with(starving, held_trace(), 100_000).request_metrics, HELD_SLO)
+    assert 0.3 < base < 0.9 and worse < base < ref, (worse, base, ref)
+
+
+def test_property_stage_alone_catches_a_stall():
+    """A policy that never admits stalls the random traces too, without the unit checks' help."""
+    with pytest.raises(LabFailure, match=re.escape("the trace did not finish")):
+        check_random_traces(load_submission(wrong_files(LAB)["never_admits"]))
+
+
+def test_the_held_trace_alone_catches_no_batching():
+    """One request at a time finishes the random traces, but not the held trace in 10x decode-first's steps."""
+    with pytest.raises(LabFailure, match=re.escape("the trace did not finish")):
+        check_slo_attainment(load_submission(wrong_files(LAB)["one_at_a_time"]))
+
+
+def test_the_engine_schedules_with_the_learners_policy():
+    engine = LLMEngine(EngineConfig(labs={LAB: reference.__name__}, num_kv_blocks=32, max_model_len=128))
+    assert isinstance(engine.scheduler.policy, reference.MyPolicy)
+    calls = []
+    real_fill = engine.scheduler.policy.fill
+    engine.scheduler.policy.fill = lambda step: (calls.append(step.step_index), real_fill(step))
+    engine.add_request("r", {"prompt_token_ids": [1, 2, 3, 4, 5]})
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert calls and calls == list(range(len(calls)))
+    plain = LLMEngine(EngineConfig(num_kv_blocks=32, max_model_len=128))
+    assert type(plain.scheduler.policy) is DecodeFirst
