@@ -73,11 +73,17 @@ def test_end_to_end_alone_catches_a_lost_request():
 def test_the_engine_preempts_through_the_learners_code():
     module = load_submission("minengine/labs/solutions/preemption.py")  # a fresh copy, to count its calls
     calls = {"preempt": 0, "allocate_or_preempt": 0}
+
+    def counting(name):
+        real = getattr(module, name)
+
+        def counted(*args):
+            calls[name] += 1
+            return real(*args)
+        return counted
+
     for name in calls:
-        def counted(*args, _real=getattr(module, name), _name=name):
-            calls[_name] += 1
-            return _real(*args)
-        setattr(module, name, counted)
+        setattr(module, name, counting(name))
     engine_matches_transformers({LAB: module.__name__}, ["preemption"])
     assert calls["preempt"] > 0 and calls["allocate_or_preempt"] > calls["preempt"], calls
 

@@ -12,7 +12,12 @@ from minengine import EngineConfig, LLMEngine
 from minengine.labs import LabFailure
 from minengine.labs.end_to_end import engine_matches_transformers
 from minengine.labs.loading import load_submission
-from minengine.labs.spec_verify_lab import SPECULATIVE, LabSpeculativeCommit, LabVerifyingSampler, check_speculative_runs
+from minengine.labs.spec_verify_lab import (
+    SPECULATIVE,
+    LabSpeculativeCommit,
+    LabVerifyingSampler,
+    check_speculative_runs,
+)
 from tests.labs.lab_checks import (
     assert_reference_passes,
     assert_skeleton_not_implemented,
