@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure, expect_equal, expect_raises, hypothesis_settings
 from minengine.labs.registry import SKELETONS, LabSpec
 
@@ -265,14 +266,6 @@ def check_random_workloads(m: ModuleType) -> None:
     random_workload()
 
 
-def _end_to_end(workloads: list[str]):
-    def check(m: ModuleType) -> None:
-        from minengine.labs.end_to_end import engine_matches_transformers
-
-        engine_matches_transformers({"block_pool": m.__name__}, workloads)
-    return check
-
-
 def install(engine, module: ModuleType) -> None:
     """The engine's ``KVCacheManager`` takes every block from the learner's pool (built empty, before any request)."""
     engine.kv_cache_manager.pool = module.BlockPool(engine.num_kv_blocks)
@@ -298,8 +291,9 @@ SPEC = LabSpec(
         Check("reset_prefix_cache forgets every hash", "unit", check_reset),
         Check("random workloads: same as the reference pool, no leak", "property", check_random_workloads),
         Check("the engine on your pool matches transformers: prefix hits, evictions", "end_to_end",
-              _end_to_end(["prefix_hits", "evictions"])),
-        Check("the engine on your pool matches transformers: preemption", "end_to_end", _end_to_end(["preemption"])),
+              end_to_end_check("block_pool", ["prefix_hits", "evictions"])),
+        Check("the engine on your pool matches transformers: preemption", "end_to_end",
+              end_to_end_check("block_pool", ["preemption"])),
     ],
     install=install,
 )

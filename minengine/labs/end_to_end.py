@@ -37,7 +37,8 @@ class Workload:
     Attributes:
         name: how failures name it.
         settings: ``EngineConfig`` fields of the engine (the bundled model, float32, CPU otherwise).
-        prompts: (start, length) cuts of the text's tokens; the same cut twice is a repeated prompt.
+        prompts: (start, length) cuts of the text's tokens, or tuples of cuts joined (``prompt_ids``); the same
+            cut twice is a repeated prompt.
         max_tokens: tokens generated per prompt.
         passes: how often the prompts are sent again once the previous pass finished (a second pass hits the
             blocks the first one cached).
@@ -45,12 +46,15 @@ class Workload:
 
     name: str
     settings: dict = field(default_factory=dict)
-    prompts: tuple[tuple[int, int], ...] = ()
+    prompts: tuple = ()
     max_tokens: int = 8
     passes: int = 1
 
 
-_SHARED = ((0, 40), (0, 57), (0, 33), (0, 32), (0, 32), (10, 50), (0, 64))  # a 32-token prefix shared, exact blocks
+# A 32-token prefix shared, prompts of whole blocks, and a prompt made of blocks the others hold at OTHER positions
+# (only a hash chained on the blocks before it tells them apart).
+_SHARED = ((0, 40), (0, 57), (0, 33), (0, 32), (0, 32), (10, 50), (0, 64), (100, 20),
+           ((0, 16), (100, 32), (16, 32), (200, 2)))
 WORKLOADS = {
     "prefix_hits": Workload("prefix_hits", dict(block_size=16, max_num_batched_tokens=48, num_kv_blocks=64),
                             _SHARED, passes=2),
@@ -76,9 +80,12 @@ def text_tokens() -> tuple[int, ...]:
     return tuple(AutoTokenizer.from_pretrained(BUNDLED_MODEL)(TEXT)["input_ids"])
 
 
-def prompt_ids(start: int, length: int) -> list[int]:
-    tokens = text_tokens()
-    return list(tokens[start:start + length])
+def prompt_ids(cut: tuple) -> list[int]:
+    """The tokens of a prompt: a (start, length) cut of the text's tokens, or a tuple of cuts joined."""
+    if isinstance(cut[0], tuple):
+        return [token for part in cut for token in prompt_ids(part)]
+    start, length = cut
+    return list(text_tokens()[start:start + length])
 
 
 @functools.cache
@@ -121,7 +128,7 @@ def run_workload(labs: dict, workload: Workload):
     params = SamplingParams(temperature=0, max_tokens=workload.max_tokens, ignore_eos=True)
     results, step = {}, 0
     for p in range(workload.passes):
-        prompts = {f"pass{p}-req{i}": prompt_ids(*cut) for i, cut in enumerate(workload.prompts)}
+        prompts = {f"pass{p}-req{i}": prompt_ids(cut) for i, cut in enumerate(workload.prompts)}
         for request_id, prompt in prompts.items():
             engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
         max_steps = step + sum(len(x) + workload.max_tokens for x in prompts.values()) * 3 + 20
@@ -167,3 +174,11 @@ def engine_matches_transformers(labs: dict, workloads) -> None:
         if free != total:
             raise LabFailure(f"workload {workload.name!r}: every request finished but {total - free} of {total} KV "
                              f"blocks are still held (a leaked block: a reference never dropped)")
+
+
+def end_to_end_check(lab: str, workloads: list[str | Workload]):
+    """A ``Check.run`` for ``lab``: the engine with the learner's module as ``lab`` matches transformers on
+    ``workloads`` (the module is passed by name: ``load_submission`` registered it in ``sys.modules``)."""
+    def check(module) -> None:
+        engine_matches_transformers({lab: module.__name__}, workloads)
+    return check
