@@ -10,11 +10,11 @@ with every attention layer reading through the learner's function.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 
 import torch
 
+from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.models.llama import Attention
@@ -241,14 +241,6 @@ def install(engine, module: ModuleType) -> None:
         layer.self_attn.__class__ = layer_class
 
 
-def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
-    def check(m: ModuleType) -> None:
-        from minengine.labs.end_to_end import engine_matches_transformers
-
-        engine_matches_transformers({LAB: m.__name__}, workloads)
-    return check
-
-
 SPEC = LabSpec(
     name=LAB, title="Paged attention's read", order=6, minutes=60,
     teaches="how attention reads a KV cache split into blocks: gather by block table, the causal mask of a chunk "
@@ -264,7 +256,7 @@ SPEC = LabSpec(
         Check("random steps: any block size, heads, context and chunk, shuffled blocks", "property",
               check_random_steps),
         Check("the engine on your attention matches transformers: chunked prefill, prefix hits", "end_to_end",
-              _end_to_end(["chunked_prefill", "prefix_hits"])),
+              end_to_end_check(LAB, ["chunked_prefill", "prefix_hits"])),
     ],
     install=install,
 )

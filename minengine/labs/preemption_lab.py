@@ -10,13 +10,14 @@ preemptions are the ones the default scheduler makes; then the real engine on a 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import ModuleType
 
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import DecodeFirst, make_policy
 from minengine.core.step_builder import StepBuilder
+from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.request import Request, RequestStatus
@@ -240,14 +241,6 @@ def check_random_workloads(module: ModuleType) -> None:
     random_workload()
 
 
-def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
-    def check(m: ModuleType) -> None:
-        from minengine.labs.end_to_end import engine_matches_transformers
-
-        engine_matches_transformers({LAB: m.__name__}, workloads)
-    return check
-
-
 SPEC = LabSpec(
     name=LAB, title="Preemption by recompute", order=4, minutes=60,
     teaches="what a server does when KV memory runs out: the policy's victim among the requests not yet scheduled, "
@@ -264,7 +257,7 @@ SPEC = LabSpec(
         Check("random workloads on small pools: the engine's schedule and preemptions, nothing lost", "property",
               check_random_workloads),
         Check("the engine on your preemption matches transformers: a small KV pool", "end_to_end",
-              _end_to_end(["preemption", "prefix_hits"])),
+              end_to_end_check(LAB, ["preemption", "prefix_hits"])),
     ],
     install=install,
 )

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import functools
 import random
-from collections.abc import Callable
 from types import ModuleType
 
 from minengine.config import EngineConfig
 from minengine.core.policies import SchedulingPolicy
+from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.workloads.goodput import SLO, slo_attainment
@@ -184,14 +184,6 @@ def check_slo_attainment(module: ModuleType) -> None:
                          f"({round(base * n)} of {n})")
 
 
-def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
-    def check(m: ModuleType) -> None:
-        from minengine.labs.end_to_end import engine_matches_transformers
-
-        engine_matches_transformers({LAB: m.__name__}, workloads)
-    return check
-
-
 SPEC = LabSpec(
     name=LAB, title="A scheduling policy of your own", order=5, minutes=90,
     teaches="what a step's order and caps do to TTFT and TPOT: a policy graded on SLO attainment against "
@@ -206,7 +198,7 @@ SPEC = LabSpec(
         Check("SLO attainment on the held trace at least decode-first's (modelled H100, Llama-3-8B)", "end_to_end",
               check_slo_attainment),
         Check("the engine on your policy matches transformers: chunked prefill, preemption", "end_to_end",
-              _end_to_end(["chunked_prefill", "preemption"])),
+              end_to_end_check(LAB, ["chunked_prefill", "preemption"])),
     ],
     install=install,
 )

@@ -10,12 +10,11 @@ with plain one-token-at-a-time decoding, checking the blocks after every step; t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from types import ModuleType
 
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
-from minengine.labs.end_to_end import Workload
+from minengine.labs.end_to_end import Workload, end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.request import Request, RequestStatus
@@ -254,14 +253,6 @@ def install(engine, module: ModuleType) -> None:
     engine.runner.sampler.__class__ = type("LabVerifyingSampler", (LabVerifyingSampler,), {"lab_module": module})
 
 
-def _end_to_end(workloads: list) -> Callable[[ModuleType], None]:
-    def check(m: ModuleType) -> None:
-        from minengine.labs.end_to_end import engine_matches_transformers
-
-        engine_matches_transformers({LAB: m.__name__}, workloads)
-    return check
-
-
 # Prompt lookup on repeated text: the proposals are often right (accepted runs, bonus tokens) and often wrong.
 SPECULATIVE = Workload("speculative", dict(block_size=4, max_num_batched_tokens=64, num_kv_blocks=96,
                                            speculative_config={"method": "ngram", "num_speculative_tokens": 3,
@@ -283,7 +274,7 @@ SPEC = LabSpec(
         Check("random speculative runs of the real scheduler: plain decoding's outputs, no leaked block", "property",
               check_speculative_runs),
         Check("the engine on your verification matches transformers: prompt-lookup speculation", "end_to_end",
-              _end_to_end([SPECULATIVE])),
+              end_to_end_check(LAB, [SPECULATIVE])),
     ],
     install=install,
 )
