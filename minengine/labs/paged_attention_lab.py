@@ -14,6 +14,7 @@ from types import ModuleType
 
 import torch
 
+from minengine.labs.door import mix_into
 from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
@@ -211,8 +212,8 @@ class LabAttention(Attention):
         return self.o_proj(o.reshape(t, self.num_heads * self.head_dim))
 
 
-class BlockTablesRunner(ModelRunner):
-    """A ``ModelRunner`` whose batches also carry ``lab_block_tables`` [B, max_blocks] int32 (batch order), the
+class BlockTables:
+    """``ModelRunner`` mixin: its batches also carry ``lab_block_tables`` [B, max_blocks] int32 (batch order), the
     input of the learner's read (the CPU backends' batches carry groups instead)."""
 
     def prepare_inputs(self, scheduler_output):
@@ -231,11 +232,11 @@ def install(engine, module: ModuleType) -> None:
             dtype (the lab reads plain float caches, no FP8 scales).
     """
     runner = engine.runner
-    if type(runner) is not ModelRunner:
+    if not isinstance(runner, ModelRunner):
         raise ValueError("the paged_attention lab runs the model in this process (tensor_parallel_size=1)")
     if runner.kv_cache_dtype != runner.dtype:
         raise ValueError("the paged_attention lab reads a KV cache in the model's dtype (kv_cache_dtype='auto')")
-    runner.__class__ = BlockTablesRunner  # a ModelRunner that also hands the block tables down
+    mix_into(runner, BlockTables)  # the runner also hands the block tables down
     layer_class = type("LabAttention", (LabAttention,), {"lab_module": module})
     for layer in runner.model.model.layers:
         layer.self_attn.__class__ = layer_class

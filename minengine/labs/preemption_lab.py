@@ -28,7 +28,8 @@ LAB = "preemption"
 
 class LabPreemption:
     """Step-builder mixin: ``run`` makes room with the learner's ``allocate_or_preempt``, and ``preempt`` is
-    the learner's (plus the builder's own bookkeeping: what a rollback restores, a cache it drops, its count)."""
+    the learner's; around them the builder keeps its own books (the waiting queue as it was, which a rollback
+    restores; the preemptions it counts), which the learner's functions need not know about."""
 
     lab_module: ModuleType
 
@@ -38,8 +39,13 @@ class LabPreemption:
         num_new = min(1, limit) if num_uncomputed == 1 else self.config.chunk(num_uncomputed, limit)
         if num_new <= 0:
             return 0
-        undo = self._undo_running(request)
-        if not self.lab_module.allocate_or_preempt(self, request, num_new):
+        undo = self._undo_running(request)  # (also drops the builder's cached block needs)
+        if self.kv.num_blocks_needed(request, num_new) > self.kv.num_free_blocks:
+            self._waiting_changes()  # somebody will be preempted: keep the queue as it was, for a rollback
+        num_preempted = len(self.out.preempted_ids)
+        allocated = self.lab_module.allocate_or_preempt(self, request, num_new)
+        self.num_preemptions += len(self.out.preempted_ids) - num_preempted
+        if not allocated:
             return 0
         self.schedule_chunk(request, num_new, undo)
         return num_new
@@ -52,8 +58,13 @@ class LabPreemption:
 
 
 def lab_step_builder(step_builder_class: type, module: ModuleType) -> type:
-    """``step_builder_class`` with the lab's preemption in front."""
-    return type(f"Lab{step_builder_class.__name__}", (LabPreemption, step_builder_class), {"lab_module": module})
+    """``step_builder_class`` (``StepBuilder``, or the doors' mixins composed over it by ``core/doors.py``) with
+    the lab's preemption just above ``StepBuilder``: it replaces the default ``run`` and ``preempt`` only, and a
+    door's ``run`` (speculation, async scheduling) still comes first and reaches it through ``super()``."""
+    doors = [b for b in step_builder_class.__bases__ if b is not StepBuilder] if step_builder_class is not StepBuilder \
+        else []
+    lab = type("LabPreemption", (LabPreemption,), {"lab_module": module})
+    return type(f"Lab{step_builder_class.__name__}", (*doors, lab, StepBuilder), {})
 
 
 def install(engine, module: ModuleType) -> None:

@@ -14,13 +14,13 @@ from types import ModuleType
 
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
+from minengine.labs.door import mix_into
 from minengine.labs.end_to_end import Workload, end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 from minengine.worker.model_runner import ModelRunner
-from minengine.worker.sampler import Sampler
 
 LAB = "spec_verify"
 
@@ -221,8 +221,8 @@ def _plain_greedy(s) -> bool:
             and not any(params.needs_processing(s.output_index + i) for i in range(1 + len(s.spec_token_ids))))
 
 
-class LabVerifyingSampler(Sampler):
-    """A ``Sampler`` whose steps with proposals, when every row is a plain greedy one, are verified by the
+class LabVerifyingSampler:
+    """``Sampler`` mixin: steps with proposals, when every row is a plain greedy one, are verified by the
     learner's ``verify_step`` on the rows' argmax; any other step is the engine's own sampling."""
 
     lab_module: ModuleType
@@ -247,10 +247,10 @@ def install(engine, module: ModuleType) -> None:
     if not hasattr(engine.scheduler, "proposer"):
         raise ValueError("the spec_verify lab needs speculative decoding: speculative_config={'method': 'ngram', "
                          "'num_speculative_tokens': k}")
-    if type(engine.runner) is not ModelRunner:
+    if not isinstance(engine.runner, ModelRunner):
         raise ValueError("the spec_verify lab runs the model in this process (tensor_parallel_size=1)")
-    engine.scheduler.__class__ = _lab_scheduler_class(type(engine.scheduler), module)
-    engine.runner.sampler.__class__ = type("LabVerifyingSampler", (LabVerifyingSampler,), {"lab_module": module})
+    mix_into(engine.scheduler, type("LabSpeculativeCommit", (LabSpeculativeCommit,), {"lab_module": module}))
+    mix_into(engine.runner.sampler, type("LabVerifyingSampler", (LabVerifyingSampler,), {"lab_module": module}))
 
 
 # Prompt lookup on repeated text: the proposals are often right (accepted runs, bonus tokens) and often wrong.

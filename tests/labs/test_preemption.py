@@ -10,9 +10,11 @@ import pytest
 from minengine import EngineConfig, LLMEngine
 from minengine.core.step_builder import StepBuilder
 from minengine.labs import LabFailure
-from minengine.labs.end_to_end import engine_matches_transformers
+from minengine.labs.end_to_end import WORKLOADS, engine_matches_transformers, run_workload
 from minengine.labs.loading import load_submission
 from minengine.labs.preemption_lab import LabPreemption, check_random_workloads
+from minengine.request import Request
+from minengine.sampling_params import SamplingParams
 from tests.labs.lab_checks import (
     assert_reference_passes,
     assert_skeleton_not_implemented,
@@ -86,6 +88,23 @@ def test_the_engine_preempts_through_the_learners_code():
         setattr(module, name, counting(name))
     engine_matches_transformers({LAB: module.__name__}, ["preemption"])
     assert calls["preempt"] > 0 and calls["allocate_or_preempt"] > calls["preempt"], calls
+    engine, _ = run_workload({LAB: module.__name__}, WORKLOADS["preemption"])  # the engine counts them as its own
+    assert engine.scheduler.num_preemptions == engine.summary().num_preemptions > 0
+
+
+def test_a_rolled_back_step_gives_back_the_queue_around_the_learners_preemption():
+    """A step whose forward fails is rolled back: its victims stay preempted, in front of the queue as it was."""
+    from minengine.labs.preemption_lab import _running
+
+    module = load_submission("minengine/labs/solutions/preemption.py")
+    scheduler, _ = _running(module, 3, 8, 6)
+    scheduler.add_request(Request("late", [5] * 4, SamplingParams(max_tokens=4), 0.0))
+    r0 = next(iter(scheduler.running))
+    r0.output_token_ids.extend([7, 7, 7])  # r0 needs a block: decode-first's victim r2 is preempted
+    out = scheduler.schedule()
+    assert out.preempted_ids == ["r2"] and scheduler.num_preemptions == 1
+    scheduler.rollback(out)
+    assert [r.request_id for r in scheduler.waiting] == ["r2", "late"]
 
 
 def test_install_composes_the_step_builder_and_no_lab_leaves_it():
@@ -101,3 +120,21 @@ def test_swap_preemption_is_refused():
     with pytest.raises(ValueError, match="preemption_mode='recompute'"):
         LLMEngine(EngineConfig(labs={LAB: "minengine.labs.solutions.preemption"}, preemption_mode="swap",
                                swap_space_bytes=1 << 20, num_kv_blocks=16, max_model_len=64))
+
+
+def test_every_lab_of_the_engine_at_once():
+    """Preemption, the policy, the attention read and the verification of proposals, all the learner's in one
+    engine: the doors compose (the speculation door's ``run`` still reaches the lab's), and the tokens are still
+    transformers'."""
+    from minengine.labs.end_to_end import Workload
+    from minengine.labs.spec_verify_lab import SPECULATIVE
+
+    labs = {lab: f"minengine.labs.solutions.{lab}"
+            for lab in ("preemption", "scheduling_policy", "paged_attention", "spec_verify")}
+    tight = Workload("speculative, preemption", {**SPECULATIVE.settings, "num_kv_blocks": 20},
+                     SPECULATIVE.prompts + WORKLOADS["preemption"].prompts, max_tokens=16)
+    engine_matches_transformers(labs, [tight])
+    engine, _ = run_workload(labs, tight)  # again, to look at what it did
+    assert engine.scheduler.num_preemptions > 0 and engine.summary().spec_accepted_tokens > 0
+    mro = [c.__name__ for c in engine.scheduler.step_builder_class.__mro__]
+    assert mro.index("Speculation") < mro.index("LabPreemption") < mro.index("StepBuilder"), mro
