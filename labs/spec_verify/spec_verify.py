@@ -1,6 +1,6 @@
-"""Lab 7: speculative decoding's verification. Implement the three functions below; the engine then verifies
-every greedy decode's prompt-lookup proposals with YOUR ``verify_step`` and commits them with YOUR
-``commit_verified``.
+"""Lab 7: speculative decoding by prompt lookup, and its verification. Implement the four functions below; the
+engine then proposes tokens for every decode with YOUR ``propose``, verifies greedy proposals with YOUR
+``verify_step`` and commits them with YOUR ``commit_verified``.
 
 Speculative decoding in one picture: a decode whose last tokens also appeared earlier in its text gets k
 proposed tokens (the continuation of that earlier occurrence: prompt lookup). The step computes the decode's
@@ -16,6 +16,26 @@ Grade it with ``python -m minengine lab grade spec_verify labs/spec_verify/spec_
 from __future__ import annotations
 
 from minengine.request import Request, RequestStatus
+
+
+def propose(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Prompt lookup: guess the next tokens of a text by finding where its ending occurred before.
+
+    Take the longest n, from ``n_max`` down to ``n_min`` (and at most ``len(tokens) - 1``), for which the last n
+    tokens (the suffix) also occur EARLIER in ``tokens``, as an occurrence followed by at least one token (so
+    never the suffix itself). Of those occurrences take the EARLIEST, and propose the tokens that followed it.
+
+    Args:
+        tokens: the request's tokens so far (prompt + generated).
+        k: the most tokens to propose (>= 1).
+        n_min, n_max: the n-gram lengths tried (1 <= n_min <= n_max).
+
+    Returns:
+        up to ``k`` tokens (fewer when the text ends sooner after the occurrence); [] when no suffix of a length
+        in [n_min, n_max] occurred earlier.
+    """
+    raise NotImplementedError("implement propose: for n from n_max down to n_min, find the earliest earlier "
+                              "occurrence of the last n tokens and return the (up to) k tokens after it")
 
 
 def accept(proposals: list[int], target: list[int]) -> list[int]:

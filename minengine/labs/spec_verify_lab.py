@@ -1,15 +1,17 @@
-"""Lab 7, speculative decoding's greedy verification: the spec (checks) and the install (the engine's sampler
-verifies greedy proposals with the learner's ``verify_step``; its scheduler commits them with the learner's
-``commit_verified``).
+"""Lab 7, speculative decoding by prompt lookup and its greedy verification: the spec (checks) and the install
+(the engine's scheduler proposes with the learner's ``propose`` and commits with its ``commit_verified``; its
+sampler verifies greedy proposals with its ``verify_step``).
 
-The checks: ``accept`` and ``verify_step`` on hand-made rows whose names say the rule; ``commit_verified`` on a
-real scheduler's request; then a property check that drives the real scheduler with prompt-lookup proposals
-over a token-free target (a fixed rule for the next token, ``rule_target``) and compares every request's output
-with plain one-token-at-a-time decoding, checking the blocks after every step; then the real engine.
+The checks: ``propose`` on hand-made texts, ``accept`` and ``verify_step`` on hand-made rows whose names say the
+rule, ``commit_verified`` on a real scheduler's request; then property checks: ``propose`` against the engine's
+``NgramProposer`` on random texts, and the real scheduler driven with the learner's proposals over a token-free
+target (a fixed rule for the next token, ``rule_target``), every request's output compared with plain
+one-token-at-a-time decoding and the blocks checked after every step; then the real engine.
 """
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 
 from minengine.core.doors import make_scheduler
@@ -25,6 +27,24 @@ from minengine.worker.model_runner import ModelRunner
 LAB = "spec_verify"
 
 # ---- unit checks ---------------------------------------------------------------------------------------------
+PROPOSE_CASES = [  # (the rule, tokens, k, n_min, n_max, the proposal)
+    ("the longest matching suffix wins ([1, 2, 3] over [3])", [5, 3, 8, 1, 2, 3, 7, 7, 1, 2, 3], 3, 1, 3,
+     [7, 7, 1]),
+    ("the earliest occurrence of the suffix", [4, 6, 1, 4, 7, 2, 4], 2, 1, 1, [6, 1]),
+    ("no earlier occurrence (the suffix itself does not count): nothing", [1, 2, 3, 4], 3, 1, 2, []),
+    ("fewer than k when the text ends first", [1, 2, 1], 4, 1, 1, [2, 1]),
+    ("no n-gram shorter than n_min", [9, 8, 9], 2, 2, 3, []),
+]
+
+
+def check_propose(module: ModuleType) -> None:
+    for rule, tokens, k, n_min, n_max, expected in PROPOSE_CASES:
+        got = module.propose(list(tokens), k, n_min, n_max)
+        if list(got) != expected:
+            raise LabFailure(f"propose, {rule}: tokens {tokens}, k={k}, n in [{n_min}, {n_max}]: expected {expected}, "
+                             f"got {list(got)}")
+
+
 ACCEPT_CASES = [  # (the rule, proposals, target rows, the tokens kept)
     ("every proposal accepted: all of them plus the bonus token of the last row", [5, 6, 7], [5, 6, 7, 8],
      [5, 6, 7, 8]),
@@ -133,6 +153,7 @@ def run_speculative(module: ModuleType, prompts: list[list[int]], max_tokens: li
     scheduler = make_scheduler(kv, budget, 8, 4096, speculative_config={
         "method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
     scheduler.__class__ = _lab_scheduler_class(type(scheduler), module)
+    scheduler.proposer = LabProposer(scheduler.speculative_config, module)
     stops = [] if stop is None else [stop]
     requests = [Request(f"r{i}", p, SamplingParams(max_tokens=m, ignore_eos=True, stop_token_ids=stops), 0.0)
                 for i, (p, m) in enumerate(zip(prompts, max_tokens))]
@@ -178,6 +199,30 @@ def _check_after_step(scheduler, sampled: list[Request | None], step: int) -> No
                              f"blocks of rejected proposals were not freed")
 
 
+def check_propose_like_the_engine(module: ModuleType) -> None:
+    """Random texts (small alphabets: many repeats), k and n ranges: the engine's ``NgramProposer``'s proposal."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+
+    from minengine.core.spec_decode import NgramProposer, SpeculativeConfig
+
+    @settings(max_examples=60, derandomize=True, deadline=None, database=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @given(seed=st.integers(0, 10**6), length=st.integers(1, 30), k=st.integers(1, 5),
+           n=st.tuples(st.integers(1, 3), st.integers(0, 2)))
+    def random_text(seed, length, k, n):
+        rng = random.Random(seed)
+        tokens = [rng.randint(0, 3) for _ in range(length)]
+        config = SpeculativeConfig(num_speculative_tokens=k, prompt_lookup_min=n[0], prompt_lookup_max=n[0] + n[1])
+        expected = NgramProposer(config).propose(Request("r", list(tokens), SamplingParams(), 0.0))
+        got = list(module.propose(list(tokens), k, n[0], n[0] + n[1]))
+        if got != expected:
+            raise LabFailure(f"propose(tokens={tokens}, k={k}, n_min={n[0]}, n_max={n[0] + n[1]}): the engine's "
+                             f"prompt lookup proposes {expected}, yours {got}")
+
+    random_text()
+
+
 def check_speculative_runs(module: ModuleType) -> None:
     """Random prompts, proposal counts, block sizes and budgets; every output is the plain decoding's."""
     from hypothesis import HealthCheck, Phase, example, given, settings
@@ -199,6 +244,26 @@ def check_speculative_runs(module: ModuleType) -> None:
 
 
 # ---- the engine on the learner's verification ------------------------------------------------------------------
+class LabProposer:
+    """The scheduler's proposer (``NgramProposer``'s interface) on the learner's ``propose``."""
+
+    def __init__(self, config, module: ModuleType):
+        self.config, self.k, self.lab_module = config, config.num_speculative_tokens, module
+
+    def propose(self, request: Request, max_tokens: int | None = None) -> list[int]:
+        """Up to ``min(k, max_tokens)`` proposals for ``request``. Raises ``LabFailure`` when the learner's
+        ``propose`` returns more than it was asked for (the step has room for no more)."""
+        k = self.k if max_tokens is None else min(self.k, max_tokens)
+        if k <= 0:
+            return []
+        proposal = list(self.lab_module.propose(request.token_ids_slice(0, request.num_tokens), k,
+                                                self.config.prompt_lookup_min, self.config.prompt_lookup_max))
+        if len(proposal) > k:
+            raise LabFailure(f"propose returned {len(proposal)} tokens for request {request.request_id}, more than "
+                             f"k={k}")
+        return proposal
+
+
 class LabSpeculativeCommit:
     """Scheduler mixin: a decode that verified proposals is committed by the learner's ``commit_verified``."""
 
@@ -250,6 +315,7 @@ def install(engine, module: ModuleType) -> None:
     if not isinstance(engine.runner, ModelRunner):
         raise ValueError("the spec_verify lab runs the model in this process (tensor_parallel_size=1)")
     mix_into(engine.scheduler, type("LabSpeculativeCommit", (LabSpeculativeCommit,), {"lab_module": module}))
+    engine.scheduler.proposer = LabProposer(engine.scheduler.speculative_config, module)
     mix_into(engine.runner.sampler, type("LabVerifyingSampler", (LabVerifyingSampler,), {"lab_module": module}))
 
 
@@ -267,10 +333,13 @@ SPEC = LabSpec(
          "core/spec_scheduling.py)",
     skeleton=SKELETONS / LAB / f"{LAB}.py", solution=f"minengine.labs.solutions.{LAB}",
     checks=[
+        Check("propose: the earliest earlier occurrence of the longest matching suffix, then up to k tokens",
+              "unit", check_propose),
         Check("accept: the accepted prefix, then the correction or the bonus token", "unit", check_accept),
         Check("verify_step: each request's own len(proposals) + 1 rows", "unit", check_verify_step),
         Check("commit_verified: progress, blocks of rejected proposals freed, stop in the middle", "unit",
               check_commit_verified),
+        Check("propose on random texts: the engine's prompt lookup", "property", check_propose_like_the_engine),
         Check("random speculative runs of the real scheduler: plain decoding's outputs, no leaked block", "property",
               check_speculative_runs),
         Check("the engine on your verification matches transformers: prompt-lookup speculation", "end_to_end",

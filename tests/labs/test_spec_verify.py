@@ -14,8 +14,10 @@ from minengine.labs.end_to_end import engine_matches_transformers
 from minengine.labs.loading import load_submission
 from minengine.labs.spec_verify_lab import (
     SPECULATIVE,
+    LabProposer,
     LabSpeculativeCommit,
     LabVerifyingSampler,
+    check_propose_like_the_engine,
     check_speculative_runs,
 )
 from tests.labs.lab_checks import (
@@ -35,6 +37,8 @@ WRONG = {  # bug -> (the stage that catches it first, words of the failure)
     "keeps_rejected_blocks": ("unit", "the request holds 3 blocks, its 8 computed tokens need 2"),
     "appends_past_stop": ("unit", "stop at max_tokens=3), got [100, 101, 102, 103, 104]"),
     "computed_off_by_one": ("unit", "num_computed_tokens should be 6 + 2 = 8"),
+    "proposer_latest_occurrence": ("unit", "propose, the earliest occurrence of the suffix"),
+    "proposer_shortest_first": ("unit", "propose, the longest matching suffix wins"),
 }
 
 
@@ -70,6 +74,12 @@ def test_property_stage_alone_catches(bug, words):
         check_speculative_runs(load_submission(wrong_files(LAB)[bug]))
 
 
+@pytest.mark.parametrize("bug", ["proposer_latest_occurrence", "proposer_shortest_first"])
+def test_property_stage_alone_catches_a_wrong_proposer(bug):
+    with pytest.raises(LabFailure, match=re.escape("the engine's prompt lookup proposes")):
+        check_propose_like_the_engine(load_submission(wrong_files(LAB)[bug]))
+
+
 @pytest.mark.parametrize("bug", ["one_token_too_many", "rows_off_by_one"])
 def test_end_to_end_alone_catches(bug):
     with pytest.raises(LabFailure, match="differs from transformers"):
@@ -80,8 +90,12 @@ def test_the_engine_verifies_real_proposals_through_the_learners_code():
     """On the end-to-end workload the engine hands the learner's functions proposals, some accepted (runs and
     bonus tokens) and some rejected."""
     module = load_submission("minengine/labs/solutions/spec_verify.py")  # a fresh copy, to count its calls
-    real_verify, real_commit = module.verify_step, module.commit_verified
-    seen = {"proposed": 0, "accepted": 0, "commits": 0}
+    real_verify, real_commit, real_propose = module.verify_step, module.commit_verified, module.propose
+    seen = {"proposed": 0, "accepted": 0, "commits": 0, "proposals": 0}
+
+    def propose(*args):
+        seen["proposals"] += 1
+        return real_propose(*args)
 
     def verify_step(rows, proposals):
         tokens = real_verify(rows, proposals)
@@ -93,9 +107,9 @@ def test_the_engine_verifies_real_proposals_through_the_learners_code():
         seen["commits"] += 1
         return real_commit(*args)
 
-    module.verify_step, module.commit_verified = verify_step, commit_verified
+    module.verify_step, module.commit_verified, module.propose = verify_step, commit_verified, propose
     engine_matches_transformers({LAB: module.__name__}, [SPECULATIVE])
-    assert 0 < seen["accepted"] < seen["proposed"] and seen["commits"] > 0, seen
+    assert 0 < seen["accepted"] < seen["proposed"] and seen["commits"] > 0 and seen["proposals"] > 0, seen
 
 
 def test_install_needs_speculative_decoding_and_no_lab_leaves_the_engine():
@@ -104,6 +118,7 @@ def test_install_needs_speculative_decoding_and_no_lab_leaves_the_engine():
     labbed = LLMEngine(EngineConfig(labs={LAB: "minengine.labs.solutions.spec_verify"}, num_kv_blocks=16,
                                     max_model_len=64, speculative_config=SPECULATIVE.settings["speculative_config"]))
     assert isinstance(labbed.scheduler, LabSpeculativeCommit) and isinstance(labbed.runner.sampler, LabVerifyingSampler)
+    assert isinstance(labbed.scheduler.proposer, LabProposer)
     plain = LLMEngine(EngineConfig(num_kv_blocks=16, max_model_len=64,
                                    speculative_config=SPECULATIVE.settings["speculative_config"]))
     assert not isinstance(plain.scheduler, LabSpeculativeCommit)

@@ -6,6 +6,17 @@ from __future__ import annotations
 from minengine.request import Request, RequestStatus
 
 
+def propose(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Up to ``k`` tokens that followed the earliest earlier occurrence of the longest matching suffix (see the
+    skeleton). A scan of the text per call: fine for a lab; the engine keeps an index (``core/spec_decode.py``)."""
+    for n in range(min(n_max, len(tokens) - 1), n_min - 1, -1):
+        suffix = tokens[-n:]
+        for start in range(len(tokens) - n):  # occurrences followed by at least one token, earliest first
+            if tokens[start:start + n] == suffix:
+                return tokens[start + n:start + n + k]
+    return []
+
+
 def accept(proposals: list[int], target: list[int]) -> list[int]:
     """The accepted prefix of ``proposals`` plus the target's own next token (see the skeleton)."""
     kept = []
