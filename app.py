@@ -11,7 +11,8 @@ No engine logic here: the page reads controls, builds a ``Workload`` (``minengin
 (``minengine.viz.runner.WorkloadRun``, a stream of ``StepTrace``s, paced by ``minengine.viz.live.LivePlayer`` in
 a Streamlit fragment), then keeps the finished run to explore; the A/B tab's second run is
 ``minengine.viz.runner.run_workload``, cached on config + workload. Every figure is a ``minengine.viz`` builder
-drawing the engine's own records. ``MINENGINE_MODEL`` may name another model directory (default: the
+drawing the engine's own records. ``MINENGINE_LABS="block_pool=my_pool.py"`` runs it on a learner's parts
+(``labs/README.md``). ``MINENGINE_MODEL`` may name another model directory (default: the
 bundled tiny Shakespeare model).
 """
 
@@ -63,7 +64,7 @@ from minengine.viz.compare import ab_request_figure, ab_work_sentence, share_y_r
 from minengine.viz.i18n import t
 from minengine.viz.kernel_note import IN_PROGRESS, kernel_note, kernel_state
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
-from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, run_workload
+from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, parse_labs, run_workload
 from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
 from minengine.viz.step_story import step_sentence, step_sentences
 from minengine.viz.timeline_figures import AUTO_STALL_FACTOR
@@ -226,7 +227,7 @@ def engine_controls(preset: str, lang: str, clock: ClockSpec) -> DashboardConfig
                            scheduling_policy=policy, num_speculative_tokens=int(spec_k),
                            temperature=float(temperature), model=os.environ.get("MINENGINE_MODEL") or None,
                            clock=clock, preemption_mode=preemption, kv_cache_dtype=kv_dtype,
-                           quantization=quantization)
+                           quantization=quantization, labs=parse_labs(os.environ.get("MINENGINE_LABS")))
 
 
 def live_speed_control(lang: str) -> float:
@@ -833,6 +834,8 @@ def finished_view(config: DashboardConfig, workload: Workload, res: RunResult, l
     threshold)."""
     clock = clock_label(config.clock, lang)
     st.caption(t("run_time", lang).format(seconds=res.wall_time_s, steps=len(res.traces), clock=clock))
+    if res.parts:  # MINENGINE_LABS: the engine ran on parts a learner wrote
+        st.caption(res.parts)
     if res.budget_raised:
         st.info(t("budget_raised", lang).format(cp=t("chunked_prefill", lang), tokens=res.token_budget))
     kernel_note_view(lang)  # a compile still going on counts up; a fallback to the torch path stays true

@@ -1,6 +1,7 @@
 """Command line: ``python -m minengine run`` serves a batch of real prompts; ``generate`` prints one completion;
 ``serve`` starts the OpenAI-compatible server; ``bench-serve`` replays a request trace online (in process, or
-against any OpenAI-compatible server with ``--base-url``) and prints vLLM-style serving metrics and goodput."""
+against any OpenAI-compatible server with ``--base-url``) and prints vLLM-style serving metrics and goodput;
+``lab`` lists, grades and batch-grades the labs (``labs/README.md``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from minengine.config import EngineConfig
 from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.llm_engine import LLMEngine
+from minengine.labs.cli import add_lab_parser
 from minengine.sampling_params import SamplingParams
 
 MAX_CLI_REQUESTS = 100_000  # requests one CLI run serves at most: a larger count is a typo, not a workload
@@ -249,6 +251,10 @@ def cmd_serve(a: argparse.Namespace) -> None:
           f"(OpenAI API under /v1{', API key required but for /health, /ping, /version' if api_keys else ''}, "
           "Prometheus at /metrics, step feed at "
           "/v1/engine/steps)", flush=True)
+    if config.labs:
+        from minengine.labs.door import describe_parts
+
+        print(f"minengine: {describe_parts(engine.engine)}", flush=True)
     run_server(engine, a.host, a.port, a.uvicorn_log_level, frontend, generation_config=a.generation_config)
 
 
@@ -462,7 +468,8 @@ def _say_kernel_status(status) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line's parser: run, generate, bench-serve and serve, each with ``EngineArgs``' flags."""
+    """The command line's parser: run, generate, bench-serve and serve, each with ``EngineArgs``' flags; ``lab``
+    (``minengine/labs/cli.py``)."""
     p = argparse.ArgumentParser(prog="python -m minengine", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="serve a batch of real prompts and print a summary",
@@ -487,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     _bench_serve_parser(sub)
     _serve_parser(sub)
+    add_lab_parser(sub)
     return p
 
 

@@ -63,6 +63,28 @@ def make_scheduler(kv_cache_manager: KVCacheManager, max_num_batched_tokens: int
     return build_scheduler(kv_cache_manager, config, policy, speculative_config, predictor)
 
 
+def scheduler_for_engine(config, kv_cache_manager: KVCacheManager, num_swap_blocks: int,
+                         schedules_ahead: bool = False) -> Scheduler:
+    """The scheduler an ``EngineConfig`` asks for, over ``kv_cache_manager`` (``LLMEngine`` builds it once).
+
+    Args:
+        num_swap_blocks: the host swap pool's size in blocks (0 without swap preemption).
+        schedules_ahead: the engine schedules step N+1 before step N's tokens are known (async scheduling).
+    """
+    settings = PolicySettings(prefill_decode_ratio=config.prefill_decode_ratio,
+                              splitfuse_target_tokens=config.splitfuse_target_tokens,
+                              priority_aging_steps=config.priority_aging_steps,
+                              predicted_length_aging_steps=config.predicted_length_aging_steps)
+    scheduler_config = SchedulerConfig(
+        max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
+        max_model_len=config.max_model_len, enable_chunked_prefill=config.enable_chunked_prefill,
+        long_prefill_token_threshold=config.long_prefill_token_threshold, preemption_mode=config.preemption_mode,
+        swap_space_blocks=num_swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks,
+        reserve_predicted_kv=config.reserve_predicted_kv, async_scheduling=schedules_ahead)
+    return build_scheduler(kv_cache_manager, scheduler_config, make_policy(config.scheduling_policy, settings),
+                           config.speculative_config, config.output_length_predictor)
+
+
 def build_scheduler(kv_cache_manager: KVCacheManager, config: SchedulerConfig, policy: SchedulingPolicy,
                     speculative_config=None, predictor=None) -> Scheduler:
     """The scheduler class composed from the doors ``config`` (and the other arguments) open, constructed."""

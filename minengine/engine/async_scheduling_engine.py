@@ -142,5 +142,3 @@ class AsyncSchedulingEngine(LLMEngine):
         for step in [failed] + later:
             self.recorder.on_rolled_back(step, start, self.request_metrics)
 
-
-LLMEngine.async_scheduling_class = AsyncSchedulingEngine

@@ -4,8 +4,9 @@ One step, one direction: schedule (``Scheduler.schedule()`` -> ``SchedulerOutput
 (``ModelRunner.execute()``, then detokenize and stop strings) -> commit (``Scheduler.update_from_output()``) ->
 outputs (``RequestOutput``s; the recorder keeps the ``StepTrace``, and unless ``disable_log_stats`` the
 Prometheus series: ``metrics/prometheus_recorder.py``).
-Async scheduling is its own engine (``AsyncSchedulingEngine``, ``async_scheduling_engine.py``). torch is imported
-where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``) schedules without it.
+Async scheduling is its own engine (``AsyncSchedulingEngine``), built through ``engine/engine_doors.py``.
+torch is imported where a model is loaded, not here: an engine on a model-free runner (``minengine.fleet``)
+schedules without it.
 """
 
 from __future__ import annotations
@@ -14,21 +15,18 @@ import time
 from collections.abc import Callable, Iterable
 
 from minengine.config import EngineConfig
-from minengine.core.doors import build_scheduler
+from minengine.core.doors import scheduler_for_engine
 from minengine.core.kv_cache_manager import KVCacheManager
-from minengine.core.policies import PolicySettings, make_policy
 from minengine.core.preempt_between_steps import preempt_running_by_recompute
-from minengine.core.scheduler import Scheduler
-from minengine.core.scheduler_config import SchedulerConfig
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import Detokenizers
+from minengine.engine.engine_doors import engine_class
 from minengine.engine.engine_statistics import EngineStatistics
 from minengine.engine.input_processor import InputProcessor, Prompt
 from minengine.engine.logprobs_positions import prepare_logprobs, record_logprobs
 from minengine.engine.model_setup import eos_token_id, load_model, make_runner
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest
-from minengine.labs.door import with_labs
 from minengine.metrics.prometheus_recorder import make_recorder
 from minengine.metrics.recorder import ScheduledStep
 from minengine.outputs import RequestMetrics, RequestOutput
@@ -59,16 +57,12 @@ class LLMEngine(EngineStatistics):
         ValueError: bad settings, or settings that do not fit the model (``max_model_len``, KV pool).
     """
 
-    # The engine class ``async_scheduling`` selects; ``minengine/engine/async_scheduling_engine.py`` sets it
-    # (``minengine.engine`` imports that module, so it is set before any engine is built).
-    async_scheduling_class: type[LLMEngine] | None = None
     schedules_ahead = False  # async scheduling: step N+1 is scheduled before step N's tokens are known
 
     def __new__(cls, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter, runner=None):
-        """``LLMEngine(config)`` with ``async_scheduling`` (model in worker processes) or ``labs`` builds a subclass."""
-        if cls is LLMEngine and getattr(config, "async_scheduling", False) and runner is None:
-            cls = LLMEngine.async_scheduling_class
-        return super().__new__(with_labs(cls) if getattr(config, "labs", None) else cls)  # labs: labs/door.py
+        """``LLMEngine(config)`` builds the subclass ``config``'s doors choose (``engine/engine_doors.py``); a
+        subclass asked for by name, or a runner handed in (the model in worker processes), keeps the class."""
+        return super().__new__(engine_class(config, cls) if cls is LLMEngine and runner is None else cls)
 
     def __init__(self, config: EngineConfig, clock: Clock | Callable[[], float] = time.perf_counter,
                  runner=None):
@@ -84,7 +78,8 @@ class LLMEngine(EngineStatistics):
         # Every rank holds its heads' slice of every block: bytes_per_block is one rank's; the total is all ranks'.
         self.kv_cache_bytes = pool.num_blocks * loaded.kv_bytes_per_block * config.tensor_parallel_size
         self.kv_cache_manager = KVCacheManager(pool.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = self._make_scheduler()
+        self.scheduler = scheduler_for_engine(config, self.kv_cache_manager, self.num_swap_blocks,
+                                              self.schedules_ahead)
         self.runner = runner if runner is not None else make_runner(config, loaded, pool)
         self.detokenizers = Detokenizers(self.tokenizer)
         self.request_metrics: dict[str, RequestMetrics] = {}
@@ -97,22 +92,6 @@ class LLMEngine(EngineStatistics):
         self.recorder = make_recorder(config, self.scheduler, self.kv_cache_manager, self.num_kv_blocks,
                                       self.num_swap_blocks, self.clock, lambda: self.runner.last_swap_time_s)
         self.stat_logger, self.log_stats = self.recorder.stat_logger, self.recorder.log_stats  # Prometheus series
-
-    def _make_scheduler(self) -> Scheduler:
-        """The scheduler of ``self.config`` over ``self.kv_cache_manager``."""
-        config = self.config
-        settings = PolicySettings(prefill_decode_ratio=config.prefill_decode_ratio,
-                                  splitfuse_target_tokens=config.splitfuse_target_tokens,
-                                  priority_aging_steps=config.priority_aging_steps,
-                                  predicted_length_aging_steps=config.predicted_length_aging_steps)
-        scheduler_config = SchedulerConfig(
-            max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs,
-            max_model_len=config.max_model_len, enable_chunked_prefill=config.enable_chunked_prefill,
-            long_prefill_token_threshold=config.long_prefill_token_threshold, preemption_mode=config.preemption_mode,
-            swap_space_blocks=self.num_swap_blocks, shrink_prefill_chunks=config.shrink_prefill_chunks,
-            reserve_predicted_kv=config.reserve_predicted_kv, async_scheduling=self.schedules_ahead)
-        return build_scheduler(self.kv_cache_manager, scheduler_config, make_policy(config.scheduling_policy, settings),
-                               config.speculative_config, config.output_length_predictor)
 
     def shutdown(self) -> None:
         """Stop the worker processes, if any (``minengine.executor``; also done when the engine is garbage

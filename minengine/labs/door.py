@@ -1,11 +1,11 @@
 """The lab door: ``EngineConfig.labs`` names the learner's parts, and the engine is built on them.
 
 ``EngineConfig(labs={"block_pool": "labs/block_pool/block_pool.py"})`` maps a lab's name to the learner's file (or
-an importable module name). ``LLMEngine(config)`` then builds a subclass, chosen at construction the way
-``AsyncSchedulingEngine`` is: ``with_labs(LLMEngine)``, whose ``__init__`` loads the learner's modules first (a
-bad name or a file that does not import is an error before any weights load), builds the engine as usual, then
-lets each lab's ``install`` put the learner's part in place of the engine's own. With ``labs`` unset the engine is
-exactly the default one: the default step's only trace of labs is the two lines in ``LLMEngine.__new__``.
+an importable module name). ``LLMEngine(config)`` then builds ``LabLLMEngine``, a subclass chosen at construction
+like every engine door (``engine/engine_doors.py``). Its ``__init__`` loads the learner's modules first (a bad name
+or a file that does not import is an error before any weights load), builds the engine as usual, then lets each
+lab's ``install`` put the learner's part in place of the engine's own. With ``labs`` unset the engine is exactly the
+default one: the default step's only trace of labs is one row of the engine doors' table.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import ModuleType
 
+from minengine.engine.llm_engine import LLMEngine
 from minengine.exceptions import VLLMValidationError, show
 from minengine.labs.grading import LabFailure
 from minengine.labs.loading import load_submission
@@ -65,14 +66,21 @@ def load_labs(labs) -> dict[str, ModuleType]:
 
 
 class LabEngine:
-    """The mixin of ``with_labs``: an engine whose parts named by ``config.labs`` are the learner's.
+    """The mixin of ``LabLLMEngine``: an engine whose parts named by ``config.labs`` are the learner's.
 
     Attributes:
         lab_parts: the learner's parts in this engine (``LabPart``), in course order.
+
+    Raises:
+        VLLMValidationError: naming ``labs``: as ``load_labs``; with ``async_scheduling`` (the labs run on the
+            synchronous engine); a lab's ``install`` refusing the configuration.
     """
 
     def __init__(self, config, *args, **kwargs):
         modules = load_labs(config.labs)
+        if config.async_scheduling:
+            raise VLLMValidationError("labs run on the synchronous engine: leave async_scheduling off",
+                                      parameter="labs")
         super().__init__(config, *args, **kwargs)
         self.lab_parts = []
         for name, module in modules.items():
@@ -80,17 +88,8 @@ class LabEngine:
             self.lab_parts.append(LabPart(name, LABS[name].part, config.labs[name]))
 
 
-_lab_classes: dict[type, type] = {}
-
-
-def with_labs(engine_class: type) -> type:
-    """``engine_class`` (``LLMEngine`` or a subclass) with the lab door: the class ``LLMEngine.__new__`` builds
-    when ``config.labs`` is set. The same class is returned for the same ``engine_class``."""
-    if issubclass(engine_class, LabEngine):
-        return engine_class
-    if engine_class not in _lab_classes:
-        _lab_classes[engine_class] = type(f"Lab{engine_class.__name__}", (LabEngine, engine_class), {})
-    return _lab_classes[engine_class]
+class LabLLMEngine(LabEngine, LLMEngine):
+    """``LLMEngine`` on the learner's parts (``EngineConfig.labs``); everything else is the engine's own."""
 
 
 def learner_parts(engine) -> list[LabPart]:
@@ -103,7 +102,7 @@ def describe_parts(engine) -> str:
     parts = learner_parts(engine)
     if not parts:
         return "every part is the engine's own (no lab installed)"
-    return "learner's parts: " + "; ".join(f"{p.part} ({p.lab} lab, from {p.source})" for p in parts)
+    return "learner's parts: " + "; ".join(f"{p.part} <- {p.source}" for p in parts)
 
 
 def mix_into(obj, mixin: type) -> None:

@@ -14,6 +14,7 @@ from minengine.config import EngineConfig
 from minengine.core.policies import POLICIES
 from minengine.core.spec_decode import MAX_SPECULATIVE_TOKENS
 from minengine.engine.llm_engine import LLMEngine
+from minengine.labs.door import describe_parts
 from minengine.metrics.stats import ServingSummary
 from minengine.metrics.trace import StepTrace
 from minengine.outputs import RequestMetrics
@@ -58,6 +59,7 @@ class DashboardConfig:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     preemption_mode: str = "recompute"
+    labs: tuple[tuple[str, str], ...] = ()  # (lab, the learner's file) pairs: ``EngineConfig.labs`` (hashable)
 
     def make_clock(self):
         """A fresh clock for one run (a modelled one costs KV swaps with this config's ``block_size``, and KV and
@@ -128,7 +130,7 @@ class DashboardConfig:
                             scheduling_policy=self.scheduling_policy,
                             speculative_config=self.speculative_config(), trace_block_tables=True,
                             kv_cache_dtype=self.kv_cache_dtype, quantization=self.quantization,
-                            preemption_mode=self.preemption_mode)
+                            preemption_mode=self.preemption_mode, labs=dict(self.labs) or None)
 
     def speculative_config(self) -> dict | None:
         """vLLM's ``speculative_config`` dict for ``num_speculative_tokens`` (None when 0: off)."""
@@ -136,6 +138,21 @@ class DashboardConfig:
             return None
         return {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens, "prompt_lookup_min": 2,
                 "prompt_lookup_max": 4}
+
+
+def parse_labs(text: str | None) -> tuple[tuple[str, str], ...]:
+    """``DashboardConfig.labs`` from "lab=path,lab=path" (the dashboard's ``MINENGINE_LABS``); None or "" = none.
+
+    Raises:
+        ValueError: an entry that is not NAME=PATH.
+    """
+    pairs = []
+    for entry in filter(None, (part.strip() for part in (text or "").split(","))):
+        name, sep, path = entry.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise ValueError(f"MINENGINE_LABS entries are NAME=PATH (a lab and the learner's file), got {entry!r}")
+        pairs.append((name.strip(), path.strip()))
+    return tuple(pairs)
 
 
 @dataclass
@@ -152,6 +169,7 @@ class RunResult:
         wall_time_s: real seconds spent building the engine (model loading included) and stepping it; a
             live view's pauses and drawing are not counted.
         clock_label: the clock the times are on ("modelled: H100 SXM, Llama-3-8B shapes").
+        parts: which parts of the engine a learner wrote (``minengine.labs.door.describe_parts``; "" without labs).
     """
 
     traces: list[StepTrace]
@@ -162,6 +180,7 @@ class RunResult:
     max_model_len: int
     wall_time_s: float
     clock_label: str = ""
+    parts: str = ""
 
 
 class WorkloadRun:
@@ -288,7 +307,7 @@ class WorkloadRun:
                          token_budget=self.engine_config.max_num_batched_tokens,
                          budget_raised=self.engine_config.max_num_batched_tokens != self.config.max_num_batched_tokens,
                          max_model_len=self.max_model_len, wall_time_s=self._wall_s,
-                         clock_label=self.clock.label)
+                         clock_label=self.clock.label, parts=describe_parts(engine) if self.config.labs else "")
 
 
 def run_workload(config: DashboardConfig, workload: Workload, max_steps: int = 20_000) -> RunResult:

@@ -1,0 +1,125 @@
+"""The grader's machinery: stages, words, loading, the CLI, and batch grading of a class in subprocesses with a
+timeout (a submission that loops forever, one that raises, one that kills its process, one that does not import)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from minengine.__main__ import main
+from minengine.labs import LABS, Check, LabFailure, grade
+from minengine.labs.cli import grade_class, grade_in_subprocess
+from minengine.labs.grading import run_checks
+from minengine.labs.loading import load_submission
+from tests.labs.lab_checks import wrong_files
+
+SKELETON_HEAD = "from minengine.core.block_pool import KVBlock\n\n\n"
+
+
+def test_every_lab_is_registered_in_course_order():
+    assert list(LABS)[:3] == ["block_pool", "prefix_cache", "chunked_prefill"]
+    orders = [spec.order for spec in LABS.values()]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders)
+    for spec in LABS.values():
+        assert spec.skeleton.is_file() and spec.minutes > 0 and spec.checks and callable(spec.install)
+        assert {c.stage for c in spec.checks} == {"unit", "property", "end_to_end"}, spec.name
+        load_submission(spec.solution)  # importable
+
+
+def test_a_failing_stage_skips_the_later_stages_and_words_come_through():
+    def broken(_):
+        raise LabFailure("block 3 leaked after step 2: expected 0, got 1")
+
+    def raises(_):
+        return {}["missing"]
+
+    checks = [Check("a", "unit", lambda m: None), Check("b", "unit", broken), Check("c", "unit", raises),
+              Check("d", "property", lambda m: None), Check("e", "end_to_end", lambda m: None)]
+    results = run_checks(checks, object())
+    assert [r.status for r in results] == ["passed", "failed", "failed", "skipped", "skipped"]
+    assert results[1].message == "block 3 leaked after step 2: expected 0, got 1"
+    assert results[2].message.startswith("raised KeyError: 'missing'") and "test_grading.py" in results[2].message
+    with pytest.raises(ValueError, match="stage"):
+        Check("x", "integration", lambda m: None)
+
+
+def test_loading_names_the_file_and_line_of_a_broken_submission(tmp_path):
+    bad = tmp_path / "pool.py"
+    bad.write_text("x = 1\ndef f(:\n    pass\n")
+    report = grade("block_pool", bad)
+    assert report.score == 0.0 and not report.passed
+    assert f"{bad}" in report.first_failure.message and ":2" in report.first_failure.message
+    (tmp_path / "raises.py").write_text("import math\nmath.nonexistent()\n")
+    with pytest.raises(LabFailure, match=r"AttributeError.*raises.py:2"):
+        load_submission(tmp_path / "raises.py")
+    first, second = load_submission(wrong_files("block_pool")["lifo_reuse"]), load_submission(
+        wrong_files("block_pool")["lifo_reuse"])
+    assert first is not second and first.__name__ != second.__name__  # a fresh module per load
+
+
+def test_report_format_is_a_table_and_the_first_failure():
+    text = grade("block_pool", wrong_files("block_pool")["lifo_reuse"]).format()
+    assert "stage" in text and "score 2/14 (14%)" in text
+    assert "first failure, unit check 'get_new_blocks takes the free queue's head, ref count 1':" in text
+    assert "expected [0, 1], got [4, 3]" in text
+
+
+def write(folder: Path, name: str, body: str) -> Path:
+    path = folder / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(SKELETON_HEAD + body)
+    return path
+
+
+LOOPS = "class BlockPool:\n    def __init__(self, n):\n        while True:\n            pass\n"
+RAISES = "class BlockPool:\n    def __init__(self, n):\n        self.n = n / 0\n"
+KILLS = "import os\n\nos._exit(3)\n"
+
+
+def test_a_submission_that_loops_forever_is_killed_at_the_timeout(tmp_path):
+    start = time.perf_counter()
+    result = grade_in_subprocess("block_pool", "loops", write(tmp_path, "loops.py", LOOPS), timeout_s=4)
+    assert result.status == "timeout" and result.score == 0.0 and "no grade within 4 s" in result.first_failure
+    assert time.perf_counter() - start < 15
+
+
+def test_grade_class_grades_each_submission_alone(tmp_path):
+    class_dir = tmp_path / "class"
+    write(class_dir, "ada.py", RAISES)
+    write(class_dir, "bob.py", KILLS)
+    (class_dir / "cy.py").write_text("def broken(:\n")
+    (class_dir / "dee").mkdir()  # a folder per learner works too
+    shutil.copy(wrong_files("block_pool")["lifo_reuse"], class_dir / "dee" / "block_pool.py")
+    grades = {g.submission: g for g in grade_class("block_pool", class_dir, timeout_s=120)}
+    assert list(grades) == ["ada", "bob", "cy", "dee"]
+    assert grades["ada"].status == "graded" and grades["ada"].score == 0.0
+    assert "raised ZeroDivisionError: division by zero" in grades["ada"].first_failure
+    assert grades["bob"].status == "crashed" and "exited with code 3" in grades["bob"].first_failure
+    assert grades["cy"].status == "graded" and "does not import" in grades["cy"].first_failure
+    assert grades["dee"].status == "graded" and (grades["dee"].checks_passed, grades["dee"].checks_total) == (2, 14)
+    assert "expected [0, 1], got [4, 3]" in grades["dee"].first_failure
+
+
+def test_the_command_line(tmp_path, capsys):
+    main(["lab", "list"])
+    out = capsys.readouterr().out
+    assert "1. block_pool" in out and "3. chunked_prefill" in out
+    with pytest.raises(SystemExit) as exit_code:
+        main(["lab", "grade", "prefix_cache"])  # the skeleton
+    assert exit_code.value.code == 1 and "not implemented yet: implement hash_block" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_code:
+        main(["lab", "grade", "no_such_lab"])
+    assert exit_code.value.code == 2 and "no lab called 'no_such_lab'" in capsys.readouterr().err
+    write(tmp_path / "class", "ada.py", RAISES)
+    main(["lab", "grade-class", "block_pool", str(tmp_path / "class"), "--timeout", "120",
+          "--csv", str(tmp_path / "grades.csv")])
+    assert "ada" in capsys.readouterr().out
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
+    assert [(r["submission"], r["status"], float(r["score"])) for r in rows] == [("ada", "graded", 0.0)]
+    with pytest.raises(SystemExit) as exit_code:
+        main(["lab", "grade-class", "block_pool", str(tmp_path / "nowhere"), "--timeout", "5"])
+    assert exit_code.value.code == 2 and "is not a folder" in capsys.readouterr().err
