@@ -79,11 +79,19 @@ def replay_with(module: ModuleType | None, trace: list[TraceRequest], max_steps:
     """``trace`` replayed on the modelled clock through a token-free engine built on the learner's policy (the
     lab door, ``EngineConfig.labs``; ``module`` None: the default, decode-first); every step checked (budget,
     not empty while work is left). Returns the ``ReplayResult``."""
-    from minengine.fleet.token_free import token_free_engine
+    from minengine.engine.llm_engine import LLMEngine
+    from minengine.fleet.token_free import TokenFreeRunner
+    from minengine.labs.door import LabLLMEngine
+    from minengine.timing.clocks import ModelledClock
+    from minengine.timing.cost_model import StepCostModel
     from minengine.workloads.replay import replay
 
     labs = {LAB: module.__name__} if module is not None else None
-    engine = token_free_engine(EngineConfig(labs=labs, **{**HELD_CONFIG, **config}), MODEL_SHAPE)
+    engine_config = EngineConfig(labs=labs, **{**HELD_CONFIG, **config})
+    runner = TokenFreeRunner(MODEL_SHAPE)
+    clock = ModelledClock(StepCostModel("h100", runner.shape, block_size=engine_config.block_size))
+    # with a runner handed in, LLMEngine keeps its class: the lab door's engine is asked for by name
+    engine = (LLMEngine if labs is None else LabLLMEngine)(engine_config, clock=clock, runner=runner)
     budget = engine.config.max_num_batched_tokens
 
     def check_step(trace) -> None:

@@ -326,11 +326,11 @@ SPECULATIVE = Workload("speculative", dict(block_size=4, max_num_batched_tokens=
                        ((0, 40), (60, 30), (100, 45), (7, 12)), max_tokens=24)
 
 SPEC = LabSpec(
-    name=LAB, title="Speculative decoding's verification", order=7, minutes=45,
-    teaches="why speculative decoding is exact: keep the longest prefix of the proposals the target agrees with, "
-            "plus its own next token, and give back the blocks of the rest",
-    part="speculative verification (the sampler's verify_proposals, worker/spec_verify.py, and the commit, "
-         "core/spec_scheduling.py)",
+    name=LAB, title="Speculative decoding: prompt lookup and verification", order=7, minutes=60,
+    teaches="why speculative decoding is exact: propose from the text's own earlier occurrences, keep the longest "
+            "prefix of the proposals the target agrees with plus its own next token, give back the rest's blocks",
+    part="speculative decoding's proposer and verification (core/spec_decode.py's NgramProposer, "
+         "worker/spec_verify.py, core/spec_scheduling.py's commit)",
     skeleton=SKELETONS / LAB / f"{LAB}.py", solution=f"minengine.labs.solutions.{LAB}",
     checks=[
         Check("propose: the earliest earlier occurrence of the longest matching suffix, then up to k tokens",
