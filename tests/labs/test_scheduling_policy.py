@@ -92,3 +92,12 @@ def test_the_engine_schedules_with_the_learners_policy():
     assert calls and calls == list(range(len(calls)))
     plain = LLMEngine(EngineConfig(num_kv_blocks=32, max_model_len=128))
     assert type(plain.scheduler.policy) is DecodeFirst
+
+
+def test_the_skeleton_states_the_graded_slo():
+    """The learner's file names the SLO the grade is measured against: the grader's own numbers."""
+    from minengine.labs import LABS
+
+    text = LABS[LAB].skeleton.read_text()
+    stated = f"TTFT <= {HELD_SLO.ttft_s * 1000:g} ms and TPOT <= {HELD_SLO.tpot_s * 1000:g} ms"
+    assert stated in text, stated
