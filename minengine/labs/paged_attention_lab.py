@@ -14,6 +14,7 @@ from types import ModuleType
 
 import torch
 
+from minengine.exceptions import VLLMValidationError
 from minengine.labs.door import mix_into
 from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
@@ -228,14 +229,16 @@ def install(engine, module: ModuleType) -> None:
     """Every attention layer of ``engine``'s model reads through ``module.paged_attention``.
 
     Raises:
-        ValueError: the model is not in this process (worker processes), or its KV cache is not in the model's
-            dtype (the lab reads plain float caches, no FP8 scales).
+        VLLMValidationError: naming ``labs``: the model is not in this process (worker processes), or its KV
+            cache is not in the model's dtype (the lab reads plain float caches, no FP8 scales).
     """
     runner = engine.runner
     if not isinstance(runner, ModelRunner):
-        raise ValueError("the paged_attention lab runs the model in this process (tensor_parallel_size=1)")
+        raise VLLMValidationError("the paged_attention lab runs the model in this process "
+                                  "(tensor_parallel_size=1)", parameter="labs")
     if runner.kv_cache_dtype != runner.dtype:
-        raise ValueError("the paged_attention lab reads a KV cache in the model's dtype (kv_cache_dtype='auto')")
+        raise VLLMValidationError("the paged_attention lab reads a KV cache in the model's dtype "
+                                  "(kv_cache_dtype='auto')", parameter="labs")
     mix_into(runner, BlockTables)  # the runner also hands the block tables down
     layer_class = type("LabAttention", (LabAttention,), {"lab_module": module})
     for layer in runner.model.model.layers:

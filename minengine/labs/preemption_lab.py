@@ -17,6 +17,7 @@ from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.policies import DecodeFirst, make_policy
 from minengine.core.step_builder import StepBuilder
+from minengine.exceptions import VLLMValidationError
 from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
@@ -69,9 +70,14 @@ def lab_step_builder(step_builder_class: type, module: ModuleType) -> type:
 
 def install(engine, module: ModuleType) -> None:
     """``engine``'s scheduler preempts with ``module``'s ``allocate_or_preempt``, ``pick_victim`` and
-    ``preempt`` (recompute). Raises ``ValueError`` with ``preemption_mode="swap"`` (the swap door evicts)."""
+    ``preempt`` (recompute).
+
+    Raises:
+        VLLMValidationError: naming ``labs``: with ``preemption_mode="swap"`` (the swap door evicts otherwise).
+    """
     if engine.config.preemption_mode != "recompute":
-        raise ValueError("the preemption lab is preemption by recompute: preemption_mode='recompute'")
+        raise VLLMValidationError("the preemption lab is preemption by recompute: preemption_mode='recompute'",
+                                  parameter="labs")
     scheduler = engine.scheduler
     scheduler.step_builder_class = lab_step_builder(scheduler.step_builder_class, module)
 

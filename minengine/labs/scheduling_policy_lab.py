@@ -18,6 +18,7 @@ from types import ModuleType
 
 from minengine.config import EngineConfig
 from minengine.core.policies import SchedulingPolicy
+from minengine.exceptions import VLLMValidationError
 from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
@@ -71,7 +72,14 @@ def learner_policy(module: ModuleType) -> SchedulingPolicy:
 
 
 def install(engine, module: ModuleType) -> None:
-    """``engine`` builds every step with ``module.MyPolicy`` (whose victims are checked to be candidates)."""
+    """``engine`` builds every step with ``module.MyPolicy`` (whose victims are checked to be candidates).
+
+    Raises:
+        VLLMValidationError: naming ``labs``: with the chunked_prefill lab too (both write the step's order).
+    """
+    if "chunked_prefill" in engine.config.labs:
+        raise VLLMValidationError("the scheduling_policy and chunked_prefill labs both write the step's order (a "
+                                  "policy's fill): run one of them at a time", parameter="labs")
     engine.scheduler.policy = learner_policy(module)
 
 

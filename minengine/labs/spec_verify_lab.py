@@ -16,6 +16,7 @@ from types import ModuleType
 
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
+from minengine.exceptions import VLLMValidationError
 from minengine.labs.door import mix_into
 from minengine.labs.end_to_end import Workload, end_to_end_check
 from minengine.labs.grading import Check, LabFailure
@@ -302,18 +303,19 @@ class LabVerifyingSampler:
 
 
 def install(engine, module: ModuleType) -> None:
-    """``engine`` verifies greedy proposals with ``module.verify_step`` and commits them with
-    ``module.commit_verified``.
+    """``engine`` proposes with ``module.propose``, verifies greedy proposals with ``module.verify_step`` and
+    commits them with ``module.commit_verified``.
 
     Raises:
-        ValueError: the engine has no speculative decoding (``speculative_config``), or its model is not in this
-            process.
+        VLLMValidationError: naming ``labs``: the engine has no speculative decoding (``speculative_config``),
+            or its model is not in this process.
     """
     if not hasattr(engine.scheduler, "proposer"):
-        raise ValueError("the spec_verify lab needs speculative decoding: speculative_config={'method': 'ngram', "
-                         "'num_speculative_tokens': k}")
+        raise VLLMValidationError("the spec_verify lab needs speculative decoding: speculative_config="
+                                  "{'method': 'ngram', 'num_speculative_tokens': k}", parameter="labs")
     if not isinstance(engine.runner, ModelRunner):
-        raise ValueError("the spec_verify lab runs the model in this process (tensor_parallel_size=1)")
+        raise VLLMValidationError("the spec_verify lab runs the model in this process (tensor_parallel_size=1)",
+                                  parameter="labs")
     mix_into(engine.scheduler, type("LabSpeculativeCommit", (LabSpeculativeCommit,), {"lab_module": module}))
     engine.scheduler.proposer = LabProposer(engine.scheduler.speculative_config, module)
     mix_into(engine.runner.sampler, type("LabVerifyingSampler", (LabVerifyingSampler,), {"lab_module": module}))

@@ -101,3 +101,14 @@ def test_the_skeleton_states_the_graded_slo():
     text = LABS[LAB].skeleton.read_text()
     stated = f"TTFT <= {HELD_SLO.ttft_s * 1000:g} ms and TPOT <= {HELD_SLO.tpot_s * 1000:g} ms"
     assert stated in text, stated
+
+
+def test_the_policy_and_chunked_prefill_labs_are_not_run_together():
+    """Both write the step's order (a policy's fill): one would silently replace the other, so the pair is refused,
+    naming the setting."""
+    from minengine.exceptions import VLLMValidationError
+
+    labs = {LAB: reference.__name__, "chunked_prefill": "minengine.labs.solutions.chunked_prefill"}
+    with pytest.raises(VLLMValidationError, match="run one of them at a time") as error:
+        LLMEngine(EngineConfig(labs=labs, num_kv_blocks=16, max_model_len=64))
+    assert error.value.parameter == "labs"
