@@ -10,6 +10,7 @@ preemptions are the ones the default scheduler makes; then the real engine on a 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -44,7 +45,8 @@ class LabPreemption:
         if self.kv.num_blocks_needed(request, num_new) > self.kv.num_free_blocks:
             self._waiting_changes()  # somebody will be preempted: keep the queue as it was, for a rollback
         num_preempted = len(self.out.preempted_ids)
-        allocated = self.lab_module.allocate_or_preempt(self, request, num_new)
+        with allocation_guard(self, request, num_new):
+            allocated = self.lab_module.allocate_or_preempt(self, request, num_new)
         self.num_preemptions += len(self.out.preempted_ids) - num_preempted
         if not allocated:
             return 0
@@ -56,6 +58,30 @@ class LabPreemption:
         self._next_token_blocks = None
         self.lab_module.preempt(self, request)
         self.num_preemptions += 1
+
+
+@contextlib.contextmanager
+def allocation_guard(step, request: Request, num_new: int):
+    """While the learner's ``allocate_or_preempt`` runs, ``step.kv.allocate_slots`` may fail at most once per
+    request running when it started (each failure must be followed by a preemption that takes one off, so a
+    loop that never ends, or never frees, stops here with words instead of hanging the grader)."""
+    kv, limit = step.kv, len(step.running) + 1
+    real, calls = kv.allocate_slots, 0
+
+    def allocate_slots(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls > limit:
+            raise LabFailure(f"allocate_or_preempt({request.request_id}, {num_new} tokens) asked for slots {calls} "
+                             f"times with {limit - 1} requests running: every failed attempt must preempt a victim "
+                             f"that gives back its blocks and leaves the running requests, or the loop never ends")
+        return real(*args, **kwargs)
+
+    kv.allocate_slots = allocate_slots  # this manager only, for this call
+    try:
+        yield
+    finally:
+        del kv.allocate_slots
 
 
 def lab_step_builder(step_builder_class: type, module: ModuleType) -> type:
@@ -157,7 +183,8 @@ def check_allocate_or_preempt(module: ModuleType) -> None:
     scheduler, step = _running(module, 3, 8, 6)
     r0, r1, r2 = list(step.running)
     r0.output_token_ids.extend([7, 7, 7])  # r0 now has 4 tokens to compute: one more block than it holds
-    ok = module.allocate_or_preempt(step, r0, 4)
+    with allocation_guard(step, r0, 4):
+        ok = module.allocate_or_preempt(step, r0, 4)
     if ok is not True or step.out.preempted_ids != ["r2"] or r2 not in step.waiting or r1 not in step.running:
         raise LabFailure(f"allocate_or_preempt(r0, 4 tokens) with every block in use: decode-first's victim r2 "
                          f"(the newest) must be preempted and r0 get its slots (True); got {ok}, preempted "
@@ -165,7 +192,8 @@ def check_allocate_or_preempt(module: ModuleType) -> None:
     scheduler, step = _running(module, 1, 8, 3)
     (r0,) = step.running
     r0.output_token_ids.extend([7] * 4)
-    ok = module.allocate_or_preempt(step, r0, 5)
+    with allocation_guard(step, r0, 5):
+        ok = module.allocate_or_preempt(step, r0, 5)
     if ok is not False or step.out.preempted_ids != ["r0"] or r0 in step.running or list(step.waiting) != [r0]:
         raise LabFailure(f"allocate_or_preempt(r0, 5 tokens) for the only running request, with no block free: r0 is "
                          f"its own victim: it must be preempted (waiting again) and the call return False; got {ok}, "

@@ -138,3 +138,20 @@ def test_every_lab_of_the_engine_at_once():
     assert engine.scheduler.num_preemptions > 0 and engine.summary().spec_accepted_tokens > 0
     mro = [c.__name__ for c in engine.scheduler.step_builder_class.__mro__]
     assert mro.index("Speculation") < mro.index("LabPreemption") < mro.index("StepBuilder"), mro
+
+
+def test_a_preemption_loop_that_never_ends_is_stopped_with_words(tmp_path):
+    """A preempt that gives nothing back would make allocate_or_preempt loop forever: the grader stops it."""
+    from pathlib import Path
+
+    from minengine.labs import grade
+    from minengine.labs.solutions import preemption as reference
+
+    source = Path(reference.__file__).read_text()
+    endless = source.replace("    step.running.remove(victim)\n    step.kv.free(victim)\n", "")
+    assert endless != source
+    path = tmp_path / "endless.py"
+    path.write_text(endless)
+    report = grade(LAB, path)
+    (loop,) = [r for r in report.results if r.name.startswith("allocate_or_preempt")]
+    assert loop.status == "failed" and "asked for slots 5 times with 3 requests running" in loop.message, loop
