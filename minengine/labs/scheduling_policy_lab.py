@@ -80,7 +80,39 @@ def install(engine, module: ModuleType) -> None:
     if "chunked_prefill" in engine.config.labs:
         raise VLLMValidationError("the scheduling_policy and chunked_prefill labs both write the step's order (a "
                                   "policy's fill): run one of them at a time", parameter="labs")
-    engine.scheduler.policy = learner_policy(module)
+    use_learner_policy(engine.scheduler, module)
+
+
+class MoveLimit:
+    """Step-builder mixin: a learner's ``fill`` that keeps making moves (``run``, ``admit_next``) without end,
+    e.g. admitting while nothing can be admitted, stops with words instead of hanging the engine. A step makes at
+    most a few moves per request (``run_all`` one per running request, ``admit_all`` one per waiting one + 1)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.moves_left = 8 * (len(self.running) + len(self.waiting)) + 64
+
+    def _count_move(self) -> None:
+        self.moves_left -= 1
+        if self.moves_left < 0:
+            raise LabFailure(f"step {self.step_index}: the policy's fill made more moves (run, admit_next) than "
+                             f"8 per request + 64 with {len(self.running)} running and {len(self.waiting)} waiting: "
+                             f"a loop that never ends (admitting or running while nothing more fits?)")
+
+    def run(self, request, limit=None):
+        self._count_move()
+        return super().run(request, limit)
+
+    def admit_next(self, limit=None, reserve_running=False):
+        self._count_move()
+        return super().admit_next(limit, reserve_running)
+
+
+def use_learner_policy(scheduler, module: ModuleType) -> None:
+    """``scheduler`` builds its steps with the learner's ``MyPolicy``, its moves counted (``MoveLimit``)."""
+    scheduler.policy = learner_policy(module)
+    builder = scheduler.step_builder_class
+    scheduler.step_builder_class = type(f"MoveLimit[{builder.__name__}]", (MoveLimit, builder), {})
 
 
 def replay_with(module: ModuleType | None, trace: list[TraceRequest], max_steps: int, **config):
@@ -151,7 +183,7 @@ def _one_step(module: ModuleType, num_running: int, num_waiting: int):
         scheduler.update_from_output(out, {s.request_id: [7] for s in out.scheduled if s.sample})
     for request in requests[num_running:]:
         scheduler.add_request(request)
-    scheduler.policy = learner_policy(module)
+    use_learner_policy(scheduler, module)
     return scheduler.schedule()
 
 

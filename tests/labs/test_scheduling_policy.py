@@ -112,3 +112,20 @@ def test_the_policy_and_chunked_prefill_labs_are_not_run_together():
     with pytest.raises(VLLMValidationError, match="run one of them at a time") as error:
         LLMEngine(EngineConfig(labs=labs, num_kv_blocks=16, max_model_len=64))
     assert error.value.parameter == "labs"
+
+
+def test_a_fill_that_never_ends_is_stopped_with_words(tmp_path):
+    """Admitting "while somebody waits" loops forever once nothing fits: the grader stops it at the step."""
+    from pathlib import Path
+
+    from minengine.labs import grade
+
+    source = Path(reference.__file__).read_text()
+    endless = source.replace("        step.admit_all()\n",
+                             "        while step.waiting:\n            step.admit_next()\n")
+    assert endless != source
+    path = tmp_path / "endless.py"
+    path.write_text(endless)
+    report = grade(LAB, path)
+    assert report.first_failure.stage == "property", report.format()
+    assert "a loop that never ends" in report.first_failure.message, report.format()
