@@ -63,13 +63,15 @@ def _read_page(context, path: Path) -> dict:
     return {**seen, "errors": errors, "outside": outside}
 
 
-def visit(site: Path) -> dict[str, dict]:
+def visit(site: Path, under: str = "") -> dict[str, dict]:
     """{page path relative to ``site``: {"links": [absolute URLs], "ids": [...], "figures": [{drawn, paths}],
     "errors": [...], "outside": [URLs of requests not under file://]}} for every ``*.html`` under ``site`` but
-    ``404.html`` (a web server's not-found page: its links are absolute from the server's root)."""
+    ``404.html`` (a web server's not-found page: its links are absolute from the server's root); with ``under``,
+    only the pages whose path relative to ``site`` starts with it."""
     from playwright.sync_api import sync_playwright
 
-    pages = sorted(p for p in site.rglob("*.html") if p.relative_to(site).as_posix() != "404.html")
+    pages = sorted(p for p in site.rglob("*.html")
+                   if p.relative_to(site).as_posix() != "404.html" and p.relative_to(site).as_posix().startswith(under))
     result = {}
     with sync_playwright() as p:
         browser = _browser(p)

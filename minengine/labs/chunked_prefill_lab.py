@@ -19,7 +19,7 @@ from minengine.labs.door import mix_into
 from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure, expect_equal, hypothesis_settings
 from minengine.labs.registry import SKELETONS, LabSpec
-from minengine.request import Request
+from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
 
 
@@ -50,6 +50,14 @@ def install_on_scheduler(scheduler: Scheduler, module: ModuleType) -> None:
             return num_new
 
     class LearnersAdmission:
+        def run(self, request: Request, limit: int | None = None) -> int:
+            if request.status is not RequestStatus.RUNNING:
+                raise RuntimeError(f"fill_step ran request {request.request_id}, whose status is {request.status.name}"
+                                   ": it was preempted earlier in this step; skip requests that are no longer RUNNING")
+            if self.is_scheduled(request):
+                raise RuntimeError(f"fill_step ran request {request.request_id} twice in one step")
+            return super().run(request, limit)
+
         def first_chunk(self, request: Request, limit: int, free: int) -> int:
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
             free -= sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hit blocks in the free queue are taken back

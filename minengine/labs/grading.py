@@ -99,7 +99,7 @@ def run_checks(checks: list[Check], module: ModuleType) -> list[CheckResult]:
             start = time.perf_counter()
             try:
                 check.run(module)
-            except Exception as error:  # the learner's code may raise anything: it is graded, not propagated
+            except (Exception, SystemExit) as error:  # the learner's code may raise anything (or exit): graded
                 results.append(CheckResult(check.name, stage, "failed", describe_exception(error),
                                            time.perf_counter() - start))
             else:

@@ -290,7 +290,7 @@ def test_executes_with_solutions_and_rejects_wrong_answers(chapter, monkeypatch)
 
 def test_site_from_executed_notebooks(tmp_path):
     """The docs site (``scripts/build_docs.py``) built from the notebooks executed above, without static images,
-    every page opened from disk in headless Chromium: every figure block of the chapters drawn by the site's own
+    every course page opened from disk in headless Chromium: every figure block of the chapters drawn by the site's own
     plotly.js (SVG paths present), no JavaScript error, no request outside the site's folder, no dead link or
     anchor; each figure block carries its ``<noscript>`` fallback and no page shows a cell the tests inserted."""
     if not EXECUTED:
@@ -316,7 +316,7 @@ def test_site_from_executed_notebooks(tmp_path):
 
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
-    seen = visit(site)
+    seen = visit(site, under="course/")  # the manual's pages: tests/course/test_site.py opens every one
     for name, page in seen.items():
         assert page["errors"] == [] and page["outside"] == [], f"{name}: {page['errors']} {page['outside']}"
         undrawn = [i for i, f in enumerate(page["figures"]) if not (f["drawn"] and f["paths"] > 0)]

@@ -27,8 +27,9 @@ WRONG = {
     "blocks_rounded_down": ("unit", "blocks_needed(0, 5, 0, 4), 5 tokens from scratch: expected 2, got 1"),
     "admits_without_free_blocks": ("unit", "10 tokens need 3 blocks, 2 free: it waits: expected 0, got 10"),
     "prefills_before_decodes": ("unit", "('P1', 4), ('P2', 2)], got [('P1', 4), ('P2', 4)]"),
-    "runs_preempted_request": ("unit", "in fill_step: step.run(request)"),
+    "runs_preempted_request": ("unit", "whose status is PREEMPTED: it was preempted earlier in this step"),
     "blocks_needed_negative": ("unit", "(never negative): expected 0, got -1"),
+    "runs_decodes_twice": ("unit", "fill_step ran request A twice in one step"),
 }
 
 
@@ -73,7 +74,7 @@ def test_the_reference_schedules_are_the_lesson():
 @pytest.mark.parametrize("bug, words", [
     ("chunk_overshoots_budget", "and 1 of the budget left"),  # the lab door's guard: a chunk past the budget
     ("admits_without_free_blocks", "new blocks, but only 5 are free"),
-    ("runs_preempted_request", "workload 'preemption'"),
+    ("runs_preempted_request", "whose status is PREEMPTED"),
 ])
 def test_end_to_end_stage_alone_catches(bug, words):
     with pytest.raises(LabFailure, match="the engine raised") as failure:

@@ -37,10 +37,15 @@ def test_a_failing_stage_skips_the_later_stages_and_words_come_through():
     def raises(_):
         return {}["missing"]
 
+    def exits(_):
+        raise SystemExit(3)
+
     checks = [Check("a", "unit", lambda m: None), Check("b", "unit", broken), Check("c", "unit", raises),
-              Check("d", "property", lambda m: None), Check("e", "end_to_end", lambda m: None)]
+              Check("x", "unit", exits), Check("d", "property", lambda m: None),
+              Check("e", "end_to_end", lambda m: None)]
     results = run_checks(checks, object())
-    assert [r.status for r in results] == ["passed", "failed", "failed", "skipped", "skipped"]
+    assert [r.status for r in results] == ["passed", "failed", "failed", "failed", "skipped", "skipped"]
+    assert results[3].message.startswith("raised SystemExit: 3")
     assert results[1].message == "block 3 leaked after step 2: expected 0, got 1"
     assert results[2].message.startswith("raised KeyError: 'missing'") and "test_grading.py" in results[2].message
     with pytest.raises(ValueError, match="stage"):

@@ -50,3 +50,15 @@ def test_parse_labs_reads_what_it_is_given(pairs):
 def test_parse_labs_refuses_an_entry_without_name_and_path(text):
     with pytest.raises(ValueError, match="NAME=PATH"):
         parse_labs(text)
+
+
+@pytest.mark.parametrize("command", ["serve", "run", "generate"])
+@pytest.mark.parametrize("lab, words", [("nope=x.py", "labs has unknown lab 'nope'; the labs are block_pool"),
+                                        ("block_pool=missing.py", "missing.py' does not exist")])
+def test_a_bad_lab_flag_is_an_error_before_the_model_loads(command, lab, words, capsys):
+    from minengine.__main__ import main
+
+    argv = [command, *(["ROMEO:"] if command == "generate" else []), "--lab", lab]
+    with pytest.raises(SystemExit) as exit_code:
+        main(argv)
+    assert exit_code.value.code == 2 and words in capsys.readouterr().err

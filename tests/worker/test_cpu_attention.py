@@ -220,32 +220,6 @@ def _build_in_subprocess(cache: str, extra_env: dict[str, str] | None = None, ti
 
 
 @needs_compiler
-def test_a_dead_builds_lock_does_not_block_the_next_build(tmp_path):
-    """torch's FileBaton lock is a plain file: a build killed midway leaves it, and torch alone would then wait for
-    it forever. Kill a real build midway, check the leftover, then a new process must build within the timeout."""
-    name = cpu_attention.default_name()
-    code = "from minengine.layers import cpu_attention; cpu_attention.build()"
-    env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(tmp_path)})
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
-    lock = tmp_path / name / "lock"
-    try:
-        for _ in range(600):  # torch creates its baton right before compiling
-            if lock.exists():
-                break
-            if proc.poll() is not None:
-                pytest.fail("the build finished before it could be interrupted")
-            subprocess.run(["sleep", "0.05"])
-        assert lock.exists(), "torch's build lock never appeared"
-    finally:
-        proc.kill()
-        proc.wait()
-    assert lock.exists()  # what the dead build left behind
-    done = _build_in_subprocess(str(tmp_path))
-    assert "KERNEL True" in done.stdout, done.stdout + done.stderr
-    assert not lock.exists()
-
-
-@needs_compiler
 def test_no_compiler_means_the_torch_path_with_a_warning(tmp_path):
     done = _build_in_subprocess(str(tmp_path), {"CXX": "/bin/false", "PATH": "/nonexistent"}, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -327,18 +301,37 @@ def test_a_library_cut_short_is_judged_so_at_every_length(cache_built_by_two_env
         assert not cpu_attention.library_is_whole(probe)
 
 
-@pytest.mark.parametrize("keep", [0.5])
-def test_a_cached_library_cut_short_is_rebuilt_not_loaded(cache_built_by_two_environments, keep):
-    """Loading a truncated shared library kills the process with SIGBUS (the loader maps the missing pages); the
-    build must notice, remove it and link it again, and the process ends with the kernel. One length here (each
-    relinks, ~20-50 s): that every length is judged cut short is the property test above."""
+def test_a_build_killed_in_its_link_blocks_nothing_and_is_rebuilt(cache_built_by_two_environments, tmp_path):
+    """A build killed midway leaves torch's ``lock`` (a plain file: torch alone would wait for it forever) and, if
+    killed during the link, a library cut short, which the loader would map and die on with SIGBUS. Kill a real
+    build midway (its lock must be left), give its directory a real library cut in half, then a new process must
+    remove the lock, notice the cut, compile and link again and end with the kernel. One length here (each relinks,
+    ~20-50 s): that every length is judged cut short is the property test above."""
     cache, _, _ = cache_built_by_two_environments
-    library = cache / cpu_attention.default_name() / f"{cpu_attention.default_name()}.so"
-    data = library.read_bytes()
-    library.write_bytes(data[:int(len(data) * keep)])
-    done = _build_in_subprocess(str(cache))
+    name = cpu_attention.default_name()
+    code = "from minengine.layers import cpu_attention; cpu_attention.build()"
+    env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(tmp_path)})
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    lock = tmp_path / name / "lock"
+    try:
+        for _ in range(600):  # torch creates its baton right before compiling
+            if lock.exists():
+                break
+            if proc.poll() is not None:
+                pytest.fail("the build finished before it could be interrupted")
+            subprocess.run(["sleep", "0.05"])
+        assert lock.exists(), "torch's build lock never appeared"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert lock.exists()  # what the dead build left behind
+    library = tmp_path / name / f"{name}.so"
+    data = (cache / name / f"{name}.so").read_bytes()
+    library.write_bytes(data[:len(data) // 2])
+    done = _build_in_subprocess(str(tmp_path))
     assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
     assert "KERNEL True" in done.stdout and "cut short; rebuilding" in done.stdout + done.stderr, done.stdout
+    assert not lock.exists()
     assert cpu_attention.library_is_whole(library)
 
 
