@@ -1,4 +1,4 @@
-"""A wrong speculative verification. The bug: keeps every proposal that matches its row, even after the first
+"""A wrong speculative decoding part. The bug: keeps every proposal that matches its row, even after the first
 mismatch."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A wrong speculative verification. The bug: appends every kept token before checking for a stop, so a request can
+"""A wrong speculative decoding part. The bug: appends every kept token before checking for a stop, so a request can
 end with more than max_tokens tokens."""
 
 from __future__ import annotations

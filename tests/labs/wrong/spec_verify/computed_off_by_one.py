@@ -1,5 +1,5 @@
-"""A wrong speculative verification. The bug: advances num_computed_tokens by the accepted proposals only, forgetting
-the latest token the step also computed."""
+"""A wrong speculative decoding part. The bug: advances num_computed_tokens by the accepted proposals only,
+forgetting the latest token the step also computed."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A wrong speculative verification. The bug: when every proposal was accepted it returns the proposals only,
+"""A wrong speculative decoding part. The bug: when every proposal was accepted it returns the proposals only,
 dropping the bonus token."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A wrong speculative verification. The bug: never frees the blocks that held only rejected proposals (a KV block
+"""A wrong speculative decoding part. The bug: never frees the blocks that held only rejected proposals (a KV block
 leak while the request runs)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A wrong speculative verification. The bug: after a mismatch it keeps the correction AND the next row's token,
+"""A wrong speculative decoding part. The bug: after a mismatch it keeps the correction AND the next row's token,
 which the model computed after a rejected proposal (one token too many)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A wrong speculative verification. The bug: prompt lookup proposes what followed the LATEST earlier occurrence of
+"""A wrong speculative decoding part. The bug: prompt lookup proposes what followed the LATEST earlier occurrence of
 the suffix, not the earliest."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A wrong speculative verification. The bug: prompt lookup tries the SHORTEST n-gram first, so a one-token suffix
+"""A wrong speculative decoding part. The bug: prompt lookup tries the SHORTEST n-gram first, so a one-token suffix
 wins over a longer, more telling match."""
 
 from __future__ import annotations

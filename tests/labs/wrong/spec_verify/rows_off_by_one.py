@@ -1,5 +1,5 @@
-"""A wrong speculative verification. The bug: steps through the rows by len(proposals) instead of len(proposals) + 1,
-so the next request reads its neighbour's last row."""
+"""A wrong speculative decoding part. The bug: steps through the rows by len(proposals) instead of len(proposals) +
+1, so the next request reads its neighbour's last row."""
 
 from __future__ import annotations
 
