@@ -21,7 +21,9 @@ arrival order). It must also never overfill a step, never stall, never preempt a
 step, and the engine on it must give the same greedy tokens as transformers. The default is in
 ``minengine/core/policies/decode_first.py``; the others in ``minengine/core/policies/others.py``.
 
-Grade it with ``python -m minengine lab grade scheduling_policy labs/scheduling_policy/scheduling_policy.py``.
+Grade it with ``python -m minengine lab grade scheduling_policy labs/scheduling_policy/scheduling_policy.py``; see
+your attainment beside decode-first's with ``from minengine.labs.scheduling_policy_lab import attainment;
+attainment("labs/scheduling_policy/scheduling_policy.py")``.
 """
 
 from __future__ import annotations

@@ -221,12 +221,28 @@ def check_random_traces(module: ModuleType) -> None:
     random_trace()
 
 
-def check_slo_attainment(module: ModuleType) -> None:
+def attainment(submission) -> tuple[float, float]:
+    """(the learner's SLO attainment, decode-first's) on the held trace, fractions of its requests: what the grade
+    compares, to look at from a notebook whether the policy passes or not.
+
+    Args:
+        submission: the learner's file path, module name or module.
+
+    Raises:
+        LabFailure: the submission does not import, or its policy stalls the trace (more than 10x decode-first's
+            steps, or a step with nothing scheduled).
+    """
+    from minengine.labs.loading import load_submission
+
     base, base_steps = baseline()
-    result = replay_with(module, held_trace(), max_steps=10 * base_steps)
-    attained = slo_attainment(result.request_metrics, HELD_SLO)
+    result = replay_with(load_submission(submission), held_trace(), max_steps=10 * base_steps)
+    return slo_attainment(result.request_metrics, HELD_SLO), base
+
+
+def check_slo_attainment(module: ModuleType) -> None:
+    attained, base = attainment(module)
     if attained < base:
-        n = len(result.request_metrics)
+        n = len(held_trace())
         raise LabFailure(f"SLO attainment ({HELD_SLO}) on the held trace (modelled H100, Llama-3-8B shapes): "
                          f"{attained:.1%} ({round(attained * n)} of {n} requests) is below decode-first's {base:.1%} "
                          f"({round(base * n)} of {n})")

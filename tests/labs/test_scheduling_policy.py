@@ -14,7 +14,7 @@ from minengine.labs import LabFailure
 from minengine.labs.loading import load_submission
 from minengine.labs.scheduling_policy_lab import (
     HELD_SLO,
-    baseline,
+    attainment,
     check_random_traces,
     check_slo_attainment,
     held_trace,
@@ -61,11 +61,11 @@ def test_wrong_implementation_fails(bug):
 def test_the_held_trace_separates_the_policies():
     """Decode-first misses some SLOs on the held trace (so there is something to win), the reference wins some of
     them back, and the policy that starves decodes loses more: the grade measures the policy."""
-    base, _ = baseline()
-    ref = slo_attainment(replay_with(reference, held_trace(), 100_000).request_metrics, HELD_SLO)
-    starving = load_submission(wrong_files(LAB)["starves_decodes"])
-    worse = slo_attainment(replay_with(starving, held_trace(), 100_000).request_metrics, HELD_SLO)
-    assert 0.3 < base < 0.9 and worse < base < ref, (worse, base, ref)
+    ref, base = attainment(reference)
+    worse, same_base = attainment(wrong_files(LAB)["starves_decodes"])
+    assert 0.3 < base < 0.9 and worse < base < ref and same_base == base, (worse, base, ref)
+    default = slo_attainment(replay_with(None, held_trace(), 100_000).request_metrics, HELD_SLO)
+    assert default == base  # the baseline is the engine with no lab: decode-first
 
 
 def test_property_stage_alone_catches_a_stall():
