@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from types import ModuleType
+from typing import ClassVar
 
 from minengine.core.doors import make_scheduler
 from minengine.core.kv_cache_manager import KVCacheManager
@@ -21,6 +22,67 @@ from minengine.labs.grading import Check, LabFailure, expect_equal, hypothesis_s
 from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.request import Request, RequestStatus
 from minengine.sampling_params import SamplingParams
+
+
+class LearnersChunking(SchedulerConfig):
+    """The scheduler's limits, with chunk sizes from the learner's ``prefill_chunk`` (``lab_module``)."""
+
+    __slots__ = ()
+    lab_module: ClassVar[ModuleType]
+
+    def chunk(self, num_uncomputed: int, token_budget: int) -> int:
+        num_new = self.lab_module.prefill_chunk(num_uncomputed, token_budget, self.long_prefill_token_threshold,
+                                                self.enable_chunked_prefill)
+        if not 0 <= num_new <= min(num_uncomputed, token_budget):
+            raise RuntimeError(f"prefill_chunk({num_uncomputed}, {token_budget}, ...) gave {num_new} tokens: a "
+                               f"chunk must be in [0, min(tokens left, budget left)]")
+        return num_new
+
+
+class LearnersAdmission(StepBuilder):
+    """The step builder, with first chunks from the learner's ``admission_chunk`` and the learner's ``fill_step``
+    held to the moves' rules (a request runs once per step, and only while it is running)."""
+
+    lab_module: ClassVar[ModuleType]
+
+    def run(self, request: Request, limit: int | None = None) -> int:
+        if request.status is not RequestStatus.RUNNING:
+            raise RuntimeError(f"fill_step ran request {request.request_id}, whose status is {request.status.name}: "
+                               "it was preempted earlier in this step; skip requests that are no longer RUNNING")
+        if self.is_scheduled(request):
+            raise RuntimeError(f"fill_step ran request {request.request_id} twice in one step")
+        return super().run(request, limit)
+
+    def first_chunk(self, request: Request, limit: int, free: int) -> int:
+        hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+        free -= sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hit blocks in the free queue are taken back
+        cfg = self.config
+        num_new = self.lab_module.admission_chunk(request.num_tokens - num_hit, num_hit, len(hit_blocks), limit,
+                                                  free, self.kv.block_size, cfg.long_prefill_token_threshold,
+                                                  cfg.enable_chunked_prefill)
+        if num_new <= 0:
+            return 0
+        if num_new > min(limit, request.num_tokens - num_hit):
+            raise RuntimeError(f"admission_chunk gave {num_new} tokens to request {request.request_id} with "
+                               f"{request.num_tokens - num_hit} left and {limit} of the budget left")
+        needed = self.kv.num_blocks_needed(request, num_new, len(hit_blocks))
+        if needed > free:
+            raise RuntimeError(f"admission_chunk admitted request {request.request_id} with {num_new} tokens "
+                               f"needing {needed} new blocks, but only {free} are free")
+        self.kv.allocate_slots(request, num_new, hit_blocks)
+        request.num_computed_tokens = num_hit
+        request.num_external_computed_tokens = 0  # received KV is not part of this lab: it is recomputed
+        self._count_prefix_hit(request, num_hit)
+        return num_new
+
+
+class LearnersFill:
+    """A policy's ``fill`` replaced by the learner's ``fill_step`` (its queue order and victim choice stay)."""
+
+    lab_module: ClassVar[ModuleType]
+
+    def fill(self, step: StepBuilder) -> None:
+        self.lab_module.fill_step(step)
 
 
 def install_on_scheduler(scheduler: Scheduler, module: ModuleType) -> None:
@@ -37,56 +99,10 @@ def install_on_scheduler(scheduler: Scheduler, module: ModuleType) -> None:
                                   parameter="labs")
     if scheduler.config.shrink_prefill_chunks:
         raise VLLMValidationError("the chunked_prefill lab runs without shrink_prefill_chunks", parameter="labs")
-
-    class LearnersChunking(SchedulerConfig):
-        __slots__ = ()
-
-        def chunk(self, num_uncomputed: int, token_budget: int) -> int:
-            num_new = module.prefill_chunk(num_uncomputed, token_budget, self.long_prefill_token_threshold,
-                                           self.enable_chunked_prefill)
-            if not 0 <= num_new <= min(num_uncomputed, token_budget):
-                raise RuntimeError(f"prefill_chunk({num_uncomputed}, {token_budget}, ...) gave {num_new} tokens: a "
-                                   f"chunk must be in [0, min(tokens left, budget left)]")
-            return num_new
-
-    class LearnersAdmission:
-        def run(self, request: Request, limit: int | None = None) -> int:
-            if request.status is not RequestStatus.RUNNING:
-                raise RuntimeError(f"fill_step ran request {request.request_id}, whose status is {request.status.name}"
-                                   ": it was preempted earlier in this step; skip requests that are no longer RUNNING")
-            if self.is_scheduled(request):
-                raise RuntimeError(f"fill_step ran request {request.request_id} twice in one step")
-            return super().run(request, limit)
-
-        def first_chunk(self, request: Request, limit: int, free: int) -> int:
-            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
-            free -= sum(1 for b in hit_blocks if b.ref_cnt == 0)  # hit blocks in the free queue are taken back
-            cfg = self.config
-            num_new = module.admission_chunk(request.num_tokens - num_hit, num_hit, len(hit_blocks), limit, free,
-                                             self.kv.block_size, cfg.long_prefill_token_threshold,
-                                             cfg.enable_chunked_prefill)
-            if num_new <= 0:
-                return 0
-            if num_new > min(limit, request.num_tokens - num_hit):
-                raise RuntimeError(f"admission_chunk gave {num_new} tokens to request {request.request_id} with "
-                                   f"{request.num_tokens - num_hit} left and {limit} of the budget left")
-            needed = self.kv.num_blocks_needed(request, num_new, len(hit_blocks))
-            if needed > free:
-                raise RuntimeError(f"admission_chunk admitted request {request.request_id} with {num_new} tokens "
-                                   f"needing {needed} new blocks, but only {free} are free")
-            self.kv.allocate_slots(request, num_new, hit_blocks)
-            request.num_computed_tokens = num_hit
-            request.num_external_computed_tokens = 0  # received KV is not part of this lab: it is recomputed
-            self._count_prefix_hit(request, num_hit)
-            return num_new
-
-    class LearnersFill:
-        def fill(self, step: StepBuilder) -> None:
-            module.fill_step(step)
-
-    scheduler.config = LearnersChunking(**{f.name: getattr(scheduler.config, f.name) for f in fields(SchedulerConfig)})
-    scheduler.step_builder_class = type("LearnersAdmission[StepBuilder]", (LearnersAdmission, StepBuilder), {})
-    mix_into(scheduler.policy, LearnersFill)
+    chunking = type("LearnersChunking", (LearnersChunking,), {"__slots__": (), "lab_module": module})
+    scheduler.config = chunking(**{f.name: getattr(scheduler.config, f.name) for f in fields(SchedulerConfig)})
+    scheduler.step_builder_class = type("LearnersAdmission", (LearnersAdmission,), {"lab_module": module})
+    mix_into(scheduler.policy, type("LearnersFill", (LearnersFill,), {"lab_module": module}))
 
 
 def install(engine, module: ModuleType) -> None:

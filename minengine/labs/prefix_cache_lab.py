@@ -5,6 +5,7 @@ blocks, and the longest-cached-prefix lookup (with the rule that the last token 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import ClassVar
 
 from minengine.labs.door import mix_into
 from minengine.labs.end_to_end import end_to_end_check
@@ -161,24 +162,29 @@ def check_lookup_random(m: ModuleType) -> None:
     lookup()
 
 
+class LearnersPrefixCache:
+    """A ``KVCacheManager`` mixin: each request's block hashes and its cached prefix come from the learner's
+    ``extend_block_hashes`` and ``longest_cached_prefix`` (``lab_module``); the pool, the staging of a step's blocks
+    and the accounting stay the engine's."""
+
+    lab_module: ClassVar[ModuleType]
+
+    def _update_block_hashes(self, request) -> None:
+        self.lab_module.extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
+
+    def get_computed_blocks(self, request):
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0  # as the engine's own: no hit for a request that asks for prompt logprobs
+        self._update_block_hashes(request)
+        hits = list(self.lab_module.longest_cached_prefix(
+            request.block_hashes, request.num_tokens, self.block_size,
+            lambda block_hash: self.pool.get_cached_block(block_hash) or self._staged_by_hash.get(block_hash)))
+        return hits, len(hits) * self.block_size
+
+
 def install(engine, module: ModuleType) -> None:
-    """The engine's ``KVCacheManager`` hashes each request's full blocks and finds its cached prefix with the
-    learner's functions (the pool, the staging of a step's blocks and the accounting stay the engine's)."""
-
-    class LearnersPrefixCache:
-        def _update_block_hashes(self, request) -> None:
-            module.extend_block_hashes(request.block_hashes, request.all_token_ids, self.block_size)
-
-        def get_computed_blocks(self, request):
-            if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
-                return [], 0
-            self._update_block_hashes(request)
-            hits = list(module.longest_cached_prefix(
-                request.block_hashes, request.num_tokens, self.block_size,
-                lambda block_hash: self.pool.get_cached_block(block_hash) or self._staged_by_hash.get(block_hash)))
-            return hits, len(hits) * self.block_size
-
-    mix_into(engine.kv_cache_manager, LearnersPrefixCache)
+    """The engine's ``KVCacheManager`` hashes and looks up prefixes with the learner's functions."""
+    mix_into(engine.kv_cache_manager, type("LearnersPrefixCache", (LearnersPrefixCache,), {"lab_module": module}))
 
 
 SPEC = LabSpec(
