@@ -81,8 +81,11 @@ def test_the_checks_reference_is_the_engines_reference_attention():
                                                                                        generator=gen)
     params = SamplingParams()
     steps = [("a", 6, 3, [7, 2, 9]), ("b", 0, 5, [4, 1]), ("c", 9, 1, [0, 11, 3])]  # (id, context, new, blocks)
-    out = SchedulerOutput(scheduled=[ScheduledRequest(rid, [1] * new, ctx, blocks, True, new > 1, params, 0, [1], [])
-                                     for rid, ctx, new, blocks in steps])
+    out = SchedulerOutput(scheduled=[
+        ScheduledRequest(request_id=rid, token_ids=[1] * new, start_pos=ctx, block_ids=blocks, sample=True,
+                         is_prefill=new > 1, sampling_params=params, output_index=0, prompt_token_ids=[1],
+                         output_token_ids=[])
+        for rid, ctx, new, blocks in steps])
     batch = ForwardBatch.build(out, block_size, attention_backend="reference")
     query = torch.randn(batch.num_tokens, hq, d, generator=gen)
     key = k_cache.view(-1, hkv, d)[batch.slot_mapping]
