@@ -1,0 +1,128 @@
+"""Lab 6, paged attention's read: the grader passes the reference, fails the skeleton and every wrong read with
+words, its property and end-to-end stages catch bugs on their own, and every attention layer of the engine reads
+through the learner's function."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from minengine import EngineConfig, LLMEngine
+from minengine.labs import LabFailure
+from minengine.labs.end_to_end import engine_matches_transformers
+from minengine.labs.loading import load_submission
+from minengine.labs.paged_attention_lab import LabAttention, _random_step, _step_reference, check_random_steps
+from minengine.labs.solutions import paged_attention as reference
+from minengine.layers.reference_attention import paged_attention_reference
+from minengine.models.llama import Attention
+from minengine.worker.forward_batch import ForwardBatch
+from tests.labs.lab_checks import (
+    assert_reference_passes,
+    assert_skeleton_not_implemented,
+    assert_wrong_fails,
+    assert_wrong_set_is_complete,
+    wrong_files,
+)
+
+LAB = "paged_attention"
+WRONG = {  # bug -> (the stage that catches it first, words of the failure)
+    "last_block_floor": ("unit", "returned shape (8, 2, 3), expected (10, 2, 3)"),
+    "whole_last_block": ("unit", "returned shape (12, 2, 3), expected (10, 2, 3)"),
+    "sees_one_future_token": ("unit", "attend, a prefill from position 0: the causal mask"),
+    "mask_from_chunk_start": ("unit", "attend, a decode: one query at the last position sees every key"),
+    "gqa_modulo": ("unit", "attend, grouped-query attention: query head h reads KV head h // (Hq // Hkv)"),
+    "missing_scale": ("unit", "scores scaled by 1/sqrt(D)"),
+    "sorted_block_ids": ("unit", "position 0 must come from block 5 slot 0"),
+}
+
+
+def test_reference_passes():
+    assert_reference_passes(LAB)
+
+
+def test_skeleton_fails_with_not_implemented():
+    assert_skeleton_not_implemented(LAB)
+
+
+def test_wrong_implementations_are_listed():
+    assert_wrong_set_is_complete(LAB, WRONG)
+
+
+@pytest.mark.parametrize("bug", sorted(WRONG))
+def test_wrong_implementation_fails(bug):
+    assert_wrong_fails(LAB, bug, *WRONG[bug])
+
+
+@pytest.mark.parametrize("bug", sorted(WRONG))
+def test_property_stage_alone_catches(bug):
+    """Random steps (any block size, heads, context, shuffled blocks) catch every wrong read on their own."""
+    with pytest.raises(LabFailure, match=re.escape("differs from the definition")):
+        check_random_steps(load_submission(wrong_files(LAB)[bug]))
+
+
+@pytest.mark.parametrize("bug", ["gqa_modulo", "sees_one_future_token"])
+def test_end_to_end_alone_catches(bug):
+    """The engine reading through a wrong read gives other tokens than transformers."""
+    with pytest.raises(LabFailure, match="differs from transformers"):
+        engine_matches_transformers({LAB: str(wrong_files(LAB)[bug])}, ["chunked_prefill"])
+
+
+def test_the_checks_reference_is_the_engines_reference_attention():
+    """The dense definition the checks grade against agrees with the engine's own reference backend on a step
+    built by ``ForwardBatch`` (so the lab teaches the read the engine does)."""
+    from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
+    from minengine.sampling_params import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    block_size, hkv, hq, d = 4, 2, 4, 8
+    k_cache, v_cache = torch.randn(12, block_size, hkv, d, generator=gen), torch.randn(12, block_size, hkv, d,
+                                                                                       generator=gen)
+    params = SamplingParams()
+    steps = [("a", 6, 3, [7, 2, 9]), ("b", 0, 5, [4, 1]), ("c", 9, 1, [0, 11, 3])]  # (id, context, new, blocks)
+    out = SchedulerOutput(scheduled=[
+        ScheduledRequest(request_id=rid, token_ids=[1] * new, start_pos=ctx, block_ids=blocks, sample=True,
+                         is_prefill=new > 1, sampling_params=params, output_index=0, prompt_token_ids=[1],
+                         output_token_ids=[])
+        for rid, ctx, new, blocks in steps])
+    batch = ForwardBatch.build(out, block_size, attention_backend="reference")
+    query = torch.randn(batch.num_tokens, hq, d, generator=gen)
+    key = k_cache.view(-1, hkv, d)[batch.slot_mapping]
+    value = v_cache.view(-1, hkv, d)[batch.slot_mapping]
+    engine_out = paged_attention_reference(query, key, value, k_cache, v_cache, batch, d ** -0.5)
+    tables = torch.tensor([out.scheduled[i].block_ids + [0] * (3 - len(out.scheduled[i].block_ids))
+                           for i in batch.batch_order.tolist()], dtype=torch.int32)
+    dense = _step_reference(query, k_cache, v_cache, tables, batch.seq_lens, batch.query_start_loc, d ** -0.5)
+    mine = reference.paged_attention(query, k_cache, v_cache, tables, batch.seq_lens, batch.query_start_loc, d ** -0.5)
+    torch.testing.assert_close(engine_out.double(), dense, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mine.double(), dense, atol=1e-5, rtol=1e-5)
+
+
+def test_every_layer_reads_through_the_learners_function():
+    module = load_submission("minengine/labs/solutions/paged_attention.py")  # a fresh copy, to count its calls
+    real, calls = module.paged_attention, []
+
+    def counted(query, *args):
+        calls.append(query.shape[0])
+        return real(query, *args)
+
+    module.paged_attention = counted
+    engine = LLMEngine(EngineConfig(labs={LAB: module.__name__}, num_kv_blocks=32, max_model_len=128))
+    layers = engine.runner.model.model.layers
+    assert all(isinstance(layer.self_attn, LabAttention) for layer in layers)
+    engine.add_request("r", {"prompt_token_ids": list(range(1, 20))})
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        num_steps += 1
+    assert len(calls) == num_steps * len(layers) and calls[0] == 19  # the prefill, then one row per decode
+    plain = LLMEngine(EngineConfig(num_kv_blocks=32, max_model_len=128))
+    assert all(type(layer.self_attn) is Attention for layer in plain.runner.model.model.layers)
+
+
+def test_random_step_shapes():
+    """The property check's steps hold what they claim: tables with padding past each request's blocks."""
+    query, k_cache, _, tables, seq_lens, qsl = _random_step(3, 3, 4, 2, 2)
+    assert query.shape[0] == int(qsl[-1]) and tables.shape[0] == 3 and len(seq_lens) == 3
+    assert all(int(seq_lens[b]) >= int(qsl[b + 1] - qsl[b]) for b in range(3))
