@@ -560,7 +560,7 @@ def connect_server(url: str, window: int) -> None:
         return
     st.session_state.pop("server_error", None)
     st.session_state["server_player"] = LivePlayer(feed.start(), speed=0, keep=max(SERVER_WINDOWS))
-    feed.wait_first_step(SERVER_CONNECT_WAIT_S)  # its history replay: the rerun after this click draws it
+    feed.wait_history(SERVER_CONNECT_WAIT_S)  # its history replay: the rerun after this click draws it
 
 
 def disconnect_server() -> None:

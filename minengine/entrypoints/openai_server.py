@@ -569,7 +569,8 @@ class OpenAIServing:
         try:
             info = await self.engine_info()
             past = await self.engine.call(lambda e: list(e.traces[-history:]) if history > 0 else [])
-            yield sse(info, event="engine")
+            # how many steps the replay sends, so a client can tell when it has the whole history
+            yield sse({**info, "history_steps": len(past)}, event="engine")
             last = None
             for trace in past:
                 last = trace.step

@@ -198,7 +198,8 @@ class ServerFeed:
         self._pending: deque[StepTrace] = deque(maxlen=max_pending or None)
         self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._news = threading.Event()  # set at the first step, or once the feed has failed or stopped
+        # set once the server's history replay has come in whole (at least one step), or the feed failed or stopped
+        self._news = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._thread = threading.Thread(target=self._thread_main, name=f"minengine-feed {self.url}", daemon=True)
@@ -229,10 +230,11 @@ class ServerFeed:
             self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    def wait_first_step(self, timeout_s: float) -> bool:
-        """Wait up to ``timeout_s`` seconds for the first step (a server replays ``history`` steps at once after
-        its ``engine`` event), or for the feed to fail or stop; returns True if either came. A page that waits a
-        moment on Connect can draw the server's figures in that same rerun.
+    def wait_history(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` seconds for the server's history replay (the ``history_steps`` its
+        ``engine`` event announces; at least the first step when it announces none), or for the feed to fail
+        or stop; returns True if either came. A page that waits a moment on Connect can draw the server's
+        figures, up to its latest step, in that same rerun.
 
         Raises:
             ValueError: a negative ``timeout_s``.
@@ -374,7 +376,9 @@ class ServerFeed:
             self.num_finished += len(trace.finished_ids)
             self.num_dropped = max(self.num_dropped, dropped)
             self.last_trace = trace
-        self._news.set()
+            replayed = self.num_received >= max(1, int((self.info or {}).get("history_steps", 0)))
+        if replayed:
+            self._news.set()
 
     def _display_name(self, request_id: str) -> str:
         name = self._names.get(request_id)

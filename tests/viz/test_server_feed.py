@@ -104,8 +104,8 @@ def test_history_replays_the_last_steps_first(server):
     last = server.engine.traces[-1].step
     feed = ServerFeed(server.url, history=3, block_tables=False, metrics_every_s=0).start()
     try:
-        assert feed.wait_first_step(TIMEOUT) and feed.num_received >= 1  # a page can draw on Connect
-        wait_for(lambda: feed.num_received >= 3, what="the replay")
+        # the wait ends with the whole replay in: a page draws up to the server's latest step on Connect
+        assert feed.wait_history(TIMEOUT) and feed.num_received >= 3
         got = feed.poll(10)
         assert [tr.step for tr in got] == [last - 2, last - 1, last] and got[0].block_tables is None
     finally:
@@ -161,26 +161,32 @@ def test_a_server_that_is_not_minengine_says_so(head, chunks, says):
     assert feed.state == "failed" and feed.error.kind == "not_minengine" and says in feed.error.detail, feed.error
 
 
-def test_waiting_for_the_first_step_ends_at_a_step_a_failure_or_a_stop():
+def test_waiting_for_the_history_ends_at_its_last_step_a_failure_or_a_stop():
     with CannedServer(http_head(), [chunk(sse("engine", ENGINE)), chunk(": keep-alive\n\n")], close=False) as canned:
         feed = ServerFeed(canned.url).start()
         started = time.monotonic()
-        assert not feed.wait_first_step(0.3)  # connected, no step: the wait is bounded
+        assert not feed.wait_history(0.3)  # connected, no step: the wait is bounded
         assert 0.3 <= time.monotonic() - started < 5 and feed.num_received == 0
         with pytest.raises(ValueError, match="timeout_s"):
-            feed.wait_first_step(-1)
+            feed.wait_history(-1)
         feed.stop()
-        assert feed.wait_first_step(0)
+        assert feed.wait_history(0)
     with CannedServer(http_head(), [chunk(sse("engine", ENGINE)), chunk(sse("step", step_dict(0)))],
                       close=False) as canned:
         feed = ServerFeed(canned.url).start()
-        assert feed.wait_first_step(TIMEOUT) and feed.num_received == 1
+        assert feed.wait_history(TIMEOUT) and feed.num_received == 1
+        feed.stop()
+    announced = {**ENGINE, "history_steps": 2}  # a replay of two steps, the second one late
+    with CannedServer(http_head(), [chunk(sse("engine", announced)), chunk(sse("step", step_dict(0)))],
+                      close=False) as canned:
+        feed = ServerFeed(canned.url).start()
+        assert not feed.wait_history(0.5) and feed.num_received == 1  # half the replay: still waiting
         feed.stop()
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()  # nothing listens
     failed = ServerFeed(f"http://127.0.0.1:{port}").start()
-    assert failed.wait_first_step(TIMEOUT) and failed.state == "failed"
+    assert failed.wait_history(TIMEOUT) and failed.state == "failed"
 
 
 def test_a_step_that_does_not_decode_is_a_bad_event():
