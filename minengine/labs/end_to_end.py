@@ -10,10 +10,9 @@ submissions in one process pays for them once.
 from __future__ import annotations
 
 import functools
-import traceback
 from dataclasses import dataclass, field
 
-from minengine.labs.grading import LabFailure
+from minengine.labs.grading import LabFailure, learner_files, where_raised
 
 # Public-domain Shakespeare: the prompts are cut from its tokens, so the tiny model sees text like its training data.
 TEXT = """First Citizen:
@@ -110,11 +109,6 @@ def reference_tokens(prompt: tuple[int, ...], max_tokens: int) -> tuple[int, ...
     return tuple(out[0, ids.shape[1]:].tolist())
 
 
-def _where(error: BaseException) -> str:
-    frames = traceback.extract_tb(error.__traceback__)
-    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
-
-
 def run_workload(labs: dict, workload: Workload):
     """Run ``workload`` on an engine built with ``labs``; return (engine, {request id: (prompt, tokens)}).
 
@@ -139,8 +133,9 @@ def run_workload(labs: dict, workload: Workload):
             try:
                 outputs = engine.step()
             except Exception as error:
+                where = where_raised(error, learner_files(*(labs or {}).values()))
                 raise LabFailure(f"workload {workload.name!r}: the engine raised {type(error).__name__}: {error} "
-                                 f"at step {step} ({_where(error)})") from None
+                                 f"at step {step} ({where})") from None
             step += 1
             for out in outputs:
                 if out.finished:

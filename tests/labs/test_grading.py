@@ -128,3 +128,15 @@ def test_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_code:
         main(["lab", "grade-class", "block_pool", str(tmp_path / "nowhere"), "--timeout", "5"])
     assert exit_code.value.code == 2 and "is not a folder" in capsys.readouterr().err
+
+
+def test_an_exception_names_the_learners_line_not_the_library_it_called(tmp_path):
+    """An error raised deep in a library the learner called is reported at the learner's own line (the last frame
+    in their file), even in a folder named like the package."""
+    path = tmp_path / "minengine" / "mine.py"
+    path.parent.mkdir()
+    path.write_text("import json\n\n\ndef parse(text):\n    return json.loads(text)\n")
+    module = load_submission(path)
+    [result] = run_checks([Check("parses", "unit", lambda m: m.parse("{"))], module)
+    assert result.status == "failed" and result.message.startswith("raised JSONDecodeError"), result.message
+    assert f"at {path}:5 in parse: return json.loads(text)" in result.message, result.message
