@@ -91,10 +91,17 @@ def prompt_ids(cut: tuple) -> list[int]:
 def _hf_model():
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
     from minengine.config import BUNDLED_MODEL
 
-    return AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    was_on = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # its "Loading weights" bar would run into the grader's report on one line
+    try:
+        return AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    finally:
+        if was_on:
+            logging.enable_progress_bar()
 
 
 @functools.cache

@@ -12,7 +12,7 @@ import pytest
 
 from minengine.__main__ import main
 from minengine.labs import LABS, Check, LabFailure, grade
-from minengine.labs.cli import grade_class, grade_in_subprocess
+from minengine.labs.cli import SubmissionGrade, format_class, grade_class, grade_in_subprocess
 from minengine.labs.grading import run_checks
 from minengine.labs.loading import load_submission
 from tests.labs.lab_checks import wrong_files
@@ -140,3 +140,17 @@ def test_an_exception_names_the_learners_line_not_the_library_it_called(tmp_path
     [result] = run_checks([Check("parses", "unit", lambda m: m.parse("{"))], module)
     assert result.status == "failed" and result.message.startswith("raised JSONDecodeError"), result.message
     assert f"at {path}:5 in parse: return json.loads(text)" in result.message, result.message
+
+
+def test_the_class_table_keeps_every_column_and_every_word():
+    """Score columns whole on every row, however long the name; each first failure in full below the table."""
+    failure = ("the engine on your pool matches transformers: preemption: workload 'preemption', request "
+               "pass0-req3 (prompt of 25 tokens): output token 4 differs from transformers\n  at pool.py:12 in touch")
+    grades = [SubmissionGrade("a_learner_with_a_very_long_folder_name", "x.py", "graded", 13 / 14, 13, 14, failure,
+                              42.0), SubmissionGrade("bo", "y.py", "timeout", first_failure="no grade within 4 s")]
+    text = format_class(grades)
+    rows = text.splitlines()
+    assert rows[1].split()[1:] == ["graded", "93%", "13/14", "42.0"], rows
+    assert rows[2].split()[1:] == ["timeout", "0%", "0/0", "0.0"], rows
+    assert failure.splitlines()[0] in text and "at pool.py:12 in touch" in text
+    assert max(len(row) for row in rows[:3]) < 100
