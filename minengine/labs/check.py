@@ -50,8 +50,8 @@ def expect_raises(error_type: type[BaseException], what: str, call: Callable[[],
     except NotImplementedError:
         raise
     except Exception as error:
-        raise LabFailure(f"{what} must raise {error_type.__name__}, but raised {type(error).__name__}: {error}") \
-            from None
+        raise LabFailure(f"{what} must raise {error_type.__name__}, but raised {type(error).__name__}: {error} (at "
+                         f"{where_raised(error)})") from None
     raise LabFailure(f"{what} must raise {error_type.__name__}, but returned {result!r}")
 
 

@@ -4,6 +4,7 @@ timeout (a submission that loops forever, one that raises, one that kills its pr
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 import time
 from pathlib import Path
@@ -154,3 +155,14 @@ def test_the_class_table_keeps_every_column_and_every_word():
     assert rows[2].split()[1:] == ["timeout", "0%", "0/0", "0.0"], rows
     assert failure.splitlines()[0] in text and "at pool.py:12 in touch" in text
     assert max(len(row) for row in rows[:3]) < 100
+
+
+def test_a_wrong_exception_type_names_the_line_that_raised_it(tmp_path):
+    from minengine.labs import expect_raises
+
+    path = tmp_path / "mine.py"
+    path.write_text("def make(n):\n    if n < 1:\n        raise TypeError('too few')\n")
+    module = load_submission(path)
+    with pytest.raises(LabFailure, match=rf"make\(0\) must raise ValueError, but raised TypeError: too few \(at "
+                                         rf"{re.escape(str(path))}:3 in make"):
+        expect_raises(ValueError, "make(0)", lambda: module.make(0))
