@@ -158,7 +158,7 @@ def test_the_class_table_keeps_every_column_and_every_word():
 
 
 def test_a_wrong_exception_type_names_the_line_that_raised_it(tmp_path):
-    from minengine.labs import expect_raises
+    from minengine.labs.grading import expect_raises
 
     path = tmp_path / "mine.py"
     path.write_text("def make(n):\n    if n < 1:\n        raise TypeError('too few')\n")
