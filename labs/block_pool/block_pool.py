@@ -67,8 +67,9 @@ class BlockPool:
         raise NotImplementedError("implement get_new_blocks: pop n ids from the head of the free queue, evict hashes")
 
     def touch(self, blocks: list[KVBlock]) -> None:
-        """One more reference on each block (a prefix-cache hit). A free block (ref count 0) leaves the free
-        queue: it is in use again and must never be handed out by ``get_new_blocks`` while held."""
+        """One more reference on each block (a prefix-cache hit). A free block (ref count 0, with a hash or
+        without) leaves the free queue: it is in use again and must never be handed out by ``get_new_blocks``
+        while held."""
         raise NotImplementedError("implement touch: ref_cnt += 1; a block at 0 leaves the free queue")
 
     def free_blocks(self, blocks: list[KVBlock]) -> None:

@@ -20,7 +20,8 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
     Args:
         cache: [num_blocks, block_size, Hkv, D], one layer's K (or V) pool.
         block_table: [max_blocks] int32, the request's block ids in position order (entries past the
-            ``ceil(seq_len / block_size)`` blocks it holds are padding: never read them).
+            ``ceil(seq_len / block_size)`` blocks it holds are padding, an id past the cache's last block:
+            never read them, as a GPU kernel would fault on them).
         seq_len: tokens of the request with K/V in the cache, >= 1.
 
     Returns:
@@ -61,7 +62,8 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         query: [T, Hq, D], the new tokens of all B requests of the step; request b owns rows
             ``query_start_loc[b] : query_start_loc[b + 1]``.
         k_cache, v_cache: [num_blocks, block_size, Hkv, D], this step's K/V already written.
-        block_tables: [B, max_blocks] int32, request b's block ids in row b (padding past its blocks).
+        block_tables: [B, max_blocks] int32, request b's block ids in row b (padding past its blocks: an id
+            past the cache's last block, never to be read).
         seq_lens: [B] int32, tokens of request b with K/V in the cache after this step (context + new).
         query_start_loc: [B + 1] int32, prefix sums of the new tokens per request.
         scale: the softmax scale.

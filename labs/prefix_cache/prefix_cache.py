@@ -24,8 +24,10 @@ def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
     """The hash of one full block: a digest of ``parent_hash`` (the hash of the block before it; None for the
     first block) and ``token_ids`` (the block's ``block_size`` token ids, in order).
 
-    Must be deterministic, and different whenever the tokens or the parent differ (use ``hashlib``: Python's
-    ``hash`` of a tuple collides too easily and changes between processes for bytes).
+    Must be deterministic, in every process (the grader runs it in a second Python with another
+    ``PYTHONHASHSEED``), and different whenever the tokens or the parent differ: ids are up to ~150k (more than 16
+    bits), ``[1, 23]`` is not ``[12, 3]``, and the parent's bytes must not run into the tokens'. Use ``hashlib``
+    (Python's ``hash`` of bytes is salted per process).
     """
     raise NotImplementedError("implement hash_block: hashlib.sha256 over the parent hash and the token ids")
 

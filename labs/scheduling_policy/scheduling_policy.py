@@ -7,8 +7,12 @@ running requests' decodes (one token each), the unfinished prompts' next chunks,
 admit. The step builder does the mechanics (chunking to the budget, allocating blocks, preempting when blocks
 run out, admitting), so a policy is a few calls to these moves of ``step`` (``minengine/core/step_builder.py``):
 
-- ``step.run(request, limit=None)``: schedule a running request's next tokens (at most ``limit``);
-- ``step.run_all(requests, cap=None)``: ``run`` each in order while the budget (and ``cap`` tokens) lasts;
+- ``step.run(request, limit=None)``: schedule the next tokens (at most ``limit``) of ONE request that is
+  RUNNING and not yet scheduled in this step, preempting the policy's victims if blocks run out; it returns the
+  tokens (0 when the request was its own victim). It skips nothing: a request that an earlier ``run`` of this
+  step preempted is no longer running, and running it again is an error (the grader says so);
+- ``step.run_all(requests, cap=None)``: ``run`` each in order while the budget (and ``cap`` tokens) lasts,
+  skipping the requests preempted meanwhile or already scheduled: what a ``fill`` uses for a list of requests;
 - ``step.admit_next(limit=None)`` / ``step.admit_all(cap=None)``: admit waiting requests (``next_waiting``
   picks which) with a first chunk;
 - ``step.unscheduled_running()``, ``step.budget`` (tokens left), ``step.waiting``, ``step.peek_waiting()``,

@@ -106,6 +106,8 @@ def check_touch_revives(m: ModuleType) -> None:
     a, _, _ = pool.get_new_blocks(3)
     pool.cache_full_block(a, _h(1))
     pool.free_blocks([a])
+    expect_equal("num_free_blocks with one free block, which keeps its hash (a cached free block is free: "
+                 "get_new_blocks may hand it out)", 1, pool.num_free_blocks)
     expect_equal("num_cached_free_blocks after freeing a cached block", 1, pool.num_cached_free_blocks)
     expect_equal("get_cached_block(h1) of a freed cached block (still a hit until evicted)", 0,
                  getattr(pool.get_cached_block(_h(1)), "block_id", None))
@@ -116,6 +118,16 @@ def check_touch_revives(m: ModuleType) -> None:
     expect_equal("num_cached_free_blocks after touch", 0, pool.num_cached_free_blocks)
     expect_raises(ValueError, "get_new_blocks(1) when the only free block was touched back into use",
                   lambda: pool.get_new_blocks(1))
+    pool = m.BlockPool(2)
+    [b] = pool.get_new_blocks(1)
+    pool.free_blocks([b])
+    pool.touch([b])  # no hash: touch's contract is about any block at ref count 0, cached or not
+    expect_equal("is_free of a free block WITHOUT a hash after touch (any block at ref count 0 leaves the free "
+                 "queue when touched, cached or not)", False, pool.is_free(b))
+    expect_equal("num_free_blocks of a pool of 2 after block 0 (no hash) was freed and touched", 1,
+                 pool.num_free_blocks)
+    expect_equal("get_new_blocks(1) while the touched block 0 is held (it must not be handed out)", [1],
+                 ids(pool.get_new_blocks(1)))
 
 
 def check_eviction(m: ModuleType) -> None:
@@ -294,7 +306,7 @@ SPEC = LabSpec(
         Check("a shared block stays held until its last reference is freed", "unit", check_shared_block),
         Check("a double free is a RuntimeError, ref counts never negative", "unit", check_double_free),
         Check("cache_full_block indexes a block; the first copy stays", "unit", check_cache_index),
-        Check("touch takes a cached free block back into use", "unit", check_touch_revives),
+        Check("touch takes a free block (cached or not) back into use", "unit", check_touch_revives),
         Check("handing a cached block out again evicts its hash", "unit", check_eviction),
         Check("num_cached_free_blocks counts free blocks with a hash", "unit", check_cached_free_count),
         Check("reset_prefix_cache forgets every hash", "unit", check_reset),

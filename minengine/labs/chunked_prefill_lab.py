@@ -214,7 +214,10 @@ def check_prefill_chunk(m: ModuleType) -> None:
              ((10, 20, 3, True), 3, "a prompt over the threshold"),
              ((10, 2, 3, True), 2, "the budget below the threshold"),
              ((10, 20, 3, False), 10, "no chunked prefill: the whole prompt fits (the threshold does not apply)"),
-             ((10, 9, 0, False), 0, "no chunked prefill: the prompt does not fit, it waits")]
+             ((10, 9, 0, False), 0, "no chunked prefill: the prompt does not fit, it waits"),
+             ((10, 10, 0, True), 10, "a prompt of exactly the budget left (it fits)"),
+             ((10, 10, 0, False), 10, "no chunked prefill: a prompt of exactly the budget left (it fits whole)"),
+             ((3, 20, 3, True), 3, "a prompt of exactly the threshold")]
     for args, expected, words in cases:
         expect_equal(f"prefill_chunk{args}, {words}", expected, m.prefill_chunk(*args))
 

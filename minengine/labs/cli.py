@@ -96,12 +96,20 @@ def grade_class(lab: str, folder: Path, timeout_s: float) -> list[SubmissionGrad
 
 
 def format_class(grades: list[SubmissionGrade]) -> str:
+    """The class's table, one row per submission with every score column whole, then each submission's first
+    failure in full below it (a row stays short enough to read; no words are cut)."""
     width = max([len(g.submission) for g in grades] + [10])
-    lines = [f"{'submission':<{width}}  {'status':<8} {'score':>6}  checks  first failure"]
+    lines = [f"{'submission':<{width}}  {'status':<8} {'score':>6}  {'checks':>7}  {'seconds':>7}"]
     for g in grades:
-        failure = g.first_failure.splitlines()[0][:90] if g.first_failure else ""
-        checks = f"{g.checks_passed:>2}/{g.checks_total:<3}"
-        lines.append(f"{g.submission:<{width}}  {g.status:<8} {g.score:>6.0%}  {checks}  {failure}")
+        checks = f"{g.checks_passed}/{g.checks_total}"
+        lines.append(f"{g.submission:<{width}}  {g.status:<8} {g.score:>6.0%}  {checks:>7}  {g.seconds:>7.1f}")
+    failures = [g for g in grades if g.first_failure]
+    if failures:
+        lines += ["", "first failures:"]
+        for g in failures:
+            first, *rest = g.first_failure.splitlines()
+            lines.append(f"{g.submission}: {first}")
+            lines += [f"{'':<{len(g.submission) + 2}}{line.strip()}" for line in rest if line.strip()]
     return "\n".join(lines)
 
 

@@ -10,10 +10,9 @@ submissions in one process pays for them once.
 from __future__ import annotations
 
 import functools
-import traceback
 from dataclasses import dataclass, field
 
-from minengine.labs.grading import LabFailure
+from minengine.labs.grading import LabFailure, learner_files, where_raised
 
 # Public-domain Shakespeare: the prompts are cut from its tokens, so the tiny model sees text like its training data.
 TEXT = """First Citizen:
@@ -92,10 +91,17 @@ def prompt_ids(cut: tuple) -> list[int]:
 def _hf_model():
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
     from minengine.config import BUNDLED_MODEL
 
-    return AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    was_on = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # its "Loading weights" bar would run into the grader's report on one line
+    try:
+        return AutoModelForCausalLM.from_pretrained(BUNDLED_MODEL, dtype=torch.float32).eval()
+    finally:
+        if was_on:
+            logging.enable_progress_bar()
 
 
 @functools.cache
@@ -108,11 +114,6 @@ def reference_tokens(prompt: tuple[int, ...], max_tokens: int) -> tuple[int, ...
         out = _hf_model().generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                                    do_sample=False, eos_token_id=None, pad_token_id=0)
     return tuple(out[0, ids.shape[1]:].tolist())
-
-
-def _where(error: BaseException) -> str:
-    frames = traceback.extract_tb(error.__traceback__)
-    return f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?"
 
 
 def run_workload(labs: dict, workload: Workload):
@@ -139,8 +140,9 @@ def run_workload(labs: dict, workload: Workload):
             try:
                 outputs = engine.step()
             except Exception as error:
+                where = where_raised(error, learner_files(*(labs or {}).values()))
                 raise LabFailure(f"workload {workload.name!r}: the engine raised {type(error).__name__}: {error} "
-                                 f"at step {step} ({_where(error)})") from None
+                                 f"at step {step} ({where})") from None
             step += 1
             for out in outputs:
                 if out.finished:

@@ -9,15 +9,23 @@ unit checks would only say less clearly what the unit check said.
 from __future__ import annotations
 
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from minengine.labs.check import STAGES, Check, LabFailure, expect_equal, expect_raises, hypothesis_settings
+from minengine.labs.check import (
+    STAGES,
+    Check,
+    LabFailure,
+    expect_equal,
+    expect_raises,
+    hypothesis_settings,
+    learner_files,
+    where_raised,
+)
 
 __all__ = ["STAGES", "Check", "CheckResult", "GradeReport", "LabFailure", "expect_equal", "expect_raises", "grade",
-           "hypothesis_settings", "run_checks"]
+           "hypothesis_settings", "learner_files", "run_checks", "where_raised"]
 
 
 @dataclass
@@ -73,18 +81,15 @@ class GradeReport:
         return "\n".join(lines)
 
 
-def describe_exception(error: BaseException) -> str:
+def describe_exception(error: BaseException, module: ModuleType | None = None) -> str:
     """Words for an exception raised by a check: a ``LabFailure``'s own message; "not implemented yet" for the
-    skeleton's ``NotImplementedError``; for anything else, its type, message and the learner's line."""
+    skeleton's ``NotImplementedError``; for anything else, its type, message and the line of the learner's file
+    (``module``'s) it came through."""
     if isinstance(error, LabFailure):
         return str(error)
     if isinstance(error, NotImplementedError):
         return f"not implemented yet: {error}"
-    frames = traceback.extract_tb(error.__traceback__)
-    where = next((f"{f.filename}:{f.lineno} in {f.name}: {f.line}" for f in reversed(frames)
-                  if "minengine" not in Path(f.filename).parts), None)
-    where = where or (f"{frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name}" if frames else "?")
-    return f"raised {type(error).__name__}: {error}\n  at {where}"
+    return f"raised {type(error).__name__}: {error}\n  at {where_raised(error, learner_files(module))}"
 
 
 def run_checks(checks: list[Check], module: ModuleType) -> list[CheckResult]:
@@ -99,7 +104,7 @@ def run_checks(checks: list[Check], module: ModuleType) -> list[CheckResult]:
             try:
                 check.run(module)
             except (Exception, SystemExit) as error:  # the learner's code may raise anything (or exit): graded
-                results.append(CheckResult(check.name, stage, "failed", describe_exception(error),
+                results.append(CheckResult(check.name, stage, "failed", describe_exception(error, module),
                                            time.perf_counter() - start))
             else:
                 results.append(CheckResult(check.name, stage, "passed", "", time.perf_counter() - start))

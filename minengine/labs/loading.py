@@ -6,11 +6,10 @@ import importlib
 import importlib.util
 import itertools
 import sys
-import traceback
 from pathlib import Path
 from types import ModuleType
 
-from minengine.labs.check import LabFailure
+from minengine.labs.check import LabFailure, learner_files, where_raised
 
 _load_count = itertools.count()
 
@@ -35,7 +34,7 @@ def load_submission(source: str | Path | ModuleType) -> ModuleType:
         try:
             return importlib.import_module(source)
         except Exception as error:
-            raise LabFailure(f"module {source!r} does not import: {_where(error)}") from None
+            raise LabFailure(f"module {source!r} does not import: {_where(error, ())}") from None
     path = Path(source).expanduser().resolve()
     if not path.is_file():
         raise LabFailure(f"submission file {str(path)!r} does not exist")
@@ -47,14 +46,13 @@ def load_submission(source: str | Path | ModuleType) -> ModuleType:
         spec.loader.exec_module(module)
     except Exception as error:
         sys.modules.pop(name, None)
-        raise LabFailure(f"{path} does not import: {_where(error)}") from None
+        raise LabFailure(f"{path} does not import: {_where(error, learner_files(path))}") from None
     return module
 
 
-def _where(error: BaseException) -> str:
-    """``error`` with the file and line it points at (a SyntaxError's own, else the innermost frame)."""
+def _where(error: BaseException, files) -> str:
+    """``error`` with the file and line it points at (a SyntaxError's own, else the line of the learner's file it
+    came through: ``where_raised``)."""
     if isinstance(error, SyntaxError):
         return f"{type(error).__name__}: {error.msg} at {error.filename}:{error.lineno}: {(error.text or '').strip()}"
-    frames = traceback.extract_tb(error.__traceback__)
-    at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return f"{type(error).__name__}: {error}{at}"
+    return f"{type(error).__name__}: {error} at {where_raised(error, files)}"

@@ -17,7 +17,7 @@ import torch
 from minengine.exceptions import VLLMValidationError
 from minengine.labs.door import mix_into
 from minengine.labs.end_to_end import end_to_end_check
-from minengine.labs.grading import Check, LabFailure
+from minengine.labs.grading import Check, LabFailure, learner_files, where_raised
 from minengine.labs.registry import SKELETONS, LabSpec
 from minengine.models.llama import Attention
 from minengine.worker.model_runner import ModelRunner
@@ -57,19 +57,32 @@ def _where(value: float, block_size: int) -> str:
 
 
 # ---- unit checks ---------------------------------------------------------------------------------------------
+PAD = 8  # the block tables' padding in the gather cases: one past the last block of their 8-block caches
 GATHER_CASES = [  # (what it tests, block_size, block table, seq_len)
-    ("a partly filled last block", 4, [5, 2, 7, 1], 10),
-    ("exactly full blocks", 4, [3, 6, 0, 1], 8),
-    ("one token", 4, [6, 0, 1, 2], 1),
+    ("a partly filled last block", 4, [5, 2, 7, PAD], 10),
+    ("exactly full blocks, then padding", 4, [3, 6, PAD, PAD], 8),
+    ("one token", 4, [6, PAD, PAD, PAD], 1),
     ("block ids out of order", 2, [7, 1, 4, 0, 5], 9),
 ]
+
+
+def read_padding_words(error: IndexError, module: ModuleType) -> str:
+    """What an IndexError out of the learner's read most likely means: it read a padding entry of a block table
+    (the checks pad with an id past the cache's last block, as a GPU kernel would fault on one)."""
+    return (f"it read a padding entry of a block table: the entries past a request's ceil(seq_len / block_size) "
+            f"blocks are padding, not blocks (here an id past the cache's last block, as a GPU kernel would fault "
+            f"on): read only the blocks the request holds (raised IndexError: {error}, at "
+            f"{where_raised(error, learner_files(module))})")
 
 
 def check_gather_kv(module: ModuleType) -> None:
     for what, block_size, table, seq_len in GATHER_CASES:
         cache = _distinct_cache(8, block_size, 2, 3)
-        got = module.gather_kv(cache, torch.tensor(table, dtype=torch.int32), seq_len)
         label = f"gather_kv ({what}: block_size {block_size}, block table {table}, seq_len {seq_len})"
+        try:
+            got = module.gather_kv(cache, torch.tensor(table, dtype=torch.int32), seq_len)
+        except IndexError as error:
+            raise LabFailure(f"{label}: {read_padding_words(error, module)}") from None
         if tuple(got.shape) != (seq_len, 2, 3):
             raise LabFailure(f"{label}: returned shape {tuple(got.shape)}, expected ({seq_len}, 2, 3): one row per "
                              f"position 0..{seq_len - 1}, no more (the last block's unused slots are not keys)")
@@ -81,22 +94,23 @@ def check_gather_kv(module: ModuleType) -> None:
                                  f"values of {_where(float(got[p, 0, 0]), block_size)}")
 
 
-ATTEND_CASES = [  # (what it tests, q_len, seq_len, Hq, Hkv)
-    ("a decode: one query at the last position sees every key; scores scaled by 1/sqrt(D)", 1, 5, 2, 2),
-    ("a prefill from position 0: the causal mask (no token sees a later one)", 6, 6, 2, 2),
-    ("a chunk after cached context: it sees the whole context and its own causal triangle", 3, 8, 2, 2),
-    ("grouped-query attention: query head h reads KV head h // (Hq // Hkv)", 2, 6, 8, 2),
+ATTEND_CASES = [  # (what it tests, q_len, seq_len, Hq, Hkv, scale: None for 1/sqrt(D))
+    ("a decode: one query at the last position sees every key; scores scaled by 1/sqrt(D)", 1, 5, 2, 2, None),
+    ("a prefill from position 0: the causal mask (no token sees a later one)", 6, 6, 2, 2, None),
+    ("a chunk after cached context: it sees the whole context and its own causal triangle", 3, 8, 2, 2, None),
+    ("grouped-query attention: query head h reads KV head h // (Hq // Hkv)", 2, 6, 8, 2, None),
+    ("the scale given, 0.6, not 1/sqrt(D) = 0.25 (models may set their own)", 3, 7, 2, 2, 0.6),
 ]
 
 
 def check_attend(module: ModuleType) -> None:
     gen = torch.Generator().manual_seed(6)
-    for what, q_len, seq_len, num_heads, num_kv_heads in ATTEND_CASES:
+    for what, q_len, seq_len, num_heads, num_kv_heads, scale in ATTEND_CASES:
         head_dim = 16
         query = torch.randn(q_len, num_heads, head_dim, generator=gen) * 2
         keys = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen) * 2
         values = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
-        scale = head_dim ** -0.5
+        scale = head_dim ** -0.5 if scale is None else scale
         got = module.attend(query, keys, values, scale)
         label = f"attend, {what} (q_len {q_len}, seq_len {seq_len}, Hq {num_heads}, Hkv {num_kv_heads})"
         _compare(label, got, dense_attention(query, keys, values, scale), seq_len - q_len)
@@ -125,11 +139,10 @@ def _random_step(seed: int, num_requests: int, block_size: int, num_kv_heads: in
     k_cache = torch.randn(len(pool), block_size, num_kv_heads, head_dim, generator=gen)
     v_cache = torch.randn(len(pool), block_size, num_kv_heads, head_dim, generator=gen)
     width = max(needed) + 1
-    tables = torch.zeros(num_requests, width, dtype=torch.int32)
+    tables = torch.full((num_requests, width), len(pool), dtype=torch.int32)  # padding: past the last block
     first = 0
     for b, n in enumerate(needed):
         tables[b, :n] = pool[first:first + n]
-        tables[b, n:] = pool[-1]  # padding: a block that is not the request's
         first += n
     q_lens = [q for _, q in lens]
     query = torch.randn(sum(q_lens), num_kv_heads * group, head_dim, generator=gen)
@@ -152,7 +165,11 @@ def _step_reference(query, k_cache, v_cache, tables, seq_lens, query_start_loc, 
 
 def check_paged_attention(module: ModuleType) -> None:
     step = _random_step(60, 3, 4, 2, 2)
-    got = module.paged_attention(*step, 8 ** -0.5)
+    try:
+        got = module.paged_attention(*step, 8 ** -0.5)
+    except IndexError as error:
+        raise LabFailure(f"paged_attention on a step of 3 requests (block tables {step[3].tolist()}, seq_lens "
+                         f"{step[4].tolist()}): {read_padding_words(error, module)}") from None
     seq_lens, qsl = step[4].tolist(), step[5].tolist()
     expected = _step_reference(*step, 8 ** -0.5)
     for b in range(len(seq_lens)):
@@ -176,13 +193,16 @@ def check_random_steps(module: ModuleType) -> None:
            num_kv_heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4]))
     def random_step(seed, num_requests, block_size, num_kv_heads, group):
         step = _random_step(seed, num_requests, block_size, num_kv_heads, group)
-        got = module.paged_attention(*step, 0.3)
+        label = (f"paged_attention on a random step (seed {seed}: {num_requests} requests, block_size {block_size}, "
+                 f"Hkv {num_kv_heads}, Hq {num_kv_heads * group}, seq_lens {step[4].tolist()}, new tokens "
+                 f"{step[5].diff().tolist()})")
+        try:
+            got = module.paged_attention(*step, 0.3)
+        except IndexError as error:
+            raise LabFailure(f"{label}: {read_padding_words(error, module)}") from None
         expected = _step_reference(*step, 0.3)
         if tuple(got.shape) != tuple(expected.shape) or not (got.double() - expected).abs().max() <= TOLERANCE:
-            raise LabFailure(f"paged_attention on a random step (seed {seed}: {num_requests} requests, block_size "
-                             f"{block_size}, Hkv {num_kv_heads}, Hq {num_kv_heads * group}, seq_lens "
-                             f"{step[4].tolist()}, new tokens {step[5].diff().tolist()}) differs from the "
-                             f"definition")
+            raise LabFailure(f"{label} differs from the definition")
 
     random_step()
 
@@ -214,14 +234,16 @@ class LabAttention(Attention):
 
 
 class BlockTables:
-    """``ModelRunner`` mixin: its batches also carry ``lab_block_tables`` [B, max_blocks] int32 (batch order), the
-    input of the learner's read (the CPU backends' batches carry groups instead)."""
+    """``ModelRunner`` mixin: its batches also carry ``lab_block_tables`` [B, max_blocks] int32 (batch order, each
+    row padded past its request's blocks with an id past the pool's last block), the input of the learner's read
+    (the CPU backends' batches carry groups instead)."""
 
     def prepare_inputs(self, scheduler_output):
         batch = super().prepare_inputs(scheduler_output)
         tables = [scheduler_output.scheduled[i].block_ids for i in batch.batch_order.tolist()]
         width = max(map(len, tables))
-        batch.lab_block_tables = torch.tensor([t + [t[0]] * (width - len(t)) for t in tables], dtype=torch.int32)
+        pad = self.kv_caches[0][0].shape[0]  # an id past the last block: a read of padding fails, never misleads
+        batch.lab_block_tables = torch.tensor([t + [pad] * (width - len(t)) for t in tables], dtype=torch.int32)
         return batch
 
 

@@ -48,6 +48,7 @@ class LabPreemption:
         with allocation_guard(self, request, num_new):
             allocated = self.lab_module.allocate_or_preempt(self, request, num_new)
         self.num_preemptions += len(self.out.preempted_ids) - num_preempted
+        check_allocation_outcome(self, request, num_new, allocated)
         if not allocated:
             return 0
         self.schedule_chunk(request, num_new, undo)
@@ -58,6 +59,28 @@ class LabPreemption:
         self._next_token_blocks = None
         self.lab_module.preempt(self, request)
         self.num_preemptions += 1
+
+
+def check_allocation_outcome(step, request: Request, num_new: int, allocated) -> None:
+    """The state ``allocate_or_preempt`` promised: False only when ``request`` was preempted as its own victim
+    (off the running set, PREEMPTED), True only with slots for its ``num_new`` tokens.
+
+    Raises:
+        LabFailure: naming the request and what is wrong with its state.
+    """
+    call = f"allocate_or_preempt({request.request_id}, {num_new} tokens)"
+    if allocated is not True and allocated is not False:
+        raise LabFailure(f"{call} returned {allocated!r}: it returns True (slots allocated) or False (the request "
+                         f"was its own victim)")
+    if not allocated and (request in step.running or request.status is not RequestStatus.PREEMPTED):
+        raise LabFailure(f"{call} returned False but {request.request_id} is {request.status.name} and "
+                         f"{'still' if request in step.running else 'not'} running: False means it was preempted as "
+                         f"its own victim. While allocate_slots fails and the victim is another request, preempt "
+                         f"and try again: one victim's blocks may not be enough")
+    if allocated and step.kv.num_blocks_needed(request, num_new) > 0:
+        raise LabFailure(f"{call} returned True but {request.request_id} still lacks "
+                         f"{step.kv.num_blocks_needed(request, num_new)} blocks for those tokens: True means "
+                         f"allocate_slots gave the slots")
 
 
 @contextlib.contextmanager
@@ -189,6 +212,18 @@ def check_allocate_or_preempt(module: ModuleType) -> None:
         raise LabFailure(f"allocate_or_preempt(r0, 4 tokens) with every block in use: decode-first's victim r2 "
                          f"(the newest) must be preempted and r0 get its slots (True); got {ok}, preempted "
                          f"{step.out.preempted_ids}")
+    # 3 requests of 4 prompt tokens (1 block each) fill the 3 blocks: r0's next 8 tokens need 2 more blocks, so
+    # one victim's block is not enough: r2 then r1 go.
+    scheduler, step = _running(module, 3, 4, 3)
+    r0, r1, r2 = list(step.running)
+    r0.output_token_ids.extend([7] * 7)
+    with allocation_guard(step, r0, 8):
+        ok = module.allocate_or_preempt(step, r0, 8)
+    if ok is not True or step.out.preempted_ids != ["r2", "r1"] or list(step.running) != [r0]:
+        raise LabFailure(f"allocate_or_preempt(r0, 8 tokens) needing 2 more blocks while r1 and r2 hold one each: "
+                         f"both must be preempted (r2, then r1: keep preempting while the slots do not fit) and r0 "
+                         f"get its slots (True); got {ok}, preempted {step.out.preempted_ids}, running "
+                         f"{[r.request_id for r in step.running]}")
     scheduler, step = _running(module, 1, 8, 3)
     (r0,) = step.running
     r0.output_token_ids.extend([7] * 4)

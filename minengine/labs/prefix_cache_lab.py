@@ -19,18 +19,75 @@ def _hashes(m: ModuleType, tokens: list[int], block_size: int) -> list[bytes]:
     return hashes
 
 
+# Pairs of different blocks a digest must tell apart: each names the shortcut that would make them collide.
+DIFFERENT_BLOCKS = {
+    "[1, 2, 3, 4] vs [1, 2, 3, 5]": ([1, 2, 3, 4], [1, 2, 3, 5]),
+    "[1, 2, 3, 4] vs [4, 3, 2, 1] (order matters)": ([1, 2, 3, 4], [4, 3, 2, 1]),
+    "[0, 5] vs [5, 0]": ([0, 5], [5, 0]), "[1, 3] vs [2, 2] (same sum)": ([1, 3], [2, 2]),
+    "[256, 0] vs [0, 1] (large ids)": ([256, 0], [0, 1]),
+    "[1, 23] vs [12, 3] (the same digits run together: keep the ids apart)": ([1, 23], [12, 3]),
+    "[70000, 1] vs [4464, 1] (70000 - 65536 = 4464: an id needs more than 16 bits, vocabularies have ~150k)":
+        ([70000, 1], [4464, 1]),
+    "[151000] vs [151001] (ids of a 150k vocabulary)": ([151000], [151001]),
+}
+
+
 def check_hash_is_a_digest(m: ModuleType) -> None:
     a, b = m.hash_block(None, [1, 2, 3, 4]), m.hash_block(None, [1, 2, 3, 4])
     if not isinstance(a, bytes):
         raise LabFailure(f"hash_block(None, [1, 2, 3, 4]) must return bytes, got {type(a).__name__} {a!r}")
     expect_equal("hash_block(None, [1, 2, 3, 4]) twice (deterministic)", a, b)
-    pairs = {"[1, 2, 3, 4] vs [1, 2, 3, 5]": ([1, 2, 3, 4], [1, 2, 3, 5]),
-             "[1, 2, 3, 4] vs [4, 3, 2, 1] (order matters)": ([1, 2, 3, 4], [4, 3, 2, 1]),
-             "[0, 5] vs [5, 0]": ([0, 5], [5, 0]), "[1, 3] vs [2, 2] (same sum)": ([1, 3], [2, 2]),
-             "[256, 0] vs [0, 1] (large ids)": ([256, 0], [0, 1])}
-    for words, (x, y) in pairs.items():
-        if m.hash_block(None, x) == m.hash_block(None, y):
-            raise LabFailure(f"hash_block(None, ...) of different blocks must differ: {words} give the same hash")
+    parent = m.hash_block(None, [9, 9])
+    for words, (x, y) in DIFFERENT_BLOCKS.items():
+        for shown, p in (("None", None), ("a parent", parent)):
+            if m.hash_block(p, x) == m.hash_block(p, y):
+                raise LabFailure(f"hash_block({shown}, ...) of different blocks must differ: {words} give the same "
+                                 "hash")
+    if m.hash_block(b"1", [23]) == m.hash_block(b"12", [3]):
+        raise LabFailure("hash_block(b'1', [23]) and hash_block(b'12', [3]) give the same hash: the parent's bytes "
+                         "and the token ids run together; keep them apart (e.g. each id as a fixed-width integer, "
+                         "struct.pack('<q', id))")
+
+
+# Run in a fresh interpreter: load the learner's file (not the minengine package: its imports would cost seconds)
+# and print the hashes of a first block and of a block chained on it.
+_OTHER_PROCESS = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("lab_submission", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+sys.modules["lab_submission"] = module
+spec.loader.exec_module(module)
+first = module.hash_block(None, [1, 2, 3, 4])
+print(first.hex(), module.hash_block(first, [5, 6, 7, 8]).hex())
+"""
+
+
+def check_hash_is_the_same_in_another_process(m: ModuleType) -> None:
+    import os
+    import subprocess
+    import sys
+
+    path = getattr(m, "__file__", None)
+    if not path:
+        raise LabFailure("the prefix_cache submission has no file: hash_block's determinism across processes is "
+                         "checked by loading the file in a fresh Python")
+    first = m.hash_block(None, [1, 2, 3, 4])
+    here = f"{first.hex()} {m.hash_block(first, [5, 6, 7, 8]).hex()}"
+    seed = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"  # another salt than this process's
+    try:
+        done = subprocess.run([sys.executable, "-c", _OTHER_PROCESS, path], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "PYTHONHASHSEED": seed})
+    except subprocess.TimeoutExpired:
+        raise LabFailure(f"loading {path} and calling hash_block in a fresh Python took over 60 s") from None
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabFailure(f"hash_block in a fresh Python process (PYTHONHASHSEED={seed}) raised: {tail}")
+    there = done.stdout.strip()
+    if there != here:
+        raise LabFailure(f"hash_block(None, [1, 2, 3, 4]) and the block [5, 6, 7, 8] chained on it give other bytes "
+                         f"in another Python process (PYTHONHASHSEED={seed}): {here} here, {there} there. A block's "
+                         "hash must name its K/V in any process: use hashlib, not Python's hash() (salted per "
+                         "process for bytes and str)")
 
 
 def check_hash_is_chained(m: ModuleType) -> None:
@@ -195,6 +252,8 @@ SPEC = LabSpec(
     skeleton=SKELETONS / "prefix_cache" / "prefix_cache.py", solution="minengine.labs.solutions.prefix_cache",
     checks=[
         Check("hash_block is a deterministic digest of the tokens", "unit", check_hash_is_a_digest),
+        Check("hash_block gives the same bytes in another process", "unit",
+              check_hash_is_the_same_in_another_process),
         Check("hash_block chains on the parent hash", "unit", check_hash_is_chained),
         Check("extend_block_hashes hashes full blocks only, chained", "unit", check_full_blocks_only),
         Check("extend_block_hashes extends, never repeats", "unit", check_extends_incrementally),

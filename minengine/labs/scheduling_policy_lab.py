@@ -22,6 +22,7 @@ from minengine.exceptions import VLLMValidationError
 from minengine.labs.end_to_end import end_to_end_check
 from minengine.labs.grading import Check, LabFailure
 from minengine.labs.registry import SKELETONS, LabSpec
+from minengine.request import RequestStatus
 from minengine.workloads.goodput import SLO, slo_attainment
 from minengine.workloads.traces import TraceRequest
 
@@ -86,7 +87,9 @@ def install(engine, module: ModuleType) -> None:
 class MoveLimit:
     """Step-builder mixin: a learner's ``fill`` that keeps making moves (``run``, ``admit_next``) without end,
     e.g. admitting while nothing can be admitted, stops with words instead of hanging the engine. A step makes at
-    most a few moves per request (``run_all`` one per running request, ``admit_all`` one per waiting one + 1)."""
+    most a few moves per request (``run_all`` one per running request, ``admit_all`` one per waiting one + 1).
+    ``run`` is also held to its contract, which ``run_all`` keeps by skipping: a request that is RUNNING and not
+    yet scheduled in this step (a victim preempted earlier in the step is neither)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -101,6 +104,15 @@ class MoveLimit:
 
     def run(self, request, limit=None):
         self._count_move()
+        if request.status is not RequestStatus.RUNNING:
+            raise LabFailure(f"step {self.step_index}: the policy's fill called step.run on request "
+                             f"{request.request_id}, whose status is {request.status.name}: it was preempted earlier "
+                             f"in this step (another request's run made room). step.run takes a running request not "
+                             f"yet scheduled; step.run_all skips the others")
+        if self.is_scheduled(request):
+            raise LabFailure(f"step {self.step_index}: the policy's fill called step.run on request "
+                             f"{request.request_id} twice in one step (step.run_all skips requests already "
+                             f"scheduled)")
         return super().run(request, limit)
 
     def admit_next(self, limit=None, reserve_running=False):

@@ -33,6 +33,10 @@ WRONG = {
     "double_free_allowed": ("unit", "free_blocks of a block whose ref count is already 0 must raise RuntimeError"),
     "second_copy_wins": ("unit", "(the first copy stays): expected 0, got 1"),
     "reset_keeps_block_hashes": ("unit", "block_hash of blocks 0 and 1 after reset_prefix_cache"),
+    "touch_only_cached": ("unit", "is_free of a free block WITHOUT a hash after touch (any block at ref count 0 "
+                                  "leaves the free queue when touched, cached or not): expected False, got True"),
+    "free_count_skips_cached": ("unit", "num_free_blocks with one free block, which keeps its hash (a cached free "
+                                        "block is free: get_new_blocks may hand it out): expected 1, got 0"),
 }
 
 

@@ -30,6 +30,8 @@ WRONG = {
     "runs_preempted_request": ("unit", "whose status is PREEMPTED: it was preempted earlier in this step"),
     "blocks_needed_negative": ("unit", "(never negative): expected 0, got -1"),
     "runs_decodes_twice": ("unit", "fill_step ran request A twice in one step"),
+    "exact_fit_waits": ("unit", "no chunked prefill: a prompt of exactly the budget left (it fits whole): expected 10, "
+                                "got 0"),
 }
 
 

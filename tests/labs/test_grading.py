@@ -4,6 +4,7 @@ timeout (a submission that loops forever, one that raises, one that kills its pr
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 import time
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from minengine.__main__ import main
 from minengine.labs import LABS, Check, LabFailure, grade
-from minengine.labs.cli import grade_class, grade_in_subprocess
+from minengine.labs.cli import SubmissionGrade, format_class, grade_class, grade_in_subprocess
 from minengine.labs.grading import run_checks
 from minengine.labs.loading import load_submission
 from tests.labs.lab_checks import wrong_files
@@ -128,3 +129,40 @@ def test_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_code:
         main(["lab", "grade-class", "block_pool", str(tmp_path / "nowhere"), "--timeout", "5"])
     assert exit_code.value.code == 2 and "is not a folder" in capsys.readouterr().err
+
+
+def test_an_exception_names_the_learners_line_not_the_library_it_called(tmp_path):
+    """An error raised deep in a library the learner called is reported at the learner's own line (the last frame
+    in their file), even in a folder named like the package."""
+    path = tmp_path / "minengine" / "mine.py"
+    path.parent.mkdir()
+    path.write_text("import json\n\n\ndef parse(text):\n    return json.loads(text)\n")
+    module = load_submission(path)
+    [result] = run_checks([Check("parses", "unit", lambda m: m.parse("{"))], module)
+    assert result.status == "failed" and result.message.startswith("raised JSONDecodeError"), result.message
+    assert f"at {path}:5 in parse: return json.loads(text)" in result.message, result.message
+
+
+def test_the_class_table_keeps_every_column_and_every_word():
+    """Score columns whole on every row, however long the name; each first failure in full below the table."""
+    failure = ("the engine on your pool matches transformers: preemption: workload 'preemption', request "
+               "pass0-req3 (prompt of 25 tokens): output token 4 differs from transformers\n  at pool.py:12 in touch")
+    grades = [SubmissionGrade("a_learner_with_a_very_long_folder_name", "x.py", "graded", 13 / 14, 13, 14, failure,
+                              42.0), SubmissionGrade("bo", "y.py", "timeout", first_failure="no grade within 4 s")]
+    text = format_class(grades)
+    rows = text.splitlines()
+    assert rows[1].split()[1:] == ["graded", "93%", "13/14", "42.0"], rows
+    assert rows[2].split()[1:] == ["timeout", "0%", "0/0", "0.0"], rows
+    assert failure.splitlines()[0] in text and "at pool.py:12 in touch" in text
+    assert max(len(row) for row in rows[:3]) < 100
+
+
+def test_a_wrong_exception_type_names_the_line_that_raised_it(tmp_path):
+    from minengine.labs.grading import expect_raises
+
+    path = tmp_path / "mine.py"
+    path.write_text("def make(n):\n    if n < 1:\n        raise TypeError('too few')\n")
+    module = load_submission(path)
+    with pytest.raises(LabFailure, match=rf"make\(0\) must raise ValueError, but raised TypeError: too few \(at "
+                                         rf"{re.escape(str(path))}:3 in make"):
+        expect_raises(ValueError, "make(0)", lambda: module.make(0))

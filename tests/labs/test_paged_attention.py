@@ -35,6 +35,9 @@ WRONG = {  # bug -> (the stage that catches it first, words of the failure)
     "gqa_modulo": ("unit", "attend, grouped-query attention: query head h reads KV head h // (Hq // Hkv)"),
     "missing_scale": ("unit", "scores scaled by 1/sqrt(D)"),
     "sorted_block_ids": ("unit", "position 0 must come from block 5 slot 0"),
+    "reads_padding_block": ("unit", "gather_kv (exactly full blocks, then padding: block_size 4, block table [3, 6, 8, "
+                                    "8], seq_len 8): it read a padding entry of a block table"),
+    "ignores_scale": ("unit", "attend, the scale given, 0.6, not 1/sqrt(D) = 0.25"),
 }
 
 
@@ -58,15 +61,21 @@ def test_wrong_implementation_fails(bug):
 @pytest.mark.parametrize("bug", sorted(WRONG))
 def test_property_stage_alone_catches(bug):
     """Random steps (any block size, heads, context, shuffled blocks) catch every wrong read on their own."""
-    with pytest.raises(LabFailure, match=re.escape("differs from the definition")):
+    words = "it read a padding entry" if bug == "reads_padding_block" else "differs from the definition"
+    with pytest.raises(LabFailure, match=re.escape(words)):
         check_random_steps(load_submission(wrong_files(LAB)[bug]))
 
 
-@pytest.mark.parametrize("bug", ["gqa_modulo", "sees_one_future_token"])
-def test_end_to_end_alone_catches(bug):
-    """The engine reading through a wrong read gives other tokens than transformers."""
-    with pytest.raises(LabFailure, match="differs from transformers"):
+@pytest.mark.parametrize("bug, words", [("gqa_modulo", "differs from transformers"),
+                                       ("sees_one_future_token", "differs from transformers"),
+                                       ("reads_padding_block", "the engine raised IndexError")])
+def test_end_to_end_alone_catches(bug, words):
+    """The engine reading through a wrong read gives other tokens than transformers, or (padding past a request's
+    blocks is an id past the pool) fails at the learner's line."""
+    with pytest.raises(LabFailure, match=words) as failure:
         engine_matches_transformers({LAB: str(wrong_files(LAB)[bug])}, ["chunked_prefill"])
+    if bug == "reads_padding_block":
+        assert "reads_padding_block.py:15 in gather_kv" in str(failure.value)
 
 
 def test_the_checks_reference_is_the_engines_reference_attention():

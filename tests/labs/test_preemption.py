@@ -33,6 +33,7 @@ WRONG = {  # bug -> (the stage that catches it first, words of the failure)
     "requeued_at_back": ("property", "the engine's preemption scheduled"),
     "request_not_stopped": ("unit", "r0 is its own victim: it must be preempted (waiting again) and the call "
                                     "return False; got True"),
+    "preempt_once": ("unit", "both must be preempted (r2, then r1: keep preempting while the slots do not fit)"),
 }
 
 
@@ -155,3 +156,20 @@ def test_a_preemption_loop_that_never_ends_is_stopped_with_words(tmp_path):
     report = grade(LAB, path)
     (loop,) = [r for r in report.results if r.name.startswith("allocate_or_preempt")]
     assert loop.status == "failed" and "asked for slots 5 times with 3 requests running" in loop.message, loop
+
+
+def test_the_door_refuses_false_while_the_request_still_runs():
+    """Whatever the unit checks see, the door itself checks what ``allocate_or_preempt`` returned: False with the
+    request still running (one victim preempted where two were needed) stops the engine with words."""
+    from minengine.labs.preemption_lab import _running
+
+    scheduler, step = _running(load_submission(wrong_files(LAB)["preempt_once"]), 3, 4, 3)
+    r0 = next(iter(step.running))
+    r0.output_token_ids.extend([7] * 7)  # 8 tokens to compute: 2 more blocks, one per victim
+    with pytest.raises(LabFailure, match=r"allocate_or_preempt\(r0, 8 tokens\) returned False but r0 is RUNNING "
+                                         r"and still running: False means it was preempted as its own victim"):
+        step.run(r0)
+    scheduler, step = _running(load_submission("minengine/labs/solutions/preemption.py"), 3, 4, 3)
+    r0 = next(iter(step.running))
+    r0.output_token_ids.extend([7] * 7)
+    assert step.run(r0) == 8 and step.out.preempted_ids == ["r2", "r1"]

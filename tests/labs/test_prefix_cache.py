@@ -26,6 +26,9 @@ WRONG = {
     "hashes_partial_block": ("unit", "the partial third gets no hash): expected 2, got 3"),
     "rehashes_from_scratch": ("unit", "twice with the same 6 tokens, block_size=4 (nothing new to hash): expected 1"),
     "sum_hash": ("unit", "[1, 2, 3, 4] vs [4, 3, 2, 1] (order matters) give the same hash"),
+    "digits_concat": ("unit", "[1, 23] vs [12, 3] (the same digits run together: keep the ids apart) give the same"),
+    "uint16_tokens": ("unit", "[70000, 1] vs [4464, 1] (70000 - 65536 = 4464: an id needs more than 16 bits"),
+    "py_hash": ("unit", "give other bytes in another Python process (PYTHONHASHSEED="),
 }
 
 

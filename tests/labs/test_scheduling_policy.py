@@ -38,6 +38,8 @@ WRONG = {  # bug -> (the stage that catches it first, words of the failure)
     "forgets_prefill_chunks": ("property", "the trace did not finish"),
     "one_at_a_time": ("unit", "must serve both; it scheduled ['r0']"),
     "victim_already_scheduled": ("property", "which is not one of the candidates"),
+    "runs_preempted_request": ("property", "called step.run on request q8, whose status is PREEMPTED: it was "
+                                           "preempted earlier in this step"),
 }
 
 

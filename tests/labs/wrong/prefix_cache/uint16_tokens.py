@@ -1,0 +1,38 @@
+"""A wrong prefix cache. The bug: hash_block packs each token id into 16 bits: ids 65536 apart (70000 and 4464)
+collide, and real vocabularies have about 150k ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Callable, Sequence
+
+
+def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
+    """sha256(parent hash || the block's token ids as 8-byte integers): equal only for equal blocks with equal
+    prefixes before them."""
+    h = hashlib.sha256(parent_hash or b"")
+    h.update(struct.pack(f"<{len(token_ids)}H", *(t & 0xFFFF for t in token_ids)))  # BUG: ids cut to 16 bits
+    return h.digest()
+
+
+def extend_block_hashes(block_hashes: list[bytes], token_ids: Sequence[int], block_size: int) -> None:
+    """Append the hash of every full block of ``token_ids`` that ``block_hashes`` does not cover yet."""
+    while (len(block_hashes) + 1) * block_size <= len(token_ids):
+        i = len(block_hashes)
+        parent = block_hashes[-1] if block_hashes else None
+        block_hashes.append(hash_block(parent, token_ids[i * block_size:(i + 1) * block_size]))
+
+
+def longest_cached_prefix(block_hashes: Sequence[bytes], num_tokens: int, block_size: int,
+                          lookup: Callable[[bytes], object | None]) -> list:
+    """The cached blocks of the longest cached prefix, leaving at least the last token to compute."""
+    max_blocks = (num_tokens - 1) // block_size  # the last token is recomputed: its logits are sampled
+    hits = []
+    for block_hash in block_hashes[:max_blocks]:
+        block = lookup(block_hash)
+        if block is None:  # a prefix ends at its first miss: a later block's K/V depends on this one
+            break
+        hits.append(block)
+    return hits
