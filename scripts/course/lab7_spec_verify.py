@@ -25,7 +25,7 @@ CELLS = [
     print("speculative_config:", SPECULATIVE.settings["speculative_config"])
     engine, spec_tokens = serve(SPECULATIVE)
     plain_settings = {k: v for k, v in SPECULATIVE.settings.items() if k != "speculative_config"}
-    _, plain_tokens = serve(Workload("plain", plain_settings, SPECULATIVE.prompts, SPECULATIVE.max_tokens))
+    plain, plain_tokens = serve(Workload("plain", plain_settings, SPECULATIVE.prompts, SPECULATIVE.max_tokens))
     rows = [(t.step, c) for t in engine.traces for c in t.chunks if c.num_spec_tokens]
     kept_most = max({c.request_id for _, c in rows}, key=lambda rid: sum(c.num_accepted_tokens for _, c in rows if c.request_id == rid))
     for step, c in [(s, c) for s, c in rows if c.request_id == kept_most][:10]:   # the request that kept the most
@@ -41,10 +41,12 @@ CELLS = [
     proposed = sum(c.num_spec_tokens for _, c in rows)
     accepted = sum(c.num_accepted_tokens for _, c in rows)
     conclude(f"Over {len(rows)} verify steps the engine proposed **{proposed}** tokens and kept **{accepted}** "
-             f"({accepted / proposed:.0%}), and its output is the same as without speculation, token for token.",
+             f"({accepted / proposed:.0%}); its output is the same as without speculation, token for token, in "
+             f"**{len(engine.traces)} steps** instead of {len(plain.traces)}.",
              [("never more accepted than proposed", all(c.num_accepted_tokens <= c.num_spec_tokens for _, c in rows)),
               ("some proposals accepted, some rejected", 0 < accepted < proposed),
-              ("speculation is exact", spec_tokens == plain_tokens)])
+              ("speculation is exact", spec_tokens == plain_tokens),
+              ("accepted proposals save steps", len(engine.traces) < len(plain.traces))])
     """),
     *your_file("spec_verify", "You write `propose` (the earliest earlier occurrence of the longest matching suffix, then up to k tokens), `accept` (the agreeing prefix, then the correction or the bonus token), `verify_step` (each request's own rows of a step's argmax) and `commit_verified` (progress, the rejected proposals' blocks freed, a stop in the middle)."),
     *grade_it(),
@@ -58,7 +60,7 @@ CELLS = [
         "the proposals accepted and rejected, then each step's tokens"),
     *summary([
         "Prompt lookup proposes from the request's own text, so repeated text is where proposals agree with the model.",
-        "Greedy verification keeps the agreeing prefix plus the model's own token, so the output is the model's own, token for token, only in fewer steps when proposals agree.",
+        "Greedy verification keeps the agreeing prefix plus the model's own token, so the output is the model's own, token for token, only in fewer steps when proposals agree (checked: The part: propose, verify).",
         "The grader checks each function case by case, random proposals against the reference, then the whole engine on your speculative decoding against transformers.",
     ]),
 ]
