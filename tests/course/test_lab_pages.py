@@ -26,12 +26,12 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 
+from tests.course import test_notebooks  # noqa: E402
 from tests.course.test_notebooks import CELL_TIMEOUT_S, all_outputs, cell_text, load, tags  # noqa: E402
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 LAB_PAGES = sorted(p.stem for p in NOTEBOOKS_DIR.glob("lab[0-9]_*.ipynb"))
 SUBMISSION_RE = re.compile(r'^MY_FILE = "([^"]+)"', re.M)
-EXECUTED: dict = {}  # page -> its executed (instrumented) notebook
 
 
 def lab_of(page: str) -> str:
@@ -147,9 +147,15 @@ def test_runs_on_the_skeleton_then_on_the_reference(page, kernel):
     nb = instrumented_lab(source)
     reset = nbformat.v4.new_code_cell('get_ipython().run_line_magic("reset", "-f")', metadata={"tags": ["test-reset"]})
     nb.cells.insert(0, reset)
-    nbclient.NotebookClient(nb, km=kernel, timeout=CELL_TIMEOUT_S).execute()
+    client = nbclient.NotebookClient(nb, km=kernel, timeout=CELL_TIMEOUT_S)
+    try:
+        client.execute()
+    finally:
+        if client.kc is not None:  # the kernel is the module's; this page's client is its own
+            client.kc.stop_channels()
     nb.cells.pop(0)
-    EXECUTED[page] = nb
+    # built into the docs site with the chapters (test_notebooks.py::test_site_from_executed_notebooks, run after)
+    test_notebooks.EXECUTED[page] = nb
     errors = [o for o in all_outputs(nb) if o.get("output_type") == "error"]
     assert not errors, f"error outputs: {[e.get('ename') + ': ' + e.get('evalue', '') for e in errors]}"
     skeleton_grade = cell_text(nb.cells[grade_cell(source)])

@@ -152,11 +152,15 @@ def test_links_point_into_the_site_or_lose_their_link(built, chapter, in_feature
     assert in_course == (f"[ch]({chapter}.html)" if chapter in built else "ch")
 
 
-def test_the_nav_holds_the_manual_and_every_chapter_and_is_offline():
+def test_the_nav_holds_the_manual_and_every_chapter_and_lab_page_and_is_offline():
     config = yaml.safe_load(build_docs.CONFIG.read_text())
+    chapters = [c for c in build_docs.CHAPTERS if c[:2].isdigit()]
+    lab_pages = [c for c in build_docs.CHAPTERS if c.startswith("lab")]
     course = next(item["Course"] for item in config["nav"] if "Course" in item)
-    assert course == ["course/index.md"] + [f"course/{c}.ipynb" for c in build_docs.CHAPTERS]
-    assert len(build_docs.CHAPTERS) == 15
+    assert course == ["course/index.md"] + [f"course/{c}.ipynb" for c in chapters]
+    labs = next(item["Lab pages"] for item in config["nav"] if "Lab pages" in item)
+    assert labs == [f"course/{c}.ipynb" for c in lab_pages]
+    assert len(chapters) == 15 and len(lab_pages) == 7 and chapters + lab_pages == build_docs.CHAPTERS
     assert config["docs_dir"] == "docs" and config["use_directory_urls"] is False
     assert config["theme"]["font"] is False and "analytics" not in config.get("extra", {})
     jupyter = next(p["mkdocs-jupyter"] for p in config["plugins"] if isinstance(p, dict) and "mkdocs-jupyter" in p)
