@@ -16,8 +16,9 @@ CELLS = [
     shared prefix) has a ref count above one; a block at zero is free and waits in the **free queue**, the block freed
     longest ago at its head. A free block keeps its content hash in the **index** (`hash -> block`), so a later
     request with the same prefix can take it back (`touch`) until `get_new_blocks` hands it out again and drops the
-    hash (eviction). Below, three requests that start with the same three blocks run on the real engine, one after
-    the other, in a pool of sixteen blocks.
+    hash (eviction). Below, three requests that start with the same three blocks run together on the real engine, in a
+    pool of sixteen blocks; the budget of a step admits them one at a time, so the later ones find the first one's
+    blocks cached.
     """),
     code("""
     import copy
