@@ -26,7 +26,6 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 
-from tests.course import test_notebooks  # noqa: E402
 from tests.course.test_notebooks import CELL_TIMEOUT_S, all_outputs, cell_text, load, tags  # noqa: E402
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
@@ -102,9 +101,10 @@ def test_structure(page):
     assert SUBMISSION_RE.search(reference_source(nb)).group(1) == spec.solution
     assert submission_cell(nb) < grade_cell(nb), "the learner's file is set before the grader runs"
     assert "grade(LAB, MY_FILE)" in nb.cells[grade_cell(nb)].source
-    figure_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "viz." in c.source]
-    assert figure_cells[0] < submission_cell(nb) < grade_cell(nb) < figure_cells[-1], (
-        "a picture of the part before the skeleton, the dashboard's figures after the grader")
+    shown = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and re.search(r"\.show\(\)|print\(", c.source)]
+    assert any(1 < i < submission_cell(nb) for i in shown), "a picture of the part before the skeleton"
+    dashboard = [i for i in shown if i > grade_cell(nb) and re.search(r"viz\.\w+_figure\(", nb.cells[i].source)]
+    assert dashboard, "the dashboard's figures on the learner's part, after the grader"
     assert any("conclusion" in tags(c) for c in nb.cells[:submission_cell(nb)]), "the picture's conclusion"
     assert any("conclusion" in tags(c) for c in nb.cells[grade_cell(nb):]), "the engine run's conclusion"
     assert any(f"MINENGINE_LABS={spec.name}=" in s for s in md), "the live dashboard's command"
@@ -154,8 +154,6 @@ def test_runs_on_the_skeleton_then_on_the_reference(page, kernel):
         if client.kc is not None:  # the kernel is the module's; this page's client is its own
             client.kc.stop_channels()
     nb.cells.pop(0)
-    # built into the docs site with the chapters (test_notebooks.py::test_site_from_executed_notebooks, run after)
-    test_notebooks.EXECUTED[page] = nb
     errors = [o for o in all_outputs(nb) if o.get("output_type") == "error"]
     assert not errors, f"error outputs: {[e.get('ename') + ': ' + e.get('evalue', '') for e in errors]}"
     skeleton_grade = cell_text(nb.cells[grade_cell(source)])
@@ -172,3 +170,19 @@ def test_runs_on_the_skeleton_then_on_the_reference(page, kernel):
     for cell in [nb.cells[i] for i in conclusions] + [copies[i] for i in conclusions if i in copies]:
         rendered = [o for o in cell.get("outputs", []) if "text/markdown" in o.get("data", {})]
         assert rendered, f"a conclusion cell rendered nothing: {cell.source[:120]!r}"
+    site_page_is_the_learners_first_run(page, nb, source)
+
+
+def site_page_is_the_learners_first_run(page: str, executed, source) -> None:
+    """The docs site's page of the executed lab page (``scripts/build_docs.py``; without a browser, to keep CI short:
+    ``test_site.py`` opens a lab page as committed in Chromium) is the learner's first run: every cell of the source
+    once, the tests' reference run left out, the grader's words on the skeleton, each figure a figure block."""
+    from scripts import build_docs
+
+    figures: list = []
+    site = build_docs.site_notebook(executed, source, page, figures, with_images=False)
+    assert [c.source for c in site.cells] == [c.source for c in source.cells]
+    assert "not implemented yet: implement" in cell_text(site.cells[grade_cell(source)])
+    blocks = sum('class="minengine-figure"' in o.get("data", {}).get("text/html", "")
+                 for c in site.cells if c.cell_type == "code" for o in c.outputs)
+    assert blocks == len(figures) >= 2, f"{page}: {blocks} figure blocks, {len(figures)} figures"

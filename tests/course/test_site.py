@@ -29,7 +29,7 @@ from scripts import build_docs  # noqa: E402
 from scripts.docs_hooks import offline_notebook_html  # noqa: E402
 
 PLACEHOLDER = "answer_1 = None  # replace None with your answer"
-BUILT = ("00_tour", "02_paged_attention")  # committed chapters in the module's build (a partial build)
+BUILT = ("00_tour", "02_paged_attention", "lab1_block_pool")  # committed chapters and a lab page (a partial build)
 TEST_CHAPTER = "99_test"
 HEADING_RE = re.compile(r"<h[1-6][^>]*>(.*?)</h[1-6]>", re.S)
 HISTORY_RE = re.compile(r"\bissue\s*#?\d+|\bedition\b", re.I)
@@ -236,8 +236,8 @@ def test_figures_show_their_static_image_without_javascript(site):
 
 def test_a_partial_build_lists_only_the_chapters_built(site, visits):
     index_links = {Path(link).name for link in visits["course/index.html"]["links"] if "/course/" in link}
-    chapter_pages = {name for name in index_links if re.match(r"\d\d_", name)}
-    assert chapter_pages == {f"{c}.html" for c in BUILT}  # the nav and the table (the test chapter is in neither)
+    chapter_pages = {name for name in index_links if re.match(r"\d\d_|lab\d_", name)}
+    assert chapter_pages == {f"{c}.html" for c in BUILT}  # the nav and the tables (the test chapter is in neither)
     text = (site / "course" / "index.html").read_text()
     assert "Prefix caching" in text and 'href="05_prefix_caching.html"' not in text  # its name, no link
     page = (site / "course" / f"{TEST_CHAPTER}.html").read_text()
