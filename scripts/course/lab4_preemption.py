@@ -39,11 +39,12 @@ CELLS = [
     conclusion("""
     finished = {rid for rid, m in engine.request_metrics.items() if m.finished_time is not None}
     conclude(f"**{len(preempted)}** requests were preempted when the {engine.num_kv_blocks} blocks ran out; each came back "
-             f"(readmitted {len(back)} of {len(preempted)}) and finished, and no step used more blocks than the pool has.",
+             f"(readmitted {len(back)} of {len(preempted)}) and finished, and no victim was one of the requests its step ran.",
              [("the small pool forces preemption", len(preempted) > 0),
               ("every victim came back after it was preempted", all(back.get(rid, -1) > step for rid, step in preempted.items())),
               ("every request finished", finished == set(engine.request_metrics)),
-              ("never more blocks than the pool", all(t.num_free_blocks >= 0 for t in engine.traces))])
+              ("no victim ran in the step that preempted it",
+               all(not set(t.preempted_ids) & {c.request_id for c in t.chunks} for t in engine.traces))])
     """),
     *your_file("preemption", "You write `pick_victim` (ask the policy, among the running requests not yet scheduled this step), `preempt` (off the running list, every block freed, progress reset, first in the waiting queue, recorded) and `allocate_or_preempt` (preempt until the request's new slots fit; say so when the request is its own victim)."),
     *grade_it(),
