@@ -53,7 +53,7 @@ CELLS = [
               ("the later requests hit the system prompt", hits["req1"] == hits["req2"] == len(system))])
     """),
     *your_file("block_pool", "You write `BlockPool`: `__init__`, the free counts, `get_new_blocks` (from the queue's head, evicting a cached hash), `touch`, `free_blocks` (to the tail at ref count zero; a double free is a `RuntimeError`), `cache_full_block`, `ref_counts` and `reset_prefix_cache`. Keep the free queue in a structure that removes a touched block from its middle cheaply (an `OrderedDict` does)."),
-    *grade_it(),
+    *grade_it("block_pool"),
     *engine_on_your_part(
         "block_pool", 'WORKLOADS["prefix_hits"]',
         "the engine's `KVCacheManager` then takes, shares, frees and evicts every block through your pool",

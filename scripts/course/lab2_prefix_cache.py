@@ -62,7 +62,7 @@ CELLS = [
               ("the repeated prompt recomputes its last block", cached["repeats three blocks"] == len(prompts["repeats three blocks"]) - BLOCK)])
     """),
     *your_file("prefix_cache", "You write `hash_block` (a digest of the parent hash and the block's token ids), `extend_block_hashes` (hash the full blocks not hashed yet, never the partial last one) and `longest_cached_prefix` (look the hashes up in order, stop at the first miss, leave the last token to compute)."),
-    *grade_it(),
+    *grade_it("prefix_cache"),
     *engine_on_your_part(
         "prefix_cache", 'WORKLOADS["prefix_hits"]',
         "the engine's prefix cache names and finds every block with your functions",

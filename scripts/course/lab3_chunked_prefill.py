@@ -49,7 +49,7 @@ CELLS = [
               ("every chunk within the threshold", longest <= threshold)])
     """),
     *your_file("chunked_prefill", "You write `prefill_chunk` (the tokens a prompt may run this step), `blocks_needed` (the KV blocks a chunk adds), `admission_chunk` (a new prompt's first chunk, only when its blocks fit) and `fill_step` (decodes, then running prompts' chunks, then admissions, under the budget)."),
-    *grade_it(),
+    *grade_it("chunked_prefill"),
     *engine_on_your_part(
         "chunked_prefill", 'WORKLOADS["chunked_prefill"]',
         "the engine's scheduler builds every step with your functions",

@@ -47,7 +47,7 @@ CELLS = [
                all(not set(t.preempted_ids) & {c.request_id for c in t.chunks} for t in engine.traces))])
     """),
     *your_file("preemption", "You write `pick_victim` (ask the policy, among the running requests not yet scheduled this step), `preempt` (off the running list, every block freed, progress reset, first in the waiting queue, recorded) and `allocate_or_preempt` (preempt until the request's new slots fit; say so when the request is its own victim)."),
-    *grade_it(),
+    *grade_it("preemption"),
     *engine_on_your_part(
         "preemption", 'WORKLOADS["preemption"]',
         "the step builder's allocation loop preempts through your functions",

@@ -42,7 +42,7 @@ CELLS = [
               ("some requests miss the SLO under decode-first", 0 < base < 1)])
     """),
     *your_file("scheduling_policy", "You write `MyPolicy`, a `SchedulingPolicy`: `fill` (spend a step's budget: the skeleton's docstring lists the moves a step offers), `next_waiting` (which waiting prompt is admitted next) and `pick_victim` (which candidate gives its blocks back). Decode-first (`minengine/core/policies/`) is a working starting point."),
-    *grade_it(),
+    *grade_it("scheduling_policy"),
     *engine_on_your_part(
         "scheduling_policy", 'WORKLOADS["chunked_prefill"]',
         "the engine's scheduler asks your policy for every step's order, admission and victim",

@@ -44,7 +44,7 @@ CELLS = [
               ("the shared prefix is shared", len(shared_blocks) == len(shared) // BS)])
     """),
     *your_file("paged_attention", "You write `gather_kv` (a cache of blocks and a block table to the K or V of positions 0 to seq_len - 1), `attend` (scaled scores, the causal mask of a chunk after its context, grouped-query heads, softmax, the weighted values) and `paged_attention` (every request of a step: its query rows, its block table, its sequence length)."),
-    *grade_it(),
+    *grade_it("paged_attention"),
     *engine_on_your_part(
         "paged_attention", 'WORKLOADS["chunked_prefill"]',
         "every attention layer of the model reads the paged KV cache through your functions",

@@ -49,7 +49,7 @@ CELLS = [
               ("accepted proposals save steps", len(engine.traces) < len(plain.traces))])
     """),
     *your_file("spec_verify", "You write `propose` (the earliest earlier occurrence of the longest matching suffix, then up to k tokens), `accept` (the agreeing prefix, then the correction or the bonus token), `verify_step` (each request's own rows of a step's argmax) and `commit_verified` (progress, the rejected proposals' blocks freed, a stop in the middle)."),
-    *grade_it(),
+    *grade_it("spec_verify"),
     *engine_on_your_part(
         "spec_verify", "SPECULATIVE",
         "the engine proposes, verifies and commits through your functions",

@@ -89,17 +89,17 @@ def your_file(lab: str, steps: str) -> list:
     ]
 
 
-def grade_it() -> list:
+def grade_it(lab: str) -> list:
     """The grader on the learner's file."""
     return [
-        md("""
+        md(f"""
         ## Grade it
         The grader runs three stages, each only when the ones before it passed: **unit** (the contract, case by
         case), **property** (hypothesis drives random workloads through your part and the reference side by side)
         and **end to end** (the real engine built on your part must give transformers' greedy tokens, and every KV
         block must be free at the end). A failure says what broke in words. On the skeleton it says what to
         implement first; run this cell again after each change (the same as
-        `python -m minengine lab grade LAB MY_FILE` in a terminal).
+        `python -m minengine lab grade {lab} my_{lab}.py` in a terminal, from the repository's root).
         """),
         code("""
         report = grade(LAB, MY_FILE)
@@ -150,8 +150,8 @@ def engine_on_your_part(lab: str, workload: str, what: str, figures: str, watch:
         code(figures),
         md(f"""
         **The live dashboard on your part.** From the repository's root:
-        `MINENGINE_LABS={lab}=my_{lab}.py streamlit run app.py`; under each run it prints which parts are yours (the
-        line above). The server takes the same part: `python -m minengine serve --lab {lab}=my_{lab}.py`.
+        `MINENGINE_LABS={lab}=my_{lab}.py streamlit run app.py`; under each run it prints which parts are yours, the
+        line the engine run above printed. The server takes the same part: `python -m minengine serve --lab {lab}=my_{lab}.py`.
         """),
     ]
 
