@@ -33,7 +33,7 @@ CELL_TIMEOUT_S = 600
 SOLUTION_RE = re.compile(r"```python\n(.*?)\n```", re.S)
 CJK_RE = re.compile(r"[\u4e00-\u9fff]")
 WIDGET_RE = re.compile(r"interact_manual\((\w+)")
-EXECUTED: dict = {}  # chapter (or lab page, test_lab_pages.py) -> its executed notebook, for the site test at the end
+EXECUTED: dict = {}  # chapter -> its executed (instrumented) notebook, for the site test at the end
 
 
 def load(chapter: str):
