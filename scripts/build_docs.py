@@ -48,6 +48,7 @@ DEFAULT_OUT = ROOT / "build" / "site"
 COURSE = "course"  # the course's folder in the site
 PLOTLY_JS = "assets/plotly.min.js"
 CHAPTERS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+CHAPTERS += sorted(p.stem for p in NOTEBOOKS.glob("lab[0-9]_*.ipynb"))  # the labs' pages, staged as the chapters
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_RE = re.compile(r"interact_manual\((\w+)")

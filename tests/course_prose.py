@@ -16,7 +16,7 @@ Skipped, because they are not quantities the chapter states:
   ``Llama-3-8B``, ``PR #17885``, ``ISCA'24``), a ``B`` or another non-unit letter right after it (``8B``, ``70B``,
   ``2D``), or a product / setting word before it (``NAME_BEFORE_RE``: ``RTX 4090``, ``TP 2``);
 - numbering: after *chapter(s)*, *section(s)*, *exercise(s)*, *quiz*, *question*, *part*, *figure*, *table*,
-  *page(s)*, *issue*, *equation*, *lesson*, with the list that follows ("chapters 4 and 5");
+  *page(s)*, *issue*, *equation*, *lesson*, *lab(s)*, with the list that follows ("chapters 4 and 5");
 - a year (1950-2039 without a thousands separator, not followed by a unit or a counted noun such as *tokens*);
 - anything inside a citation or a ``(checked: ...)`` pointer.
 A number passes when (a) its value, read with its unit (``65 %`` is 65 or 0.65, ``10 ms`` is 10 or 0.01, ``8k`` is
@@ -86,7 +86,7 @@ COUNTED = re.compile(r"\s*-?\s*(tokens?|requests?|steps?|blocks?|gpus?|prompts?|
                      re.I)
 NUMBERING_RE = re.compile(
     r"(?i)\b(chapters?|ch\.|sections?|§|exercises?|quiz(?:zes)?|questions?|parts?|figures?|fig\.|tables?|pages?|"
-    r"pp?\.|issues?|eq\.|equations?|lessons?)\s*\d+(?:\.\d+)*(?:\s*(?:,|and|or|&|–|-|to)\s*\d+(?:\.\d+)*)*")
+    r"pp?\.|issues?|eq\.|equations?|lessons?|labs?)\s*\d+(?:\.\d+)*(?:\s*(?:,|and|or|&|–|-|to)\s*\d+(?:\.\d+)*)*")
 NAME_BEFORE_RE = re.compile(r"\b(RTX|GTX|TP|PP|DP|EP|MI|GPT|Llama|Qwen|Python|CUDA|PR)\s$")
 NUMBER_RE = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
 

@@ -29,7 +29,7 @@ from scripts import build_docs  # noqa: E402
 from scripts.docs_hooks import offline_notebook_html  # noqa: E402
 
 PLACEHOLDER = "answer_1 = None  # replace None with your answer"
-BUILT = ("00_tour", "02_paged_attention")  # committed chapters in the module's build (a partial build)
+BUILT = ("00_tour", "02_paged_attention", "lab1_block_pool")  # committed chapters and a lab page (a partial build)
 TEST_CHAPTER = "99_test"
 HEADING_RE = re.compile(r"<h[1-6][^>]*>(.*?)</h[1-6]>", re.S)
 HISTORY_RE = re.compile(r"\bissue\s*#?\d+|\bedition\b", re.I)
@@ -152,11 +152,15 @@ def test_links_point_into_the_site_or_lose_their_link(built, chapter, in_feature
     assert in_course == (f"[ch]({chapter}.html)" if chapter in built else "ch")
 
 
-def test_the_nav_holds_the_manual_and_every_chapter_and_is_offline():
+def test_the_nav_holds_the_manual_and_every_chapter_and_lab_page_and_is_offline():
     config = yaml.safe_load(build_docs.CONFIG.read_text())
+    chapters = [c for c in build_docs.CHAPTERS if c[:2].isdigit()]
+    lab_pages = [c for c in build_docs.CHAPTERS if c.startswith("lab")]
     course = next(item["Course"] for item in config["nav"] if "Course" in item)
-    assert course == ["course/index.md"] + [f"course/{c}.ipynb" for c in build_docs.CHAPTERS]
-    assert len(build_docs.CHAPTERS) == 15
+    assert course == ["course/index.md"] + [f"course/{c}.ipynb" for c in chapters]
+    labs = next(item["Lab pages"] for item in config["nav"] if "Lab pages" in item)
+    assert labs == [f"course/{c}.ipynb" for c in lab_pages]
+    assert len(chapters) == 15 and len(lab_pages) == 7 and chapters + lab_pages == build_docs.CHAPTERS
     assert config["docs_dir"] == "docs" and config["use_directory_urls"] is False
     assert config["theme"]["font"] is False and "analytics" not in config.get("extra", {})
     jupyter = next(p["mkdocs-jupyter"] for p in config["plugins"] if isinstance(p, dict) and "mkdocs-jupyter" in p)
@@ -232,8 +236,8 @@ def test_figures_show_their_static_image_without_javascript(site):
 
 def test_a_partial_build_lists_only_the_chapters_built(site, visits):
     index_links = {Path(link).name for link in visits["course/index.html"]["links"] if "/course/" in link}
-    chapter_pages = {name for name in index_links if re.match(r"\d\d_", name)}
-    assert chapter_pages == {f"{c}.html" for c in BUILT}  # the nav and the table (the test chapter is in neither)
+    chapter_pages = {name for name in index_links if re.match(r"\d\d_|lab\d_", name)}
+    assert chapter_pages == {f"{c}.html" for c in BUILT}  # the nav and the tables (the test chapter is in neither)
     text = (site / "course" / "index.html").read_text()
     assert "Prefix caching" in text and 'href="05_prefix_caching.html"' not in text  # its name, no link
     page = (site / "course" / f"{TEST_CHAPTER}.html").read_text()
