@@ -114,9 +114,10 @@ def format_class(grades: list[SubmissionGrade]) -> str:
 
 
 def cmd_list(a: argparse.Namespace) -> None:
+    width = max(len(name) for name in LABS)
     for spec in LABS.values():
-        print(f"{spec.order}. {spec.name:<16} {spec.minutes:>3} min  {spec.title}")
-        print(f"   {'':<16}          you write {spec.part}; start from {os.path.relpath(spec.skeleton)}")
+        print(f"{spec.order}. {spec.name:<{width}} {spec.minutes:>3} min  {spec.title}")
+        print(f"   {'':<{width}}          you write {spec.part}; start from {os.path.relpath(spec.skeleton)}")
 
 
 def _known_lab(name: str) -> str:

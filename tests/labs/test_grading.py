@@ -114,6 +114,8 @@ def test_the_command_line(tmp_path, capsys):
     main(["lab", "list"])
     out = capsys.readouterr().out
     assert "1. block_pool" in out and "3. chunked_prefill" in out
+    titles = [line.index(" min ") for line in out.splitlines() if " min " in line]
+    assert len(titles) == len(LABS) and len(set(titles)) == 1, out  # one column, whatever the longest name
     with pytest.raises(SystemExit) as exit_code:
         main(["lab", "grade", "prefix_cache"])  # the skeleton
     assert exit_code.value.code == 1 and "not implemented yet: implement hash_block" in capsys.readouterr().out
