@@ -69,6 +69,9 @@ CONFIGS = {
     "chunk-7": dict(long_prefill_token_threshold=7, max_num_batched_tokens=64),
     "chunk-16": dict(max_num_batched_tokens=16),
     "preemption": dict(max_num_batched_tokens=64, num_kv_blocks=22),
+    # rejected proposals give back their blocks (``truncate``) behind released ones
+    "spec": dict(max_num_batched_tokens=64, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                                "prompt_lookup_min": 1, "prompt_lookup_max": 2}),
 }
 
 
@@ -81,6 +84,8 @@ def test_windowed_mistral_matches_transformers(windowed_mistral, prompts, name):
     summary = engine.summary()
     if name == "preemption":  # 22 blocks: the longest request alone (the engine checks that much), few more
         assert summary.num_preemptions > 0
+    if name == "spec":
+        assert summary.spec_draft_tokens > summary.spec_accepted_tokens > 0  # proposals accepted and rejected
     if name == "chunk-16":
         assert summary.prefix_hit_tokens > 0  # prefix hits on the shorter prompts' blocks
 
