@@ -1,15 +1,15 @@
-"""Sliding-window attention on the paged cache: the step's attention plan with every mask cut to the window.
+"""Sliding-window attention on the paged cache: the step's attention plan cut to a layer's window.
 
-A windowed layer reads the same blocks as a full-attention layer, through the same reference path
-(``layers/reference_attention.py``): only its masks differ. Query position q sees key position k when
-``q - window < k <= q`` (transformers' ``sliding_window_overlay``), so ``windowed_batch`` makes, once per step and
-window, a copy of the ``ForwardBatch`` whose decode groups' key masks and prefill groups' masks also hide the keys
-older than the window, and whose backend is "reference" (the C++ kernel reads every key up to ``seq_len``
-unmasked, so a windowed layer never runs it).
+Query position q sees key position k when ``q - window < k <= q`` (transformers' ``sliding_window_overlay``).
+``windowed_batch`` makes, once per step and window, a copy of the ``ForwardBatch`` for the windowed layers: its
+decode groups gather only the blocks the window covers (a bounded number, however long the request), its prefill
+groups' masks also hide the keys older than the window, and its backend is "reference"
+(``layers/reference_attention.py``), which reads exactly these groups and masks (the C++ kernel reads every key
+up to ``seq_len`` unmasked, so a windowed layer never runs it).
 
 Keys outside the window may sit in blocks the windowed KV cache manager already freed
 (``core/windowed_kv_cache_manager.py``): their ids stay in the block table, and whatever another request has
-written there since is gathered but masked out, never weighed.
+written there since may be gathered (a prefill chunk gathers its whole table) but is masked out, never weighed.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from minengine.worker.forward_batch import DecodeGroup, ForwardBatch, PrefillGro
 
 
 def windowed_batch(batch: ForwardBatch, window: int) -> ForwardBatch:
-    """``batch`` for a layer with a sliding window of ``window`` tokens (the groups' masks cut to it, the
-    "reference" backend); the tensors other than the masks are shared, not copied.
+    """``batch`` for a layer with a sliding window of ``window`` tokens (the decode groups' blocks and the groups'
+    masks cut to it, the "reference" backend); the batch's own tensors are shared, not copied.
 
     Raises:
         ValueError: a batch built for the Triton kernel (it carries block tables, not the groups a mask is cut
@@ -32,17 +32,28 @@ def windowed_batch(batch: ForwardBatch, window: int) -> ForwardBatch:
     if batch.attention_backend == "triton":
         raise ValueError("sliding-window attention runs on the 'reference' and 'cpu' attention backends; the "
                          "Triton kernel takes no window: set attention_backend='reference'")
-    decode_groups = [_windowed_decode_group(g, batch.seq_lens, window) for g in batch.decode_groups]
+    decode_groups = [_windowed_decode_group(g, batch.seq_lens, window, batch.block_size)
+                     for g in batch.decode_groups]
     prefill_groups = [_windowed_prefill_group(g, window) for g in batch.prefill_groups]
     return dataclasses.replace(batch, decode_groups=decode_groups, prefill_groups=prefill_groups,
                                attention_backend="reference")
 
 
-def _windowed_decode_group(g: DecodeGroup, seq_lens: torch.Tensor, window: int) -> DecodeGroup:
-    """Each request's one query sits at position ``seq_len - 1`` and sees keys ``seq_len - window ..``."""
-    seq_len = seq_lens[g.first_row:g.first_row + g.num_requests].to(torch.long).view(-1, 1, 1, 1)
-    keys = torch.arange(g.key_mask.shape[-1], device=g.key_mask.device)
-    return dataclasses.replace(g, key_mask=g.key_mask & (keys >= seq_len - window))
+def _windowed_decode_group(g: DecodeGroup, seq_lens: torch.Tensor, window: int, block_size: int) -> DecodeGroup:
+    """Each request's one query sits at position ``seq_len - 1`` and reads keys ``seq_len - window ..``: the group
+    gathers only the blocks holding those, ``1 + ceil((window - 1) / block_size)`` per request at most however
+    long the request is, instead of its whole table."""
+    n = g.num_requests
+    seq_len = seq_lens[g.first_row:g.first_row + n].to(torch.long)
+    width = min(g.num_blocks, 1 + -(-(window - 1) // block_size))
+    # each request's first block read, moved back where a short request would run past the group's table
+    first = torch.clamp((seq_len - window) // block_size, min=0).clamp(max=g.num_blocks - width)
+    columns = first[:, None] + torch.arange(width, device=first.device)  # [n, width] logical block indices
+    block_ids = g.block_ids.view(n, g.num_blocks).gather(1, columns).reshape(-1)
+    keys = (columns[:, :, None] * block_size + torch.arange(block_size, device=first.device)).view(n, -1)
+    key_mask = (keys < seq_len[:, None]) & (keys >= seq_len[:, None] - window)
+    return DecodeGroup(first_row=g.first_row, num_requests=n, block_ids=block_ids, num_blocks=width,
+                       key_mask=key_mask.view(n, 1, 1, -1))
 
 
 def _windowed_prefill_group(g: PrefillGroup, window: int) -> PrefillGroup:

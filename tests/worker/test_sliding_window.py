@@ -89,7 +89,10 @@ def test_the_windowed_read_matches_a_dense_windowed_reference(window, backend):
     k_new = torch.randn(t, kv_heads, head_dim, generator=gen)
     v_new = torch.randn(t, kv_heads, head_dim, generator=gen)
     write_kv(k_new, v_new, k_cache, v_cache, batch.slot_mapping)
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, windowed_batch(batch, window), head_dim ** -0.5)
+    windowed = windowed_batch(batch, window)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, windowed, head_dim ** -0.5)
+    # a decode gathers the blocks its window covers, not its whole table (the longest decode here has 31 keys)
+    assert max(g.num_blocks for g in windowed.decode_groups) == min(1 + -(-(window - 1) // BS), -(-31 // BS))
     ref = dense_windowed(step, q, k_cache, v_cache, batch, head_dim ** -0.5, window)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     assert batch.attention_backend == backend  # the step's own batch is left as it was
