@@ -91,11 +91,15 @@ def make_kv_cache_manager(config: EngineConfig, num_blocks: int, hf_config) -> K
     (``core/windowed_kv_cache_manager.py``), which frees the blocks behind the window as requests advance.
 
     Raises:
-        ValueError: a windowed model with ``preemption_mode="swap"`` or ``async_scheduling`` (neither is built
-            for tables with released blocks); a malformed window.
+        ValueError: a model with a windowed layer and ``attention_backend="triton"`` (the kernel takes no window);
+            a model whose every layer is windowed with ``preemption_mode="swap"`` or ``async_scheduling`` (neither
+            is built for tables with released blocks); a malformed window.
     """
-    from minengine.models.layer_windows import kv_window
+    from minengine.models.layer_windows import kv_window, layer_windows
 
+    if config.attention_backend == "triton" and any(w is not None for w in layer_windows(hf_config)):
+        raise ValueError("attention_backend='triton' takes no sliding window, and this model has windowed layers: "
+                         "use attention_backend='reference'")
     window = kv_window(hf_config)
     if window is None:
         return KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)

@@ -146,3 +146,8 @@ def test_settings_that_cannot_free_blocks_are_refused(windowed_mistral, setting)
     field = next(iter(setting))
     with pytest.raises(ValueError, match=f"{field}=.*not supported with sliding-window attention"):
         LLM(windowed_mistral, max_model_len=1024, **setting)
+
+
+def test_the_triton_kernel_is_refused_before_any_step(interleaved_qwen2):
+    with pytest.raises(ValueError, match="attention_backend='triton' takes no sliding window"):
+        LLM(interleaved_qwen2, max_model_len=1024, attention_backend="triton")
