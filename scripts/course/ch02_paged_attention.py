@@ -386,6 +386,53 @@ CELLS = [
                     "def answer_4(w, block_size):  # one too many when w - 1 is a multiple of block_size\n    return math.ceil(w / block_size) + 1",
                     "def answer_4(w, block_size):  # one too few when w % block_size is 2 or more\n    return w // block_size + 1",
                     "def answer_4(w, block_size):  # forgot the block the query opens\n    return math.ceil((w - 1) / block_size)"]),
+    md("""
+    ## Other ways to shrink the KV cache
+    A window caps how many tokens a request keeps; the other designs shrink what each token costs. Per token and
+    layer, multi-head attention (MHA) caches a K and a V vector per head; grouped-query attention (GQA) lets several
+    query heads share one KV head; multi-query attention (MQA) keeps a single KV head; DeepSeek's multi-head latent
+    attention (MLA) caches one compressed latent vector plus a small RoPE key, from which every head's K and V are
+    rebuilt. The shapes below are each model's published `config.json` (source: the models' Hugging Face
+    `config.json` files; for MLA, `kv_lora_rank` and `qk_rope_head_dim`), in bf16.
+    """),
+    code("""
+    BF16 = 2  # bytes per element
+    # name: (design, layers, KV heads, head_dim) -- or, for MLA, (design, layers, latent width kv_lora_rank + qk_rope_head_dim, None)
+    PUBLISHED = {
+        "Llama-2-7B": ("MHA", 32, 32, 128),
+        "Llama-3-8B": ("GQA", 32, 8, 128),
+        "Mistral-7B-v0.1": ("GQA + window", 32, 8, 128),
+        "Falcon-7B": ("MQA", 32, 1, 64),
+        "DeepSeek-V3": ("MLA", 61, 512 + 64, None),
+    }
+    MISTRAL_WINDOW, LONG_CONTEXT = 4096, 32768  # Mistral-7B-v0.1's sliding_window; a long request
+
+
+    def kv_bytes_per_token(layers, kv_heads_or_latent, head_dim):
+        \"\"\"K and V of every KV head in every layer; MLA caches one latent vector per layer instead.\"\"\"
+        if head_dim is None:
+            return layers * kv_heads_or_latent * BF16
+        return layers * 2 * kv_heads_or_latent * head_dim * BF16
+
+
+    per_token = {name: kv_bytes_per_token(*shape[1:]) for name, shape in PUBLISHED.items()}
+    for name, (design, *shape) in PUBLISHED.items():
+        tokens_kept = min(LONG_CONTEXT, MISTRAL_WINDOW) if "window" in design else LONG_CONTEXT
+        print(f"{name:16s} {design:13s} {per_token[name] / 1024:8.1f} KiB per token; a {LONG_CONTEXT}-token request keeps "
+              f"{tokens_kept * per_token[name] / 2**30:6.2f} GiB")
+    """),
+    conclusion("""
+    mha, gqa, mqa, mla = (per_token[n] for n in ("Llama-2-7B", "Llama-3-8B", "Falcon-7B", "DeepSeek-V3"))
+    mistral_request = MISTRAL_WINDOW * per_token["Mistral-7B-v0.1"]
+    conclude(f"Per token, GQA with {PUBLISHED['Llama-3-8B'][2]} KV heads caches **{mha / gqa:.0f}x** less than MHA, and MQA "
+             f"**{mha / mqa:.0f}x** less; DeepSeek-V3's MLA caches {mla / 1024:.1f} KiB per token over {PUBLISHED['DeepSeek-V3'][1]} layers, "
+             f"less than Llama-3-8B's {gqa / 1024:.0f} KiB over {PUBLISHED['Llama-3-8B'][1]}. A window caps the tokens instead: a "
+             f"{LONG_CONTEXT}-token request on Mistral-7B keeps **{mistral_request / 2**30:.2f} GiB**, not {LONG_CONTEXT * per_token['Mistral-7B-v0.1'] / 2**30:.0f} GiB.",
+             [("GQA caches less than MHA per token", gqa < mha),
+              ("MQA caches less than GQA per token", mqa < gqa),
+              ("MLA caches less per token than an 8B GQA model despite twice the layers", mla < gqa),
+              ("the window keeps less of a request longer than it", mistral_request < LONG_CONTEXT * per_token["Mistral-7B-v0.1"])])
+    """),
     *question("what if one layer attends to everything?", """
         Qwen2 can window only its upper layers (`max_window_layers`). The engine runs such a model with each layer's
         window, but frees no block at all. Why?
@@ -419,6 +466,7 @@ CELLS = [
         "Block size trades tail waste (small blocks) against table size and kernel efficiency (large blocks); 16 is vLLM's default.",
         "Reading K/V through block tables changes no number: paged attention equals dense attention, and the engine matches transformers.",
         "Blocks also make sharing possible (prefix caching, chapter 5) and preemption cheap to express (chapter 6).",
+        "GQA, MQA and MLA shrink the bytes per token, a window the tokens kept (checked: Other ways to shrink the KV cache).",
         "With a sliding window the blocks behind the window go back to the pool: a decoding request holds at most `1 + ceil((w - 1) / block_size)` blocks, however long it runs (checked: Sliding windows).",
     ]),
     *glossary([
@@ -430,5 +478,7 @@ CELLS = [
         ("reservation", "预留", "memory held for tokens that may never come (contiguous allocation)"),
         ("block_size", "块大小", "tokens per KV block"),
         ("sliding window", "滑动窗口", "attention to the last w tokens only; older keys are never read again"),
+        ("multi-query attention (MQA)", "多查询注意力", "all query heads share a single KV head"),
+        ("multi-head latent attention (MLA)", "多头潜在注意力", "caches one compressed latent per token and layer; each head's K and V are rebuilt from it"),
     ]),
 ]
