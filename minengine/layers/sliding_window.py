@@ -1,15 +1,16 @@
 """Sliding-window attention on the paged cache: the step's attention plan cut to a layer's window.
 
 Query position q sees key position k when ``q - window < k <= q`` (transformers' ``sliding_window_overlay``).
-``windowed_batch`` makes, once per step and window, a copy of the ``ForwardBatch`` for the windowed layers: its
-decode groups gather only the blocks the window covers (a bounded number, however long the request), its prefill
-groups' masks also hide the keys older than the window, and its backend is "reference"
-(``layers/reference_attention.py``), which reads exactly these groups and masks (the C++ kernel reads every key
-up to ``seq_len`` unmasked, so a windowed layer never runs it).
+``windowed_batch`` makes, once per step and window, a copy of the ``ForwardBatch`` for the windowed layers: a
+decode gathers only the blocks its window covers (a bounded number, however long the request), a prefill chunk the
+blocks from the one its first query's window starts in, and every mask also hides the keys older than the window.
+Its backend is "reference" (``layers/reference_attention.py``), which reads exactly these groups and masks (the
+C++ kernel reads every key up to ``seq_len`` unmasked, so a windowed layer never runs it).
 
 Keys outside the window may sit in blocks the windowed KV cache manager already freed
 (``core/windowed_kv_cache_manager.py``): their ids stay in the block table, and whatever another request has
-written there since may be gathered (a prefill chunk gathers its whole table) but is masked out, never weighed.
+written there since is masked out where it is gathered at all (a short decode padded to its group's width may
+gather a few blocks before its window).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def windowed_batch(batch: ForwardBatch, window: int) -> ForwardBatch:
                          "Triton kernel takes no window: set attention_backend='reference'")
     decode_groups = [_windowed_decode_group(g, batch.seq_lens, window, batch.block_size)
                      for g in batch.decode_groups]
-    prefill_groups = [_windowed_prefill_group(g, window) for g in batch.prefill_groups]
+    prefill_groups = [_windowed_prefill_group(g, window, batch.block_size) for g in batch.prefill_groups]
     return dataclasses.replace(batch, decode_groups=decode_groups, prefill_groups=prefill_groups,
                                attention_backend="reference")
 
@@ -56,12 +57,19 @@ def _windowed_decode_group(g: DecodeGroup, seq_lens: torch.Tensor, window: int, 
                        key_mask=key_mask.view(n, 1, 1, -1))
 
 
-def _windowed_prefill_group(g: PrefillGroup, window: int) -> PrefillGroup:
-    """The group's queries sit at ``seq_len - q_len .. seq_len - 1``; the mask stays None (SDPA's causal
+def _windowed_prefill_group(g: PrefillGroup, window: int, block_size: int) -> PrefillGroup:
+    """The group's queries sit at ``seq_len - q_len .. seq_len - 1``: a chunk after cached context gathers its
+    blocks from the one holding the oldest key its first query reads; the mask stays None (SDPA's causal
     triangle) while every query sees all the keys before it anyway."""
     if g.seq_len <= window:
         return g
+    n, start = g.num_requests, g.seq_len - g.q_len
+    first = max(0, start - window + 1) // block_size  # 0 from position 0: the keys are the step's own rows
+    table_width = g.block_ids.numel() // n
+    # the reference reads the gathered keys up to seq_len: from block `first` on, fewer than seq_len when first > 0
+    num_keys = min((table_width - first) * block_size, g.seq_len)
     device = g.block_ids.device
-    query_pos = torch.arange(g.seq_len - g.q_len, g.seq_len, device=device)[:, None]
-    keys = torch.arange(g.seq_len, device=device)[None, :]
-    return dataclasses.replace(g, mask=(keys <= query_pos) & (keys > query_pos - window))
+    query_pos = torch.arange(start, g.seq_len, device=device)[:, None]
+    key_pos = first * block_size + torch.arange(num_keys, device=device)[None, :]
+    return dataclasses.replace(g, block_ids=g.block_ids.view(n, table_width)[:, first:].reshape(-1),
+                               mask=(key_pos <= query_pos) & (key_pos > query_pos - window))

@@ -93,6 +93,9 @@ def test_the_windowed_read_matches_a_dense_windowed_reference(window, backend):
     out = paged_attention(q, k_new, v_new, k_cache, v_cache, windowed, head_dim ** -0.5)
     # a decode gathers the blocks its window covers, not its whole table (the longest decode here has 31 keys)
     assert max(g.num_blocks for g in windowed.decode_groups) == min(1 + -(-(window - 1) // BS), -(-31 // BS))
+    for g in windowed.prefill_groups:  # a chunk gathers from the block its first query's window starts in
+        first = max(0, g.seq_len - g.q_len - window + 1) // BS if g.seq_len > window else 0
+        assert g.block_ids.numel() == g.num_requests * (-(-g.seq_len // BS) - first)
     ref = dense_windowed(step, q, k_cache, v_cache, batch, head_dim ** -0.5, window)
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
     assert batch.attention_backend == backend  # the step's own batch is left as it was
