@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 
 from minengine.config import EngineConfig
 from minengine.core.doors import scheduler_for_engine
-from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.preempt_between_steps import preempt_running_by_recompute
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.engine.detokenizer import Detokenizers
@@ -24,7 +23,7 @@ from minengine.engine.engine_doors import engine_class
 from minengine.engine.engine_statistics import EngineStatistics
 from minengine.engine.input_processor import InputProcessor, Prompt
 from minengine.engine.logprobs_positions import prepare_logprobs, record_logprobs
-from minengine.engine.model_setup import eos_token_id, load_model, make_runner
+from minengine.engine.model_setup import eos_token_id, load_model, make_kv_cache_manager, make_runner
 from minengine.engine.output_processor import OutputProcessor
 from minengine.engine.parallel_sampling import ParentRequest
 from minengine.metrics.prometheus_recorder import make_recorder
@@ -77,7 +76,7 @@ class LLMEngine(EngineStatistics):
         self.num_kv_blocks, self.num_swap_blocks = pool.num_blocks, pool.num_swap_blocks
         # Every rank holds its heads' slice of every block: bytes_per_block is one rank's; the total is all ranks'.
         self.kv_cache_bytes = pool.num_blocks * loaded.kv_bytes_per_block * config.tensor_parallel_size
-        self.kv_cache_manager = KVCacheManager(pool.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_cache_manager = make_kv_cache_manager(config, pool.num_blocks, self.hf_config)
         self.scheduler = scheduler_for_engine(config, self.kv_cache_manager, self.num_swap_blocks,
                                               self.schedules_ahead)
         self.runner = runner if runner is not None else make_runner(config, loaded, pool)

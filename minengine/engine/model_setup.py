@@ -1,11 +1,13 @@
 """What ``LLMEngine`` loads before it can schedule: the model and tokenizer (or, with worker processes, only
-the checkpoint's config), the KV bytes per block they imply, custom logits processors, the worker threads."""
+the checkpoint's config), the KV bytes per block they imply, the KV cache manager the model's attention asks for,
+custom logits processors, the worker threads."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from minengine.config import EngineConfig
+from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.worker.kv_pool import KVPoolSize
 
 
@@ -81,6 +83,34 @@ def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> Loa
     bytes_per_block = (2 * cfg.num_hidden_layers * config.block_size * kv_heads * _head_dim(cfg)
                        * kv_cache_dtype.itemsize)
     return LoadedModel(None, cfg, model_path, tokenizer, device, bytes_per_block, kv_cache_dtype)
+
+
+def make_kv_cache_manager(config: EngineConfig, num_blocks: int, hf_config) -> KVCacheManager:
+    """The KV cache manager of the engine: a ``KVCacheManager``, or, when every layer of the model attends through
+    a sliding window (``models/layer_windows.kv_window``), a ``WindowedKVCacheManager``
+    (``core/windowed_kv_cache_manager.py``), which frees the blocks behind the window as requests advance.
+
+    Raises:
+        ValueError: a model with a windowed layer and ``attention_backend="triton"`` (the kernel takes no window);
+            a model whose every layer is windowed with ``preemption_mode="swap"`` or ``async_scheduling`` (neither
+            is built for tables with released blocks); a malformed window.
+    """
+    from minengine.models.layer_windows import kv_window, layer_windows
+
+    if config.attention_backend == "triton" and any(w is not None for w in layer_windows(hf_config)):
+        raise ValueError("attention_backend='triton' takes no sliding window, and this model has windowed layers: "
+                         "use attention_backend='reference'")
+    window = kv_window(hf_config)
+    if window is None:
+        return KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    for field, value, off in (("preemption_mode", config.preemption_mode, "recompute"),
+                              ("async_scheduling", config.async_scheduling, False)):
+        if value != off:
+            raise ValueError(f"{field}={value!r} is not supported with sliding-window attention (the model's "
+                             f"sliding_window is {window}): use {field}={off!r}")
+    from minengine.core.windowed_kv_cache_manager import WindowedKVCacheManager
+
+    return WindowedKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
 
 
 def make_runner(config: EngineConfig, loaded: LoadedModel, pool: KVPoolSize):

@@ -10,6 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from minengine.distributed import TensorParallelGroup
+from minengine.models.layer_windows import layer_windows
 from minengine.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -95,14 +96,12 @@ def check_model_config(hf_config, path: Path) -> tuple[bool, bool]:
     memory) to check that the config's sizes make one.
 
     Raises:
-        ValueError: unknown architecture, sliding-window attention, sizes that build no model.
+        ValueError: unknown architecture, a malformed sliding window (``layer_windows``), sizes that build no
+            model.
     """
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
-    if getattr(hf_config, "use_sliding_window", False) or (
-            model_type == "mistral" and getattr(hf_config, "sliding_window", None)):
-        raise ValueError("sliding-window attention is not supported by minengine")
     qkv_bias, qk_norm = SUPPORTED_MODEL_TYPES[model_type]
     _build_on_meta(hf_config, path, qkv_bias, qk_norm, None)
     return qkv_bias, qk_norm
@@ -119,11 +118,22 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def model_class(hf_config) -> type[LlamaForCausalLM]:
+    """The class a config builds: ``LlamaForCausalLM``, or ``WindowedLlamaForCausalLM`` (``models/windowed_llama.py``)
+    when any layer attends through a sliding window (``layer_windows``; raises ``ValueError`` as it does)."""
+    if all(window is None for window in layer_windows(hf_config)):
+        return LlamaForCausalLM
+    from minengine.models.windowed_llama import WindowedLlamaForCausalLM
+
+    return WindowedLlamaForCausalLM
+
+
 def _build_on_meta(hf_config, path: Path, qkv_bias: bool, qk_norm: bool,
                    tp: TensorParallelGroup | None) -> LlamaForCausalLM:
+    cls = model_class(hf_config)  # a malformed window is reported as is, before the sizes are tried
     try:
         with torch.device("meta"), _SkipInit():
-            return LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm, tp=tp)
+            return cls(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm, tp=tp)
     except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
         raise ValueError(f"{path / 'config.json'}: cannot build a {hf_config.model_type} model from it "
                          f"({type(exc).__name__}: {exc})") from None
@@ -160,7 +170,7 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     Returns:
         (model in eval mode on ``device`` with ``dtype`` parameters, the transformers config, the local path).
     Raises:
-        ValueError: unknown architecture, sliding-window attention, a missing or garbled ``config.json``,
+        ValueError: unknown architecture, a malformed sliding window, a missing or garbled ``config.json``,
             unreadable weight files, weights that do not match the config (the file named), an unknown
             ``quantization``.
     """

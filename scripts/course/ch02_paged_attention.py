@@ -9,8 +9,10 @@ CELLS = [
         "Measure, on a real prompt workload, the KV memory wasted by max-length contiguous reservation vs paging.",
         "See why block size trades internal fragmentation against table size and kernel efficiency.",
         "Show that attention read through block tables equals dense attention (and the engine matches transformers).",
+        "See a sliding window give blocks back: a long request holds a bounded number of blocks, and compute the bound.",
     ], ["Kwon et al., *Efficient Memory Management for LLM Serving with PagedAttention*, SOSP 2023, sections 3-4",
-        "vLLM docs, *Paged Attention* design page", "MT-Bench (Zheng et al., NeurIPS 2023) and Arena-Hard prompts"]),
+        "vLLM docs, *Paged Attention* design page", "MT-Bench (Zheng et al., NeurIPS 2023) and Arena-Hard prompts",
+        "Jiang et al., *Mistral 7B*, 2023 (sliding-window attention); vLLM's `SlidingWindowManager`"]),
     code(SETUP + "import math\n\nimport torch\n"),
     md("""
     ## The problem
@@ -306,6 +308,140 @@ CELLS = [
         """, wrong=["answer_3 = sum(final_lens) / sum(math.ceil(n / 64) * 64 for n in final_lens)  # the used share, not the waste",
                     "answer_3 = tail_waste(16)  # the default block size",
                     "answer_3 = 1 - sum(final_lens) / (len(final_lens) * max_model_len)  # contiguous reservation"]),
+    md("""
+    ## Sliding windows: blocks that go back to the pool
+    With sliding-window attention every layer lets a token attend to itself and the `w - 1` tokens before it, no
+    further back (source: Jiang et al., *Mistral 7B*, 2023). A key older than the window is never read again, so
+    the block holding it can return to the pool while the request runs on: the engine does that when every layer of
+    a checkpoint is windowed (`WindowedKVCacheManager`, like vLLM's `SlidingWindowManager`). Below, a random-weight
+    Mistral-shaped model made here with transformers (no download) serves one long request twice, with its window
+    and with the same weights and full attention, and we count the blocks the request holds after every step.
+    """),
+    code("""
+    import tempfile
+    from pathlib import Path
+
+    from transformers import MistralConfig, MistralForCausalLM
+
+    WINDOW, SW_BLOCK, SW_PROMPT, SW_OUTPUT = 40, 8, 60, pick(400, 120)
+    sw_dir = Path(tempfile.mkdtemp())
+    for name, window in (("windowed", WINDOW), ("full", None)):
+        torch.manual_seed(0)  # the same weights for both
+        cfg = MistralConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, max_position_embeddings=1024, sliding_window=window)
+        MistralForCausalLM(cfg).save_pretrained(sw_dir / name)
+
+
+    def blocks_held(model_dir):
+        \"\"\"One request alone: after every step but the last, (tokens with K/V in the cache, blocks it holds).\"\"\"
+        eng = LLMEngine.from_config(model=str(model_dir), block_size=SW_BLOCK, max_model_len=1024, max_num_batched_tokens=32)
+        eng.add_request("long", {"prompt_token_ids": list(range(3, 3 + SW_PROMPT))},
+                        SamplingParams(temperature=0.0, max_tokens=SW_OUTPUT, ignore_eos=True))
+        series = []
+        while eng.has_unfinished_requests():
+            eng.step()
+            if eng.has_unfinished_requests():
+                series.append((eng.scheduler.requests["long"].num_computed_tokens, eng.kv_cache_manager.num_used_blocks))
+        assert eng.kv_cache_manager.num_free_blocks == eng.num_kv_blocks  # every block is back at the end
+        return series
+
+
+    held = {name: blocks_held(sw_dir / name) for name in ("windowed", "full")}
+    fig = go.Figure([go.Scatter(x=[c for c, _ in rows], y=[b for _, b in rows], name=name, mode="lines") for name, rows in held.items()])
+    fig.update_layout(title=f"KV blocks one request holds (window {WINDOW} tokens, blocks of {SW_BLOCK})",
+                      xaxis_title="tokens with K/V in the cache", yaxis_title="blocks held")
+    fig.show()
+    """),
+    conclusion("""
+    decode_held = [b for c, b in held["windowed"] if c > SW_PROMPT]  # after a decode step (the last chunk ends at SW_PROMPT)
+    full_end = held["full"][-1][1]
+    conclude(f"With full attention the request ends holding **{full_end}** blocks, one more every {SW_BLOCK} tokens; with a "
+             f"window of {WINDOW} tokens it never holds more than **{max(decode_held)}** blocks while it decodes, however long it runs.",
+             [("full attention holds a block per block_size tokens computed", all(b == math.ceil(c / SW_BLOCK) for c, b in held["full"])),
+              ("the windowed request holds fewer blocks at the end", held["windowed"][-1][1] < full_end),
+              ("the windowed request's blocks stop growing", max(decode_held) == max(decode_held[len(decode_held) // 2:]))])
+    """),
+    *exercise(4, """
+        During a decode step the request's one query at position `c` reads keys `c - w + 1 .. c`. With a window of `w`
+        tokens and `block_size` tokens per block, what is the **most** blocks a decoding request holds? Write
+        `answer_4(w, block_size)`; it is checked on several windows and block sizes (the one above first, against the
+        engine's own count), chosen where the plausible formulas disagree.
+        """, """
+        The keys read span `w` positions; count the blocks they touch in the worst alignment: the query alone in a
+        block it has just opened, the rest of the window in the blocks before it.
+        """, "answer_4",
+        """
+        def answer_4(w, block_size):
+            return 1 + math.ceil((w - 1) / block_size)
+        """,
+        """
+        def most_blocks(w, block_size):
+            # every position c of a query: the blocks from the one holding key c - w + 1 to the one holding c
+            return max((c // block_size) - max(0, c - w + 1) // block_size + 1 for c in range(4 * (w + block_size)))
+
+        claim("the formula's count is the engine's", most_blocks(WINDOW, SW_BLOCK) == max(decode_held))
+        cases = [(WINDOW, SW_BLOCK), (17, 16), (33, 8), (42, 8), (16, 16), (1, 16)]
+        check_function("Exercise 4: the most blocks a windowed decode holds", answer_4, [((w, b), most_blocks(w, b)) for w, b in cases])
+        """, wrong=["def answer_4(w, block_size):  # the window's blocks if it started at a block boundary\n    return math.ceil(w / block_size)",
+                    "def answer_4(w, block_size):  # one too many when w - 1 is a multiple of block_size\n    return math.ceil(w / block_size) + 1",
+                    "def answer_4(w, block_size):  # one too few when w % block_size is 2 or more\n    return w // block_size + 1",
+                    "def answer_4(w, block_size):  # forgot the block the query opens\n    return math.ceil((w - 1) / block_size)"]),
+    md("""
+    ## Other ways to shrink the KV cache
+    A window caps how many tokens a request keeps; the other designs shrink what each token costs. Per token and
+    layer, multi-head attention (MHA) caches a K and a V vector per head; grouped-query attention (GQA) lets several
+    query heads share one KV head; multi-query attention (MQA) keeps a single KV head; DeepSeek's multi-head latent
+    attention (MLA) caches one compressed latent vector plus a small RoPE key, from which every head's K and V are
+    rebuilt. The shapes below are each model's published `config.json` (source: the models' Hugging Face
+    `config.json` files; for MLA, `kv_lora_rank` and `qk_rope_head_dim`), in bf16.
+    """),
+    code("""
+    BF16 = 2  # bytes per element
+    # name: (design, layers, KV heads, head_dim) -- or, for MLA, (design, layers, latent width kv_lora_rank + qk_rope_head_dim, None)
+    PUBLISHED = {
+        "Llama-2-7B": ("MHA", 32, 32, 128),
+        "Llama-3-8B": ("GQA", 32, 8, 128),
+        "Mistral-7B-v0.1": ("GQA + window", 32, 8, 128),
+        "Falcon-7B": ("MQA", 32, 1, 64),
+        "DeepSeek-V3": ("MLA", 61, 512 + 64, None),
+    }
+    MISTRAL_WINDOW, LONG_CONTEXT = 4096, 32768  # Mistral-7B-v0.1's sliding_window; a long request
+
+
+    def kv_bytes_per_token(layers, kv_heads_or_latent, head_dim):
+        \"\"\"K and V of every KV head in every layer; MLA caches one latent vector per layer instead.\"\"\"
+        if head_dim is None:
+            return layers * kv_heads_or_latent * BF16
+        return layers * 2 * kv_heads_or_latent * head_dim * BF16
+
+
+    per_token = {name: kv_bytes_per_token(*shape[1:]) for name, shape in PUBLISHED.items()}
+    for name, (design, *shape) in PUBLISHED.items():
+        tokens_kept = min(LONG_CONTEXT, MISTRAL_WINDOW) if "window" in design else LONG_CONTEXT
+        print(f"{name:16s} {design:13s} {per_token[name] / 1024:8.1f} KiB per token; a {LONG_CONTEXT}-token request keeps "
+              f"{tokens_kept * per_token[name] / 2**30:6.2f} GiB")
+    """),
+    conclusion("""
+    mha, gqa, mqa, mla = (per_token[n] for n in ("Llama-2-7B", "Llama-3-8B", "Falcon-7B", "DeepSeek-V3"))
+    mistral_request = MISTRAL_WINDOW * per_token["Mistral-7B-v0.1"]
+    conclude(f"Per token, GQA with {PUBLISHED['Llama-3-8B'][2]} KV heads caches **{mha / gqa:.0f}x** less than MHA, and MQA "
+             f"**{mha / mqa:.0f}x** less; DeepSeek-V3's MLA caches {mla / 1024:.1f} KiB per token over {PUBLISHED['DeepSeek-V3'][1]} layers, "
+             f"less than Llama-3-8B's {gqa / 1024:.0f} KiB over {PUBLISHED['Llama-3-8B'][1]}. A window caps the tokens instead: a "
+             f"{LONG_CONTEXT}-token request on Mistral-7B keeps **{mistral_request / 2**30:.2f} GiB**, not {LONG_CONTEXT * per_token['Mistral-7B-v0.1'] / 2**30:.0f} GiB.",
+             [("GQA caches less than MHA per token", gqa < mha),
+              ("MQA caches less than GQA per token", mqa < gqa),
+              ("MLA caches less per token than an 8B GQA model despite twice the layers", mla < gqa),
+              ("the window keeps less of a request longer than it", mistral_request < LONG_CONTEXT * per_token["Mistral-7B-v0.1"])])
+    """),
+    *question("what if one layer attends to everything?", """
+        Qwen2 can window only its upper layers (`max_window_layers`). The engine runs such a model with each layer's
+        window, but frees no block at all. Why?
+        """, """
+        One block table serves every layer: a block holds the K/V of its tokens in all layers at once. A full-attention
+        layer reads every key of the request at every step, so no block is ever outside *every* layer's window. To
+        free the windowed layers' memory anyway, vLLM's hybrid allocator gives each kind of layer its own block table
+        (a KV cache group): the windowed group frees its blocks, the full group keeps them.
+        """),
     *question("why is paging's waste at most one block per request?", """
         Contiguous reservation wasted most of its memory above; paging almost none. Why is paging's waste bounded by
         `block_size - 1` slots per request, whatever the output length?
@@ -330,6 +466,8 @@ CELLS = [
         "Block size trades tail waste (small blocks) against table size and kernel efficiency (large blocks); 16 is vLLM's default.",
         "Reading K/V through block tables changes no number: paged attention equals dense attention, and the engine matches transformers.",
         "Blocks also make sharing possible (prefix caching, chapter 5) and preemption cheap to express (chapter 6).",
+        "GQA, MQA and MLA shrink the bytes per token, a window the tokens kept (checked: Other ways to shrink the KV cache).",
+        "With a sliding window the blocks behind the window go back to the pool: a decoding request holds at most `1 + ceil((w - 1) / block_size)` blocks, however long it runs (checked: Sliding windows).",
     ]),
     *glossary([
         ("PagedAttention", "分页注意力", "attention that reads K/V through block tables from a pool of fixed-size blocks"),
@@ -339,5 +477,8 @@ CELLS = [
         ("internal fragmentation", "内部碎片", "unused slots in a request's last block"),
         ("reservation", "预留", "memory held for tokens that may never come (contiguous allocation)"),
         ("block_size", "块大小", "tokens per KV block"),
+        ("sliding window", "滑动窗口", "attention to the last w tokens only; older keys are never read again"),
+        ("multi-query attention (MQA)", "多查询注意力", "all query heads share a single KV head"),
+        ("multi-head latent attention (MLA)", "多头潜在注意力", "caches one compressed latent per token and layer; each head's K and V are rebuilt from it"),
     ]),
 ]

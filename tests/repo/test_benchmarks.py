@@ -10,7 +10,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU script's dry run uses 
 
 import pytest
 
-from benchmarks import host_overhead, predictive, spec_decode, throughput
+from benchmarks import host_overhead, predictive, sliding_window, spec_decode, throughput
 
 
 def test_throughput_benchmark_tiny(tmp_path):
@@ -41,6 +41,16 @@ def test_host_overhead_benchmark_tiny(tmp_path):
     assert all(r["schedule_update_ms"] > 0 and r["prepare_torch_ms"] > 0 for r in rows)
     assert (tmp_path / "host_overhead.md").read_text().count("\n") == 4
     assert (tmp_path / "host_overhead.html").exists()
+
+
+def test_sliding_window_benchmark_tiny(tmp_path):
+    """Blocks held over a generation: the windowed request reaches its decode bound and stays there, the full one
+    holds a block per block_size tokens (``run`` asserts both)."""
+    result = sliding_window.main(["--window", "6", "--block-size", "4", "--prompt-len", "10", "--output-len", "30",
+                                  "--chunk", "8", "--out", str(tmp_path), "--no-png"])
+    assert result["max_blocks_windowed_decode"] == result["decode_bound"] == 3 < result["max_blocks_full"] == 10
+    assert result["tokens_differ"]  # the window changes what the model says
+    assert "| full | 10 | 10 |" in (tmp_path / "sliding_window.md").read_text()
 
 
 def test_gpu_script_dry_run_on_cpu(tmp_path):
