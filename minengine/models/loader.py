@@ -11,16 +11,10 @@ from torch.overrides import TorchFunctionMode
 
 from minengine.distributed import TensorParallelGroup
 from minengine.models.llama import LlamaForCausalLM
+from minengine.models.registry import ModelSpec, model_spec
 
 logger = logging.getLogger(__name__)
 
-# model_type in config.json -> (q/k/v bias, per-head q/k norm)
-SUPPORTED_MODEL_TYPES = {
-    "llama": (False, False),
-    "mistral": (False, False),
-    "qwen2": (True, False),
-    "qwen3": (False, True),
-}
 _WEIGHT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -90,22 +84,28 @@ def load_config(path: Path, trust_remote_code: bool = False):
             from None
 
 
-def check_model_config(hf_config, path: Path) -> tuple[bool, bool]:
-    """The (q/k/v bias, per-head q/k norm) of a supported config; builds the model on the meta device (no
+def check_model_config(hf_config, path: Path, tensor_parallel_size: int = 1,
+                       quantization: str | None = None) -> ModelSpec:
+    """The ``ModelSpec`` of a supported config (``models/registry.py``); builds the model on the meta device (no
     memory) to check that the config's sizes make one.
 
     Raises:
-        ValueError: unknown architecture, sliding-window attention, sizes that build no model.
+        ValueError: unknown architecture, sliding-window attention, sizes that build no model, a
+            ``tensor_parallel_size`` > 1 or a ``quantization`` the architecture does not support.
     """
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
+    spec = model_spec(hf_config)
+    model_type = hf_config.model_type
     if getattr(hf_config, "use_sliding_window", False) or (
-            model_type == "mistral" and getattr(hf_config, "sliding_window", None)):
+            model_type in ("mistral", "mixtral") and getattr(hf_config, "sliding_window", None)):
         raise ValueError("sliding-window attention is not supported by minengine")
-    qkv_bias, qk_norm = SUPPORTED_MODEL_TYPES[model_type]
-    _build_on_meta(hf_config, path, qkv_bias, qk_norm, None)
-    return qkv_bias, qk_norm
+    if tensor_parallel_size > 1 and not spec.tensor_parallel:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} is not supported for {model_type} models "
+                         f"(minengine does not split a mixture-of-experts model's experts across ranks)")
+    if quantization is not None and not spec.quantizable:
+        raise ValueError(f"quantization={quantization!r} is not supported for {model_type} models (int8 covers "
+                         f"linear layers; a mixture-of-experts model's experts would stay unquantized)")
+    _build_on_meta(hf_config, path, spec, None)
+    return spec
 
 
 class _SkipInit(TorchFunctionMode):
@@ -119,11 +119,10 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _build_on_meta(hf_config, path: Path, qkv_bias: bool, qk_norm: bool,
-                   tp: TensorParallelGroup | None) -> LlamaForCausalLM:
+def _build_on_meta(hf_config, path: Path, spec: ModelSpec, tp: TensorParallelGroup | None) -> LlamaForCausalLM:
     try:
         with torch.device("meta"), _SkipInit():
-            return LlamaForCausalLM(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm, tp=tp)
+            return spec.model_cls()(hf_config, qkv_bias=spec.qkv_bias, qk_norm=spec.qk_norm, tp=tp)
     except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
         raise ValueError(f"{path / 'config.json'}: cannot build a {hf_config.model_type} model from it "
                          f"({type(exc).__name__}: {exc})") from None
@@ -172,11 +171,12 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     path = resolve_model_path(model, revision)
     if hf_config is None:
         hf_config = load_config(path, trust_remote_code)
-    qkv_bias, qk_norm = check_model_config(hf_config, path)
+    spec = check_model_config(hf_config, path, tp.world_size if tp is not None else 1, quantization)
     model_type = hf_config.model_type
-    net = _build_on_meta(hf_config, path, qkv_bias, qk_norm, tp)
+    net = _build_on_meta(hf_config, path, spec, tp)
     sharded = tp is not None and tp.world_size > 1
     state = {k: v for k, v in load_state_dict(path).items() if not k.endswith("rotary_emb.inv_freq")}
+    state = spec.convert(state, hf_config)
     tied = getattr(hf_config, "tie_word_embeddings", False) or "lm_head.weight" not in state
     if tied:
         state.pop("lm_head.weight", None)

@@ -1,0 +1,140 @@
+"""A sparse mixture-of-experts feed-forward layer (Shazeer et al. 2017; Mixtral, Jiang et al. 2024).
+
+In place of one MLP, E expert MLPs (each the SwiGLU of ``models/llama.py``'s ``MLP``, smaller) and a router. Each
+token runs through only the k experts the router picks for it (``layers/moe_routing.py``), and its output is the
+sum of their outputs, each times its gate weight. A layer holds E experts' weights but a token pays for k.
+
+Two implementations compute the same sum:
+
+- ``moe_reference``: the definition, to step through. For each expert: find the tokens that chose it, run them
+  through it, add the outputs, times their gate weights, back into those tokens' rows.
+- ``moe_grouped``: what serving engines do (vLLM's fused MoE, transformers' ``grouped_mm`` experts). Sort the T*k
+  (token, expert) pairs by expert once, so every expert's tokens are one contiguous run of rows; run all experts
+  as one grouped GEMM per projection (``torch._grouped_mm``, one call for E matrices, where this torch has it for
+  the device and dtype; a loop over the runs otherwise); undo the sort and sum each token's k rows.
+
+``SparseMoeBlock.implementation`` names which one a layer runs ("grouped" unless set; ``tests/worker/
+test_moe_layer.py`` checks they agree).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minengine.layers.moe_routing import route
+
+
+def expert_mlp(x: torch.Tensor, gate_proj: torch.Tensor, up_proj: torch.Tensor,
+               down_proj: torch.Tensor) -> torch.Tensor:
+    """One expert's SwiGLU on x [n, H]: down(silu(gate(x)) * up(x)); weights as ``nn.Linear``'s, [out, in]."""
+    return F.linear(F.silu(F.linear(x, gate_proj)) * F.linear(x, up_proj), down_proj)
+
+
+def moe_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_proj: torch.Tensor,
+                  up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+    """The MoE sum by its definition, one expert at a time.
+
+    Args:
+        x: [T, H] the tokens' hidden states.
+        weights: [T, k] gate weights (float32); ids: [T, k] int64 expert ids (``route``'s output).
+        gate_proj, up_proj: [E, I, H]; down_proj: [E, H, I]: expert e's weights are ``[e]``.
+
+    Returns:
+        [T, H] in x's dtype: row t = sum over its k slots j of weights[t, j] * expert_{ids[t, j]}(x[t]).
+    """
+    out = torch.zeros_like(x)
+    for e in range(gate_proj.shape[0]):
+        token, slot = torch.nonzero(ids == e, as_tuple=True)  # the tokens that chose e, and in which slot
+        if token.numel() == 0:
+            continue  # an expert no token chose costs nothing this step
+        y = expert_mlp(x[token], gate_proj[e], up_proj[e], down_proj[e])
+        out.index_add_(0, token, y * weights[token, slot, None].to(x.dtype))
+    return out
+
+
+def moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_proj: torch.Tensor,
+                up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
+    """The same sum as ``moe_reference`` (same arguments, same result up to float rounding), with the tokens
+    sorted by expert so each projection is one grouped GEMM over all experts."""
+    num_tokens, top_k = ids.shape
+    flat_ids = ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)  # the T*k pairs, expert 0's first
+    ends = torch.bincount(flat_ids, minlength=gate_proj.shape[0]).cumsum(0).to(torch.int32)
+    rows = x[order // top_k]  # [T*k, H]: each pair's token, in expert order
+    hidden = F.silu(grouped_linear(rows, gate_proj, ends)) * grouped_linear(rows, up_proj, ends)
+    y = grouped_linear(hidden, down_proj, ends) * weights.reshape(-1)[order, None].to(x.dtype)
+    unsorted = torch.empty_like(y)
+    unsorted[order] = y  # back to (token, slot) order: row t*k + j is token t's j-th expert
+    return unsorted.view(num_tokens, top_k, -1).sum(dim=1)
+
+
+def grouped_linear(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """rows [N, in] sorted by expert, weight [E, out, in], ends [E] int32 (expert e's rows end at ends[e]) ->
+    [N, out]: each run of rows times its expert's weight, as ``F.linear``."""
+    if _grouped_mm_runs(rows.device.type, rows.dtype):
+        return torch._grouped_mm(rows, weight.transpose(1, 2), offs=ends)
+    out, start = [], 0
+    for e, end in enumerate(ends.tolist()):
+        out.append(F.linear(rows[start:end], weight[e]))
+        start = end
+    return torch.cat(out)
+
+
+@functools.cache
+def _grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``torch._grouped_mm`` exists and gives the right numbers on this device and dtype (older torch
+    has no CPU kernel; on CUDA it depends on the GPU and the dtype): tried once on a tiny problem."""
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    rows = torch.arange(12, dtype=torch.float32, device=device_type).view(4, 3).to(dtype)
+    weight = torch.ones(2, 2, 3, dtype=dtype, device=device_type)
+    ends = torch.tensor([1, 4], dtype=torch.int32, device=device_type)
+    try:
+        got = torch._grouped_mm(rows, weight.transpose(1, 2), offs=ends)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.equal(got.float().cpu(), rows.float().sum(1, keepdim=True).expand(4, 2).cpu()))
+
+
+MOE_IMPLEMENTATIONS = {"reference": moe_reference, "grouped": moe_grouped}
+
+
+class Experts(nn.Module):
+    """E SwiGLU experts' weights, stacked: ``gate_proj``, ``up_proj`` [E, I, H], ``down_proj`` [E, H, I] (expert
+    e's ``[e]`` is the [out, in] weight of its ``nn.Linear``)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        self.gate_proj = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
+        self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+
+class SparseMoeBlock(nn.Module):
+    """The MoE feed-forward of one decoder layer: x [T, H] -> [T, H].
+
+    Args:
+        hidden_size, intermediate_size: H, and I of each expert.
+        num_experts, top_k: E experts, k of them per token.
+        routing, renormalize: how router logits become gate weights (``layers/moe_routing.route``).
+
+    ``gate`` is the router (the checkpoints' name), ``experts`` the stacked expert weights.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, routing: str,
+                 renormalize: bool = True):
+        super().__init__()
+        self.gate = nn.Linear(hidden_size, num_experts, bias=False)
+        self.experts = Experts(num_experts, hidden_size, intermediate_size)
+        self.top_k, self.routing, self.renormalize = top_k, routing, renormalize
+        self.implementation = "grouped"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = route(self.gate(x), self.top_k, self.routing, self.renormalize)
+        experts = self.experts
+        return MOE_IMPLEMENTATIONS[self.implementation](x, weights, ids, experts.gate_proj, experts.up_proj,
+                                                        experts.down_proj)
