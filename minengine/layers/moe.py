@@ -9,9 +9,11 @@ Two implementations compute the same sum:
 - ``moe_reference``: the definition, to step through. For each expert: find the tokens that chose it, run them
   through it, add the outputs, times their gate weights, back into those tokens' rows.
 - ``moe_grouped``: what serving engines do (vLLM's fused MoE, transformers' ``grouped_mm`` experts). Sort the T*k
-  (token, expert) pairs by expert once, so every expert's tokens are one contiguous run of rows; run all experts
-  as one grouped GEMM per projection (``torch._grouped_mm``, one call for E matrices, where this torch has it for
-  the device and dtype; a loop over the runs otherwise); undo the sort and sum each token's k rows.
+  (token, expert) pairs by expert once, so every expert's tokens are one contiguous run of rows; run the experts
+  as one grouped GEMM per projection (on a GPU ``torch._grouped_mm``: one call for all E matrices instead of E
+  launches; on the CPU one GEMM per non-empty run); undo the sort and sum each token's k rows. The sort replaces
+  the reference's E scans of the routing table, which is what costs most when experts are many and tokens few
+  (a decode step); the GEMMs themselves are the same.
 
 ``SparseMoeBlock.implementation`` names which one a layer runs ("grouped" unless set; ``tests/worker/
 test_moe_layer.py`` checks they agree).
@@ -75,29 +77,38 @@ def moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_
 def grouped_linear(rows: torch.Tensor, weight: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """rows [N, in] sorted by expert, weight [E, out, in], ends [E] int32 (expert e's rows end at ends[e]) ->
     [N, out]: each run of rows times its expert's weight, as ``F.linear``."""
-    if _grouped_mm_runs(rows.device.type, rows.dtype):
+    aligned = all(n * rows.element_size() % 16 == 0 for n in weight.shape[1:])  # its rows: 16-byte multiples
+    if aligned and _use_grouped_mm(rows.device.type, rows.dtype):
         return torch._grouped_mm(rows, weight.transpose(1, 2), offs=ends)
-    out, start = [], 0
+    out = rows.new_empty(rows.shape[0], weight.shape[1])
+    start = 0
     for e, end in enumerate(ends.tolist()):
-        out.append(F.linear(rows[start:end], weight[e]))
+        if end > start:  # an idle expert's empty run costs no call
+            out[start:end] = F.linear(rows[start:end], weight[e])
         start = end
-    return torch.cat(out)
+    return out
 
 
 @functools.cache
-def _grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
-    """Whether ``torch._grouped_mm`` exists and gives the right numbers on this device and dtype (older torch
-    has no CPU kernel; on CUDA it depends on the GPU and the dtype): tried once on a tiny problem."""
+def _use_grouped_mm(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``grouped_linear`` calls ``torch._grouped_mm``: not on the CPU, where torch's grouped GEMM is no
+    faster than one GEMM per run; elsewhere where it gives the right numbers (``grouped_mm_works``)."""
+    return device_type != "cpu" and grouped_mm_works(device_type, dtype)
+
+
+def grouped_mm_works(device_type: str, dtype: torch.dtype) -> bool:
+    """Whether this torch has ``torch._grouped_mm`` and it computes a tiny grouped product right on this device
+    and dtype (older torch has no CPU kernel; on CUDA it depends on the GPU and the dtype)."""
     if not hasattr(torch, "_grouped_mm"):
         return False
-    rows = torch.arange(12, dtype=torch.float32, device=device_type).view(4, 3).to(dtype)
-    weight = torch.ones(2, 2, 3, dtype=dtype, device=device_type)
+    rows = torch.arange(32, dtype=torch.float32, device=device_type).view(4, 8).to(dtype)
+    weight = torch.ones(2, 8, 8, dtype=dtype, device=device_type)  # rows of 16-byte multiples, as it requires
     ends = torch.tensor([1, 4], dtype=torch.int32, device=device_type)
     try:
         got = torch._grouped_mm(rows, weight.transpose(1, 2), offs=ends)
     except (RuntimeError, NotImplementedError):
         return False
-    return bool(torch.equal(got.float().cpu(), rows.float().sum(1, keepdim=True).expand(4, 2).cpu()))
+    return bool(torch.equal(got.float().cpu(), rows.float().sum(1, keepdim=True).expand(4, 8).cpu()))
 
 
 MOE_IMPLEMENTATIONS = {"reference": moe_reference, "grouped": moe_grouped}

@@ -127,14 +127,23 @@ def test_grouped_equals_reference(num_tokens, num_experts, data, routing, seed):
     assert torch.allclose(moe_grouped(x, weights, ids, *experts), want, atol=1e-5)
 
 
-def test_grouped_without_a_grouped_gemm_kernel_loops_over_the_runs(monkeypatch):
-    """Where this torch has no ``_grouped_mm`` for the device and dtype, the same result from one GEMM per run."""
-    experts = random_experts(6, 8, 6, seed=1)
+@pytest.mark.parametrize("grouped_mm", [False, True])
+def test_grouped_gives_the_reference_sum_with_and_without_torch_grouped_mm(monkeypatch, grouped_mm):
+    """One GEMM per run of an expert's rows (the CPU's path) and ``torch._grouped_mm`` (a GPU's, run here on the CPU
+    where this torch has it) give the reference's result."""
+    if grouped_mm and not moe.grouped_mm_works("cpu", torch.float32):
+        pytest.skip("this torch has no CPU torch._grouped_mm")
+    experts = random_experts(6, 8, 16, seed=1)  # rows of 32 and 64 bytes: torch._grouped_mm takes them
     x = torch.randn(25, 8)
-    weights, ids = route(torch.randn(25, 6), 3, "softmax_topk")
+    weights, ids = route(torch.randn(25, 5), 3, "softmax_topk")  # expert 5 idle: an empty run
     want = moe_reference(x, weights, ids, *experts)
-    monkeypatch.setattr(moe, "_grouped_mm_runs", lambda device_type, dtype: False)
+    calls = []
+    real = torch._grouped_mm if grouped_mm else None
+    monkeypatch.setattr(moe, "_use_grouped_mm", lambda device_type, dtype: grouped_mm)
+    if grouped_mm:
+        monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
     assert torch.allclose(moe_grouped(x, weights, ids, *experts), want, atol=1e-5)
+    assert len(calls) == (3 if grouped_mm else 0)  # gate, up, down
 
 
 def test_an_unknown_implementation_is_refused():
