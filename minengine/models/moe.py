@@ -93,6 +93,10 @@ class MoeForCausalLM(LlamaForCausalLM):
         ValueError: a config ``moe_settings`` rejects, or a tensor-parallel group of more than one rank.
     """
 
+    # A CUDA graph replays fixed launches, but each MoE layer sizes its experts' runs from the step's routing
+    # (counted on the host, ``layers/moe.py``): the runner runs its decode steps eagerly.
+    supports_cuda_graphs = False
+
     def decoder_layer(self, cfg, index: int, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup) -> DecoderLayer:
         if tp.world_size > 1:
             raise ValueError("tensor_parallel_size > 1: minengine does not split a mixture-of-experts model across "
