@@ -60,8 +60,8 @@ def moe_reference(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gat
 
 def moe_grouped(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, gate_proj: torch.Tensor,
                 up_proj: torch.Tensor, down_proj: torch.Tensor) -> torch.Tensor:
-    """The same sum as ``moe_reference`` (same arguments, same result up to float rounding), with the tokens
-    sorted by expert so each projection is one grouped GEMM over all experts."""
+    """The same sum as ``moe_reference`` (same arguments, same result up to float rounding), with the (token,
+    expert) pairs sorted by expert so each projection is one grouped GEMM over all experts (``grouped_linear``)."""
     num_tokens, top_k = ids.shape
     flat_ids = ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)  # the T*k pairs, expert 0's first

@@ -52,7 +52,9 @@ def _mixtral(cfg) -> MoeSettings:
 
 
 def _qwen3_moe(cfg) -> MoeSettings:
-    step = getattr(cfg, "decoder_sparse_step", 1) or 1
+    step = getattr(cfg, "decoder_sparse_step", 1)
+    if not isinstance(step, int) or step < 1:
+        raise ValueError(f"decoder_sparse_step must be an integer >= 1 (every step-th layer is sparse), got {step!r}")
     dense = set(getattr(cfg, "mlp_only_layers", None) or ())
     sparse = frozenset(i for i in range(cfg.num_hidden_layers) if i not in dense and (i + 1) % step == 0)
     return MoeSettings(cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size, "softmax_topk",
@@ -67,7 +69,8 @@ def moe_settings(cfg) -> MoeSettings:
 
     Raises:
         ValueError: another ``model_type``; an activation other than SiLU (the experts are SwiGLU); fewer than
-            one expert, or ``num_experts_per_tok`` outside [1, experts]; each naming the config field.
+            one expert, ``num_experts_per_tok`` outside [1, experts], a ``decoder_sparse_step`` below 1; each
+            naming the config field.
     """
     read = MOE_ARCHITECTURES.get(getattr(cfg, "model_type", None))
     if read is None:

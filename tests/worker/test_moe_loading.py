@@ -93,6 +93,12 @@ def test_what_the_loader_refuses(random_mixtral, tmp_path):
         load_model(gelu)
 
 
+def test_a_qwen3_moe_sparse_step_below_one_is_refused(random_qwen3_moe, tmp_path):
+    zero = _copy_with_config(random_qwen3_moe, tmp_path / "step0", decoder_sparse_step=0)
+    with pytest.raises(ValueError, match="decoder_sparse_step must be an integer >= 1"):
+        load_model(zero)
+
+
 def test_a_tensor_parallel_moe_engine_is_refused_before_workers_start(random_mixtral):
     from minengine import LLM
 
