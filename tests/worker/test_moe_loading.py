@@ -116,3 +116,27 @@ def test_a_checkpoint_missing_an_expert_is_a_clear_error(random_qwen3_moe, tmp_p
     save_file(state, str(broken / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"model\.layers\.2: the checkpoint's up_proj experts .*missing \[7\]"):
         load_model(str(broken))
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_published_shapes_build_with_transformers_parameter_count(arch):
+    """Mixtral-8x7B (transformers' default ``MixtralConfig``) and Qwen3-30B-A3B (its published config.json), built
+    on the meta device: the same number of parameters as transformers' models, 46.7 B and 30.5 B."""
+    from transformers import AutoModelForCausalLM, MixtralConfig, Qwen3MoeConfig
+
+    from minengine.models.loader import _build_on_meta
+    from minengine.models.registry import model_spec
+
+    if arch == "mixtral":
+        cfg, billions = MixtralConfig(), 46.7
+    else:
+        cfg, billions = Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                       moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                                       num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                                       norm_topk_prob=True, tie_word_embeddings=False), 30.5
+    ours = _build_on_meta(cfg, Path("."), model_spec(cfg), None)
+    with torch.device("meta"):
+        theirs = AutoModelForCausalLM.from_config(cfg)
+    count = sum(p.numel() for p in ours.parameters())
+    assert count == sum(p.numel() for p in theirs.parameters())
+    assert round(count / 1e9, 1) == billions
