@@ -161,7 +161,8 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     Raises:
         ValueError: unknown architecture, sliding-window attention, a missing or garbled ``config.json``,
             unreadable weight files, weights that do not match the config (the file named), an unknown
-            ``quantization``.
+            ``quantization``, or a ``quantization`` / ``tp`` of more than one rank the architecture does not
+            support (``models/registry.py``: MoE models).
     """
     if quantization is not None:
         from minengine.layers.quantization import QUANTIZATION_METHODS
