@@ -1,6 +1,6 @@
-"""Shared fixtures and helpers: the bundled model, random-weight Llama/Qwen2 checkpoints, transformers references,
-a module's engine on the bundled model (``engine``, settings from the module's ``ENGINE_CONFIG``), a module's
-server (``server``) and ``drain``."""
+"""Shared fixtures and helpers: the bundled model, random-weight Llama/Qwen2/Mixtral/Qwen3-MoE checkpoints,
+transformers references, a module's engine on the bundled model (``engine``, settings from the module's
+``ENGINE_CONFIG``), a module's server (``server``) and ``drain``."""
 
 from __future__ import annotations
 
@@ -90,6 +90,30 @@ def random_qwen2(tmp_path_factory) -> str:
                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=2048,
                       tie_word_embeddings=True, use_sliding_window=False, bos_token_id=1, eos_token_id=2)
     return _save_random_model(cfg, tmp_path_factory.mktemp("qwen2"), seed=2)
+
+
+@pytest.fixture(scope="session")
+def random_mixtral(tmp_path_factory) -> str:
+    """A random-weight Mixtral: 2 layers, 4 experts, top-2 (softmax over the top-2 logits), GQA, no tokenizer."""
+    from transformers import MixtralConfig
+
+    cfg = MixtralConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+                        max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    return _save_random_model(cfg, tmp_path_factory.mktemp("mixtral"), seed=4)
+
+
+@pytest.fixture(scope="session")
+def random_qwen3_moe(tmp_path_factory) -> str:
+    """A random-weight Qwen3-MoE: 3 layers (the middle one dense, ``mlp_only_layers``), 8 experts, top-2
+    renormalised (``norm_topk_prob``), q/k norms, GQA, no tokenizer."""
+    from transformers import Qwen3MoeConfig
+
+    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=48,
+                         num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+                         max_position_embeddings=2048, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+    return _save_random_model(cfg, tmp_path_factory.mktemp("qwen3_moe"), seed=5)
 
 
 @functools.lru_cache(maxsize=4)

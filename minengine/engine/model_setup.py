@@ -73,8 +73,8 @@ def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> Loa
 
     model_path = resolve_model_path(config.model, config.revision)
     cfg = load_config(model_path, config.trust_remote_code)
-    check_model_config(cfg, model_path)
     tp = config.tensor_parallel_size
+    check_model_config(cfg, model_path, tp, config.quantization)
     check_tensor_parallel_size(tp, cfg, device, config.allow_cpu_oversubscription)
     tokenizer = load_tokenizer(config.tokenizer or model_path, required=config.tokenizer is not None,
                                revision=config.revision if config.tokenizer else None,

@@ -12,16 +12,10 @@ from torch.overrides import TorchFunctionMode
 from minengine.distributed import TensorParallelGroup
 from minengine.models.layer_windows import layer_windows
 from minengine.models.llama import LlamaForCausalLM
+from minengine.models.registry import ModelSpec, model_spec
 
 logger = logging.getLogger(__name__)
 
-# model_type in config.json -> (q/k/v bias, per-head q/k norm)
-SUPPORTED_MODEL_TYPES = {
-    "llama": (False, False),
-    "mistral": (False, False),
-    "qwen2": (True, False),
-    "qwen3": (False, True),
-}
 _WEIGHT_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
@@ -91,20 +85,30 @@ def load_config(path: Path, trust_remote_code: bool = False):
             from None
 
 
-def check_model_config(hf_config, path: Path) -> tuple[bool, bool]:
-    """The (q/k/v bias, per-head q/k norm) of a supported config; builds the model on the meta device (no
+def check_model_config(hf_config, path: Path, tensor_parallel_size: int = 1,
+                       quantization: str | None = None) -> ModelSpec:
+    """The ``ModelSpec`` of a supported config (``models/registry.py``); builds the model on the meta device (no
     memory) to check that the config's sizes make one.
 
     Raises:
-        ValueError: unknown architecture, a malformed sliding window (``layer_windows``), sizes that build no
-            model.
+        ValueError: unknown architecture, a malformed sliding window (``layer_windows``), a window on a
+            mixture-of-experts model, sizes that build no model, a ``tensor_parallel_size`` > 1 or a
+            ``quantization`` the architecture does not support.
     """
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model_type {model_type!r} is not supported; minengine runs {sorted(SUPPORTED_MODEL_TYPES)}")
-    qkv_bias, qk_norm = SUPPORTED_MODEL_TYPES[model_type]
-    _build_on_meta(hf_config, path, qkv_bias, qk_norm, None)
-    return qkv_bias, qk_norm
+    spec = model_spec(hf_config)
+    model_type = hf_config.model_type
+    if not spec.windowed_attention and (getattr(hf_config, "use_sliding_window", False) or (
+            model_type == "mixtral" and getattr(hf_config, "sliding_window", None))):
+        raise ValueError(f"sliding-window attention is not supported for {model_type} models (minengine's "
+                         "windowed attention covers dense models)")
+    if tensor_parallel_size > 1 and not spec.tensor_parallel:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} is not supported for {model_type} models "
+                         f"(minengine does not split a mixture-of-experts model's experts across ranks)")
+    if quantization is not None and not spec.quantizable:
+        raise ValueError(f"quantization={quantization!r} is not supported for {model_type} models (int8 covers "
+                         f"linear layers; a mixture-of-experts model's experts would stay unquantized)")
+    _build_on_meta(hf_config, path, spec, None)
+    return spec
 
 
 class _SkipInit(TorchFunctionMode):
@@ -118,22 +122,23 @@ class _SkipInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def model_class(hf_config) -> type[LlamaForCausalLM]:
-    """The class a config builds: ``LlamaForCausalLM``, or ``WindowedLlamaForCausalLM`` (``models/windowed_llama.py``)
-    when any layer attends through a sliding window (``layer_windows``; raises ``ValueError`` as it does)."""
+def model_class(hf_config, spec: ModelSpec | None = None) -> type[LlamaForCausalLM]:
+    """The class a config builds: its ``ModelSpec``'s (``models/registry.py``), or ``WindowedLlamaForCausalLM``
+    (``models/windowed_llama.py``) when any layer attends through a sliding window (``layer_windows``; raises
+    ``ValueError`` as it does, and as ``model_spec`` does for an unknown architecture)."""
+    spec = spec or model_spec(hf_config)
     if all(window is None for window in layer_windows(hf_config)):
-        return LlamaForCausalLM
+        return spec.model_cls()
     from minengine.models.windowed_llama import WindowedLlamaForCausalLM
 
     return WindowedLlamaForCausalLM
 
 
-def _build_on_meta(hf_config, path: Path, qkv_bias: bool, qk_norm: bool,
-                   tp: TensorParallelGroup | None) -> LlamaForCausalLM:
-    cls = model_class(hf_config)  # a malformed window is reported as is, before the sizes are tried
+def _build_on_meta(hf_config, path: Path, spec: ModelSpec, tp: TensorParallelGroup | None) -> LlamaForCausalLM:
+    cls = model_class(hf_config, spec)  # a malformed window is reported as is, before the sizes are tried
     try:
         with torch.device("meta"), _SkipInit():
-            return cls(hf_config, qkv_bias=qkv_bias, qk_norm=qk_norm, tp=tp)
+            return cls(hf_config, qkv_bias=spec.qkv_bias, qk_norm=spec.qk_norm, tp=tp)
     except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
         raise ValueError(f"{path / 'config.json'}: cannot build a {hf_config.model_type} model from it "
                          f"({type(exc).__name__}: {exc})") from None
@@ -172,7 +177,8 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     Raises:
         ValueError: unknown architecture, a malformed sliding window, a missing or garbled ``config.json``,
             unreadable weight files, weights that do not match the config (the file named), an unknown
-            ``quantization``.
+            ``quantization``, or a ``quantization`` / ``tp`` of more than one rank the architecture does not
+            support (``models/registry.py``: MoE models).
     """
     if quantization is not None:
         from minengine.layers.quantization import QUANTIZATION_METHODS
@@ -182,11 +188,12 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     path = resolve_model_path(model, revision)
     if hf_config is None:
         hf_config = load_config(path, trust_remote_code)
-    qkv_bias, qk_norm = check_model_config(hf_config, path)
+    spec = check_model_config(hf_config, path, tp.world_size if tp is not None else 1, quantization)
     model_type = hf_config.model_type
-    net = _build_on_meta(hf_config, path, qkv_bias, qk_norm, tp)
+    net = _build_on_meta(hf_config, path, spec, tp)
     sharded = tp is not None and tp.world_size > 1
     state = {k: v for k, v in load_state_dict(path).items() if not k.endswith("rotary_emb.inv_freq")}
+    state = spec.convert(state, hf_config)
     tied = getattr(hf_config, "tie_word_embeddings", False) or "lm_head.weight" not in state
     if tied:
         state.pop("lm_head.weight", None)

@@ -42,8 +42,9 @@ class ModelRunner:
             reference runs until it is ready), "triton" (the paged-attention kernel); "auto" or None: "triton" on
             CUDA with Triton installed, "cpu" on a CPU where the kernel takes the model, else "reference".
         cuda_graphs: replay decode-only steps from CUDA graphs (``worker/cuda_graphs.py``); None = on for CUDA
-            with the Triton attention. True on a CPU runs the same padded static-buffer path eagerly (tests).
-            Needs the Triton attention; one extra KV block is allocated as the padding rows' sink.
+            with the Triton attention, unless the model says it cannot (``supports_cuda_graphs``: MoE). True on
+            a CPU runs the same padded static-buffer path eagerly (tests). Needs the Triton attention; one extra KV
+            block is allocated as the padding rows' sink.
         max_num_seqs: the largest decode batch a graph is captured for (larger steps run eagerly).
         kv_cache_dtype: the KV tensors' dtype; None = the model's. ``torch.float8_e4m3fn`` is the FP8 cache
             (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``), read by every attention path.
@@ -77,7 +78,8 @@ class ModelRunner:
             cpu_attention.start()
         self.block_table = BlockTable()
         if cuda_graphs is None:
-            cuda_graphs = self.device.type == "cuda" and self.attention_backend == "triton"
+            cuda_graphs = (self.device.type == "cuda" and self.attention_backend == "triton"
+                           and getattr(model, "supports_cuda_graphs", True))
         if cuda_graphs and self.attention_backend != "triton":
             raise ValueError("cuda_graphs needs attention_backend='triton'")
         # The graphs' padding rows write into one extra block that the scheduler never hands out.
