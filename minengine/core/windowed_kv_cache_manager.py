@@ -102,6 +102,11 @@ class WindowedKVCacheManager(KVCacheManager):
         self._num_indexed[rid] = min(self._num_indexed.get(rid, 0), num_blocks)
         self._num_released[rid] = num_blocks
 
+    def traced_block_ids(self, request_id: str) -> list[int]:
+        """The block table as a trace shows it: -1 (``RELEASED.block_id``) where the request gave its block back,
+        which another request may hold by now; the runner's table (``get_block_ids``) keeps the old id."""
+        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
+
     def num_held_blocks(self, request_id: str) -> int:
         """Blocks the request holds now (its table's length less the released entries)."""
         return len(self.req_to_blocks.get(request_id, ())) - self._num_released.get(request_id, 0)

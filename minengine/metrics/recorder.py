@@ -161,7 +161,7 @@ class StepRecorder:
     def _block_snapshot(self) -> dict:
         pool = self.kv_cache_manager.pool
         return {
-            "block_tables": {r.request_id: self.kv_cache_manager.get_block_ids(r.request_id)
+            "block_tables": {r.request_id: self.kv_cache_manager.traced_block_ids(r.request_id)
                              for r in self.scheduler.running},
             "block_ref_counts": pool.ref_counts(),
             "cached_block_ids": [b.block_id for b in pool.blocks if b.block_hash is not None],

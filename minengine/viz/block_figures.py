@@ -13,6 +13,10 @@ from minengine.viz.colors import CACHED_FREE_COLOR, FREE_COLOR, SHARED_COLOR, di
 from minengine.viz.i18n import t
 from minengine.viz.legend import fit_legend
 
+# A block-table entry whose block the request gave back (a sliding window left it behind:
+# ``core/windowed_kv_cache_manager.py``); the logical position stays, the block belongs to the pool again.
+RELEASED_ID = -1
+
 
 def _require_blocks(trace: StepTrace) -> None:
     if trace.block_tables is None or trace.block_ref_counts is None:
@@ -25,7 +29,8 @@ def block_owners(trace: StepTrace) -> dict[int, list[str]]:
     owners: dict[int, list[str]] = {}
     for rid, table in trace.block_tables.items():
         for block_id in table:
-            owners.setdefault(block_id, []).append(rid)
+            if block_id != RELEASED_ID:
+                owners.setdefault(block_id, []).append(rid)
     return owners
 
 
@@ -159,10 +164,30 @@ def table_columns(num_blocks: int) -> int:
     return 32 if digits <= 2 else 24 if digits == 3 else 16
 
 
+def _table_category(block_id: int, ref_counts: list[int], own: int) -> int | None:
+    """A table cell's colour: 0 shared, ``own`` the request's, None (blank) a released entry."""
+    if block_id == RELEASED_ID:
+        return None
+    return 0 if ref_counts[block_id] > 1 else own
+
+
+def _table_text(block_id: int, ref_counts: list[int]) -> str:
+    if block_id == RELEASED_ID:
+        return "–"
+    return f"{block_id}*" if ref_counts[block_id] > 1 else str(block_id)
+
+
+def _table_hover(rid: str, logical: int, block_id: int, ref_counts: list[int], lang: str) -> str:
+    if block_id == RELEASED_ID:
+        return t("hover_released_cell", lang).format(rid=rid, logical=logical)
+    return t("hover_table_cell", lang).format(rid=rid, logical=logical, physical=block_id, ref=ref_counts[block_id])
+
+
 def block_tables_figure(trace: StepTrace, lang: str = "en", max_columns: int | None = None) -> go.Figure:
     """Each running request's block table at one step: row = request, column = logical block index,
     cell = physical block id (written in the cell), coloured by request; shared cells (ref count > 1) are
-    dark grey, as in the pool, and marked with "*".
+    dark grey, as in the pool, and marked with "*"; a block a sliding window gave back (``RELEASED_ID`` in the
+    trace) is a blank cell marked "–".
 
     A table longer than ``max_columns`` blocks wraps onto continuation rows labelled "+24", "+48", ...
     (logical index = that offset + column), so a long prompt's table stays one readable cell per block
@@ -192,12 +217,10 @@ def block_tables_figure(trace: StepTrace, lang: str = "en", max_columns: int | N
         for offset in range(0, max(len(table), 1), max(width, 1)):
             line = table[offset:offset + width]
             labels.append(f"{t('request', lang)} {rid}" if offset == 0 else f"{rid} +{offset}")
-            shared = [ref_counts[b] > 1 for b in line]
             pad = [None] * (width - len(line))
-            z.append([0 if sh else i + 1 for sh in shared] + pad)
-            text.append([f"{b}*" if sh else str(b) for b, sh in zip(line, shared)] + [""] * len(pad))
-            hover.append([t("hover_table_cell", lang).format(rid=rid, logical=offset + j, physical=b,
-                                                             ref=ref_counts[b]) for j, b in enumerate(line)]
+            z.append([_table_category(b, ref_counts, i + 1) for b in line] + pad)
+            text.append([_table_text(b, ref_counts) for b in line] + [""] * len(pad))
+            hover.append([_table_hover(rid, offset + j, b, ref_counts, lang) for j, b in enumerate(line)]
                          + [""] * len(pad))
     fig = go.Figure(go.Heatmap(
         z=z, x=list(range(width)), y=labels, text=text, texttemplate="%{text}", textfont={"size": 9},

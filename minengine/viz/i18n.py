@@ -40,6 +40,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "cached_free_block": ("cached, free (evictable prefix)", "已缓存但空闲（可驱逐的前缀）"),
     "shared_block": ("shared by several requests (number = ref count)", "多个请求共享（数字 = 引用计数）"),
     "hover_pool_block": ("block {block}<br>{state}<br>ref count {ref}", "块 {block}<br>{state}<br>引用计数 {ref}"),
+    "hover_released_cell": ("request {rid}<br>logical block {logical}: given back (outside the sliding window)",
+                            "请求 {rid}<br>逻辑块 {logical}：已归还（在滑动窗口之外）"),
     "hover_table_cell": ("request {rid}<br>logical block {logical} → physical block {physical}<br>ref count {ref}",
                          "请求 {rid}<br>逻辑块 {logical} → 物理块 {physical}<br>引用计数 {ref}"),
     "owned_by": ("owned by {owners}", "属于 {owners}"),

@@ -151,3 +151,30 @@ def test_settings_that_cannot_free_blocks_are_refused(windowed_mistral, setting)
 def test_the_triton_kernel_is_refused_before_any_step(interleaved_qwen2):
     with pytest.raises(ValueError, match="attention_backend='triton' takes no sliding window"):
         LLM(interleaved_qwen2, max_model_len=1024, attention_backend="triton")
+
+
+def test_the_trace_shows_blocks_given_back_as_released(windowed_mistral, prompts):
+    """A released block may belong to another request by the next step: the trace's block table writes -1 there
+    (the runner's table keeps the old id), so no step shows a block in two tables unless its ref count says
+    shared, and the dashboard's table draws the hole as "–"."""
+    from minengine.viz.block_figures import RELEASED_ID, block_owners, block_tables_figure
+
+    llm = LLM(windowed_mistral, max_model_len=1024, block_size=BLOCK_SIZE, max_num_batched_tokens=32,
+              trace_block_tables=True, enable_prefix_caching=False)
+    engine = llm.llm_engine
+    for i, prompt in enumerate((prompts[4], prompts[5], prompts[6])):
+        engine.add_request(f"r{i}", {"prompt_token_ids": prompt},
+                           SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    released = [tr for tr in engine.traces if any(RELEASED_ID in table for table in tr.block_tables.values())]
+    assert released, "no step showed a released block"
+    for tr in engine.traces:
+        for block, holders in block_owners(tr).items():
+            assert len(holders) == 1 or tr.block_ref_counts[block] == len(holders), (tr.step, block, holders)
+        for rid, table in tr.block_tables.items():
+            live = [b for b in table if b != RELEASED_ID]
+            assert table == [RELEASED_ID] * (len(table) - len(live)) + live  # holes only at the front
+            assert all(tr.block_ref_counts[b] >= 1 for b in live), (tr.step, rid, table)
+    cells = block_tables_figure(released[-1]).data[0].text
+    assert any("–" in row for row in cells)
