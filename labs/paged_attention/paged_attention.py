@@ -45,10 +45,13 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale:
     Args:
         query: [q_len, Hq, D].
         keys, values: [seq_len, Hkv, D], positions 0 .. seq_len - 1 (``seq_len >= q_len``).
-        scale: multiplies the scores ``q . k`` before the softmax (``1 / sqrt(D)``).
+        scale: multiplies the scores ``q . k`` before the softmax: the model's own (often ``1 / sqrt(D)``,
+            not always): use the one given.
 
     Returns:
-        [q_len, Hq, D] in ``query``'s dtype: softmax(scale * q k^T, masked) v, per head.
+        [q_len, Hq, D] in ``query``'s dtype (a bfloat16 model's next layer takes bfloat16; computing in
+        float32 inside is fine): softmax(scale * q k^T, masked) v, per head. Scores may be large (hundreds, in
+        a sharp head): the softmax must not overflow (``exp`` of a float32 above ~88.7 is inf).
     """
     raise NotImplementedError("implement attend: scores = scale * q.k per head (query head h uses KV head "
                               "h // (Hq // Hkv)), mask keys after each query's position, softmax, weight the values")
@@ -69,7 +72,7 @@ def paged_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         scale: the softmax scale.
 
     Returns:
-        [T, Hq, D], row for row the attention output of ``query``.
+        [T, Hq, D] in ``query``'s dtype, row for row the attention output of ``query``.
     """
     raise NotImplementedError("implement paged_attention: for each request, gather_kv its keys and values "
                               "through its block table, then attend its query rows; write them into the output")

@@ -46,12 +46,14 @@ class GradeReport:
     Attributes:
         lab: the lab's name.
         submission: where the learner's part came from (a path or a module name).
-        results: one ``CheckResult`` per check, in the order they ran (stage order).
+        results: one ``CheckResult`` per check of the lab, in the order they ran (stage order).
+        import_error: why the submission does not import ("" when it does); then every check is skipped.
     """
 
     lab: str
     submission: str
     results: list[CheckResult] = field(default_factory=list)
+    import_error: str = ""
 
     @property
     def passed(self) -> bool:
@@ -65,6 +67,10 @@ class GradeReport:
 
     @property
     def first_failure(self) -> CheckResult | None:
+        """The first failed check; for a submission that does not import, a result named "the submission imports"
+        with ``import_error`` as its words (no check of the lab ran)."""
+        if self.import_error:
+            return CheckResult("the submission imports", "unit", "failed", self.import_error)
         return next((r for r in self.results if r.status == "failed"), None)
 
     def format(self) -> str:
@@ -74,7 +80,9 @@ class GradeReport:
         passed = sum(r.status == "passed" for r in self.results)
         lines.append(f"score {passed}/{len(self.results)} ({self.score:.0%})")
         failure = self.first_failure
-        if failure is not None:
+        if self.import_error:
+            lines += ["", "the submission does not import, so no check ran:", self.import_error]
+        elif failure is not None:
             lines += ["", f"first failure, {failure.stage} check '{failure.name}':", failure.message]
         elif self.passed:
             lines.append("every check passed: the real engine runs on your part")
@@ -117,7 +125,8 @@ def grade(lab_name: str, submission: str | Path | ModuleType | None = None) -> G
     """Grade ``submission`` (a file path, a module name, a module; None: the lab's skeleton) for ``lab_name``.
 
     Returns:
-        a ``GradeReport``; a submission that does not import gets one failed result naming its file and line.
+        a ``GradeReport``; for a submission that does not import, its ``import_error`` names the file and line
+        and every check of the lab is skipped (score 0 of the lab's checks).
 
     Raises:
         KeyError: ``lab_name`` is not a lab (the message lists the labs).
@@ -132,9 +141,9 @@ def grade(lab_name: str, submission: str | Path | ModuleType | None = None) -> G
     try:
         module = load_submission(submission)
     except LabFailure as error:
-        report.results.append(CheckResult("the submission imports", "unit", "failed", str(error)))
-        report.results += [CheckResult(c.name, c.stage, "skipped", "skipped: the submission does not import")
-                           for c in spec.checks]
+        report.import_error = str(error)
+        report.results = [CheckResult(c.name, c.stage, "skipped", "skipped: the submission does not import")
+                          for c in spec.checks]
         return report
     report.results = run_checks(spec.checks, module)
     return report

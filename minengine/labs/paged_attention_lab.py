@@ -79,10 +79,10 @@ def check_gather_kv(module: ModuleType) -> None:
     for what, block_size, table, seq_len in GATHER_CASES:
         cache = _distinct_cache(8, block_size, 2, 3)
         label = f"gather_kv ({what}: block_size {block_size}, block table {table}, seq_len {seq_len})"
-        try:
-            got = module.gather_kv(cache, torch.tensor(table, dtype=torch.int32), seq_len)
-        except IndexError as error:
-            raise LabFailure(f"{label}: {read_padding_words(error, module)}") from None
+        got = call_case(label, module, module.gather_kv, cache=cache,
+                        block_table=torch.tensor(table, dtype=torch.int32), seq_len=seq_len)
+        if not isinstance(got, torch.Tensor):
+            raise LabFailure(f"{label}: returned {type(got).__name__}, expected a tensor of shape ({seq_len}, 2, 3)")
         if tuple(got.shape) != (seq_len, 2, 3):
             raise LabFailure(f"{label}: returned shape {tuple(got.shape)}, expected ({seq_len}, 2, 3): one row per "
                              f"position 0..{seq_len - 1}, no more (the last block's unused slots are not keys)")
@@ -111,20 +111,84 @@ def check_attend(module: ModuleType) -> None:
         keys = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen) * 2
         values = torch.randn(seq_len, num_kv_heads, head_dim, generator=gen)
         scale = head_dim ** -0.5 if scale is None else scale
-        got = module.attend(query, keys, values, scale)
         label = f"attend, {what} (q_len {q_len}, seq_len {seq_len}, Hq {num_heads}, Hkv {num_kv_heads})"
+        got = call_case(label, module, module.attend, query=query, keys=keys, values=values, scale=scale)
         _compare(label, got, dense_attention(query, keys, values, scale), seq_len - q_len)
+    check_large_scores(module)
+    check_bfloat16(module)
 
 
-def _compare(label: str, got: torch.Tensor, expected: torch.Tensor, first_position: int) -> None:
-    if tuple(got.shape) != tuple(expected.shape):
-        raise LabFailure(f"{label}: returned shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+def check_large_scores(module: ModuleType) -> None:
+    """Logits in the hundreds (a sharp attention head): exp() of a logit above ~88.7 is inf in float32."""
+    gen = torch.Generator().manual_seed(7)
+    query, keys = torch.randn(3, 2, 16, generator=gen) * 12, torch.randn(7, 2, 16, generator=gen) * 12
+    values = torch.randn(7, 2, 16, generator=gen)
+    largest = float((torch.einsum("qhd,khd->hqk", query, keys) * 0.25).max())
+    label = f"attend with large scores (scale * q.k up to {largest:.0f}; q_len 3, seq_len 7, Hq 2, Hkv 2)"
+    got = call_case(label, module, module.attend, query=query, keys=keys, values=values, scale=0.25)
+    if isinstance(got, torch.Tensor) and not bool(torch.isfinite(got).all()):
+        raise LabFailure(f"{label}: the output holds NaN or inf: exp(score) overflowed float32 (its largest value is "
+                         f"about e^88.7, and inf / inf is NaN). Subtract each row's largest score before exp: "
+                         f"exp(s - max) <= 1 cannot overflow and gives the same weights, exp(s - max) / sum exp(s - "
+                         f"max) = exp(s) / sum exp(s) (torch.softmax does it for you)")
+    _compare(label, got, dense_attention(query, keys, values, 0.25), 4)
+
+
+BF16_TOLERANCE = 0.1  # bfloat16 keeps 8 bits of mantissa: logits of ~10 are rounded by ~0.04, weights by ~4%
+
+
+def check_bfloat16(module: ModuleType) -> None:
+    """A bfloat16 model's attention: the output is in query's dtype (the next layer, o_proj, is bfloat16)."""
+    gen = torch.Generator().manual_seed(8)
+    query = (torch.randn(2, 4, 16, generator=gen) * 2).bfloat16()
+    keys = (torch.randn(6, 2, 16, generator=gen) * 2).bfloat16()
+    values = torch.randn(6, 2, 16, generator=gen).bfloat16()
+    label = "attend in bfloat16 (q_len 2, seq_len 6, Hq 4, Hkv 2)"
+    got = call_case(label, module, module.attend, query=query, keys=keys, values=values, scale=0.25)
+    if isinstance(got, torch.Tensor) and got.dtype != query.dtype:
+        raise LabFailure(f"{label}: returned {got.dtype}, expected torch.bfloat16 (query's dtype): the model's next "
+                         f"layer (o_proj) is bfloat16 and refuses another dtype. Computing in float32 is fine; cast "
+                         f"the result back with .to(query.dtype)")
+    _compare(label, got, dense_attention(query, keys, values, 0.25), 4, BF16_TOLERANCE)
+
+
+def call_case(label: str, module: ModuleType, function, **inputs):
+    """``function(*inputs)``; an IndexError (a padding block read) or a RuntimeError out of the learner's code
+    (most often a shape that does not broadcast) becomes a ``LabFailure`` naming the case and its inputs' shapes."""
+    try:
+        return function(*inputs.values())
+    except IndexError as error:
+        raise LabFailure(f"{label}: {read_padding_words(error, module)}") from None
+    except NotImplementedError:
+        raise
+    except RuntimeError as error:
+        shapes = ", ".join(f"{name} {_describe(value)}" for name, value in inputs.items())
+        raise LabFailure(f"{label}: raised RuntimeError: {error}\n  at {where_raised(error, learner_files(module))}"
+                         f"\n  the inputs of this case: {shapes}") from None
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"[{', '.join(map(str, value.shape))}] {str(value.dtype).removeprefix('torch.')}"
+    return repr(value)
+
+
+def _check_shape(label: str, got, shape: tuple) -> None:
+    if not isinstance(got, torch.Tensor):
+        raise LabFailure(f"{label}: returned {type(got).__name__}, expected a tensor of shape {shape}")
+    if tuple(got.shape) != shape:
+        raise LabFailure(f"{label}: returned shape {tuple(got.shape)}, expected {shape}")
+
+
+def _compare(label: str, got: torch.Tensor, expected: torch.Tensor, first_position: int,
+             tolerance: float = TOLERANCE) -> None:
+    _check_shape(label, got, tuple(expected.shape))
     error = (got.double() - expected).abs()
-    if not error.max() <= TOLERANCE:  # NaN fails too
+    if not error.max() <= tolerance:  # NaN fails too
         row, head = divmod(int(torch.nan_to_num(error, nan=1e9).amax(-1).argmax()), got.shape[1])
         raise LabFailure(f"{label}: query row {row} (position {first_position + row}) head {head} is off by "
                          f"{float(error[row, head].max()):.3g} from the definition softmax(scale * q.k, causal) v "
-                         f"(tolerance {TOLERANCE:g})")
+                         f"(tolerance {tolerance:g})")
 
 
 def _random_step(seed: int, num_requests: int, block_size: int, num_kv_heads: int, group: int):
@@ -151,6 +215,9 @@ def _random_step(seed: int, num_requests: int, block_size: int, num_kv_heads: in
     return query, k_cache, v_cache, tables, seq_lens, query_start_loc
 
 
+STEP_INPUTS = ("query", "k_cache", "v_cache", "block_tables", "seq_lens", "query_start_loc")
+
+
 def _step_reference(query, k_cache, v_cache, tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
     out = torch.zeros(query.shape, dtype=torch.float64)
     block_size = k_cache.shape[1]
@@ -165,20 +232,24 @@ def _step_reference(query, k_cache, v_cache, tables, seq_lens, query_start_loc, 
 
 def check_paged_attention(module: ModuleType) -> None:
     step = _random_step(60, 3, 4, 2, 2)
-    try:
-        got = module.paged_attention(*step, 8 ** -0.5)
-    except IndexError as error:
-        raise LabFailure(f"paged_attention on a step of 3 requests (block tables {step[3].tolist()}, seq_lens "
-                         f"{step[4].tolist()}): {read_padding_words(error, module)}") from None
+    got = call_case(f"paged_attention on a step of 3 requests (block tables {step[3].tolist()}, seq_lens "
+                    f"{step[4].tolist()})", module, module.paged_attention, **dict(zip(STEP_INPUTS, step)),
+                    scale=8 ** -0.5)
     seq_lens, qsl = step[4].tolist(), step[5].tolist()
     expected = _step_reference(*step, 8 ** -0.5)
+    _check_shape("paged_attention on a step of 3 requests", got, tuple(expected.shape))
     for b in range(len(seq_lens)):
         rows = slice(qsl[b], qsl[b + 1])
-        label = (f"paged_attention, request {b} of a step of {len(seq_lens)} (rows {qsl[b]}..{qsl[b + 1] - 1}, "
-                 f"seq_len {seq_lens[b]}, block table {step[3][b].tolist()})")
-        if tuple(got.shape) != tuple(step[0].shape):
-            raise LabFailure(f"paged_attention returned shape {tuple(got.shape)}, expected {tuple(step[0].shape)}")
+        label = (f"paged_attention, request {b} of a step of {len(seq_lens)} (rows {qsl[b]} to {qsl[b + 1] - 1} "
+                 f"inclusive, query[{qsl[b]}:{qsl[b + 1]}], seq_len {seq_lens[b]}, block table "
+                 f"{step[3][b].tolist()})")
         _compare(label, got[rows], expected[rows], seq_lens[b] - (qsl[b + 1] - qsl[b]))
+    half = (step[0].bfloat16(), step[1].bfloat16(), step[2].bfloat16(), *step[3:])
+    got = call_case("paged_attention on the same step in bfloat16", module, module.paged_attention,
+                    **dict(zip(STEP_INPUTS, half)), scale=8 ** -0.5)
+    if getattr(got, "dtype", None) != torch.bfloat16:
+        raise LabFailure(f"paged_attention on the same step in bfloat16 returned {getattr(got, 'dtype', got)}, "
+                         f"expected torch.bfloat16 (query's dtype: the model's next layer, o_proj, refuses another)")
 
 
 # ---- property check --------------------------------------------------------------------------------------------
@@ -190,19 +261,18 @@ def check_random_steps(module: ModuleType) -> None:
     @settings(max_examples=25, derandomize=True, deadline=None, database=None, phases=(Phase.generate,),
               suppress_health_check=list(HealthCheck))
     @given(seed=st.integers(0, 10**6), num_requests=st.integers(1, 4), block_size=st.sampled_from([1, 2, 4, 16]),
-           num_kv_heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4]))
-    def random_step(seed, num_requests, block_size, num_kv_heads, group):
+           num_kv_heads=st.integers(1, 2), group=st.sampled_from([1, 2, 4]), sharpness=st.sampled_from([1, 40]))
+    def random_step(seed, num_requests, block_size, num_kv_heads, group, sharpness):
         step = _random_step(seed, num_requests, block_size, num_kv_heads, group)
+        step = (step[0] * sharpness, *step[1:])  # 40: scores in the tens to hundreds, a sharp head
         label = (f"paged_attention on a random step (seed {seed}: {num_requests} requests, block_size {block_size}, "
                  f"Hkv {num_kv_heads}, Hq {num_kv_heads * group}, seq_lens {step[4].tolist()}, new tokens "
-                 f"{step[5].diff().tolist()})")
-        try:
-            got = module.paged_attention(*step, 0.3)
-        except IndexError as error:
-            raise LabFailure(f"{label}: {read_padding_words(error, module)}") from None
+                 f"{step[5].diff().tolist()}, query scaled by {sharpness})")
+        got = call_case(label, module, module.paged_attention, **dict(zip(STEP_INPUTS, step)), scale=0.3)
         expected = _step_reference(*step, 0.3)
         if tuple(got.shape) != tuple(expected.shape) or not (got.double() - expected).abs().max() <= TOLERANCE:
-            raise LabFailure(f"{label} differs from the definition")
+            nan = isinstance(got, torch.Tensor) and not bool(torch.isfinite(got).all())
+            raise LabFailure(f"{label} differs from the definition" + (" (its output holds NaN or inf)" if nan else ""))
 
     random_step()
 
@@ -276,7 +346,8 @@ SPEC = LabSpec(
     checks=[
         Check("gather_kv: positions in order through the block table, the last block cut at seq_len", "unit",
               check_gather_kv),
-        Check("attend: scale, causal mask (prefill, chunk after context), grouped-query heads", "unit",
+        Check("attend: scale, causal mask (prefill, chunk after context), grouped-query heads, large scores, "
+              "bfloat16", "unit",
               check_attend),
         Check("paged_attention: every request's rows of a step", "unit", check_paged_attention),
         Check("random steps: any block size, heads, context and chunk, shuffled blocks", "property",

@@ -28,6 +28,21 @@ from minengine.sampling_params import SamplingParams
 LAB = "preemption"
 
 
+def shown(value) -> str:
+    """``value`` for a failure's words: a ``Request`` as "a Request object (r1), not its id" (its repr runs to
+    ~1,500 characters), lists and tuples item by item, anything else as its repr."""
+    if isinstance(value, Request):
+        return f"a Request object ({value.request_id}), not its id"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(shown(v) for v in value) + "]"
+    return repr(value)
+
+
+def _name(request) -> str:
+    """A request the learner returned, by its id (or what it is instead of a Request)."""
+    return request.request_id if isinstance(request, Request) else f"{shown(request)} (not a Request)"
+
+
 class LabPreemption:
     """Step-builder mixin: ``run`` makes room with the learner's ``allocate_or_preempt``, and ``preempt`` is
     the learner's; around them the builder keeps its own books (the waiting queue as it was, which a rollback
@@ -70,7 +85,7 @@ def check_allocation_outcome(step, request: Request, num_new: int, allocated) ->
     """
     call = f"allocate_or_preempt({request.request_id}, {num_new} tokens)"
     if allocated is not True and allocated is not False:
-        raise LabFailure(f"{call} returned {allocated!r}: it returns True (slots allocated) or False (the request "
+        raise LabFailure(f"{call} returned {shown(allocated)}: it returns True (slots allocated) or False (the request "
                          f"was its own victim)")
     if not allocated and (request in step.running or request.status is not RequestStatus.PREEMPTED):
         raise LabFailure(f"{call} returned False but {request.request_id} is {request.status.name} and "
@@ -160,28 +175,34 @@ def check_pick_victim(module: ModuleType) -> None:
     got = module.pick_victim(step)
     if got is not r1:
         raise LabFailure(f"pick_victim: running r0, r1, r2 with r2 already scheduled in this step: the candidates are "
-                         f"r0, r1 and decode-first's victim is the newest of them, r1; got {got.request_id} (a request "
+                         f"r0, r1 and decode-first's victim is the newest of them, r1; got {_name(got)} (a request "
                          f"scheduled in this step is never a victim)")
     _, step = _running(module, 3, 6, 64, policy=OldestVictim())
     got = module.pick_victim(step)
     if got is not list(step.running)[0]:
         raise LabFailure(f"pick_victim: with a policy whose victim is the OLDEST candidate (r0) the victim must be r0 "
-                         f"(ask step.policy.pick_victim), got {got.request_id}")
+                         f"(ask step.policy.pick_victim), got {_name(got)}")
 
 
 def check_preempt(module: ModuleType) -> None:
     scheduler, step = _running(module, 3, 6, 64)
     kv, r1 = scheduler.kv, list(step.running)[1]
     free_before, held = kv.num_free_blocks, len(kv.req_to_blocks[r1.request_id])
-    num_tokens = r1.num_tokens
+    num_tokens, outputs = r1.num_tokens, list(r1.output_token_ids)
     module.preempt(step, r1)
-    label = f"preempt(r1) (running r0, r1, r2; r1 has {num_tokens} tokens in {held} blocks)"
+    label = (f"preempt(r1) (running r0, r1, r2; r1 has {num_tokens} tokens, {len(outputs)} of them generated, in "
+             f"{held} blocks)")
+    if r1.output_token_ids != outputs:
+        raise LabFailure(f"{label}: r1's generated tokens must stay: they were {outputs}, now "
+                         f"{shown(r1.output_token_ids)}. Preemption by recompute drops K/V, not tokens: the user "
+                         f"already has them, and the re-prefill computes prompt + generated again (prefill_len = "
+                         f"num_tokens, with the generated tokens still counted)")
     problems = []
     if r1 in step.running:
         problems.append("r1 is still running")
     if not step.waiting or step.waiting[0] is not r1:
         problems.append(f"r1 must be the FIRST waiting request (it goes next); waiting is "
-                        f"{[r.request_id for r in step.waiting]}")
+                        f"{[_name(r) for r in step.waiting]}")
     if kv.req_to_blocks.get(r1.request_id) or kv.num_free_blocks != free_before + held:
         still = len(kv.req_to_blocks.get(r1.request_id, ()))
         problems.append(f"all {held} of r1's blocks must be free: it still holds {still}, "
@@ -196,7 +217,7 @@ def check_preempt(module: ModuleType) -> None:
     if r1.num_preemptions != 1:
         problems.append(f"num_preemptions must be 1, got {r1.num_preemptions}")
     if step.out.preempted_ids != ["r1"]:
-        problems.append(f"step.out.preempted_ids must be ['r1'], got {step.out.preempted_ids}")
+        problems.append(f"step.out.preempted_ids must be ['r1'], got {shown(step.out.preempted_ids)}")
     if problems:
         raise LabFailure(f"{label}: " + "; ".join(problems))
 
@@ -210,8 +231,8 @@ def check_allocate_or_preempt(module: ModuleType) -> None:
         ok = module.allocate_or_preempt(step, r0, 4)
     if ok is not True or step.out.preempted_ids != ["r2"] or r2 not in step.waiting or r1 not in step.running:
         raise LabFailure(f"allocate_or_preempt(r0, 4 tokens) with every block in use: decode-first's victim r2 "
-                         f"(the newest) must be preempted and r0 get its slots (True); got {ok}, preempted "
-                         f"{step.out.preempted_ids}")
+                         f"(the newest) must be preempted and r0 get its slots (True); got {shown(ok)}, "
+                         f"preempted {shown(step.out.preempted_ids)}")
     # 3 requests of 4 prompt tokens (1 block each) fill the 3 blocks: r0's next 8 tokens need 2 more blocks, so
     # one victim's block is not enough: r2 then r1 go.
     scheduler, step = _running(module, 3, 4, 3)
@@ -222,7 +243,7 @@ def check_allocate_or_preempt(module: ModuleType) -> None:
     if ok is not True or step.out.preempted_ids != ["r2", "r1"] or list(step.running) != [r0]:
         raise LabFailure(f"allocate_or_preempt(r0, 8 tokens) needing 2 more blocks while r1 and r2 hold one each: "
                          f"both must be preempted (r2, then r1: keep preempting while the slots do not fit) and r0 "
-                         f"get its slots (True); got {ok}, preempted {step.out.preempted_ids}, running "
+                         f"get its slots (True); got {shown(ok)}, preempted {shown(step.out.preempted_ids)}, running "
                          f"{[r.request_id for r in step.running]}")
     scheduler, step = _running(module, 1, 8, 3)
     (r0,) = step.running
@@ -231,8 +252,9 @@ def check_allocate_or_preempt(module: ModuleType) -> None:
         ok = module.allocate_or_preempt(step, r0, 5)
     if ok is not False or step.out.preempted_ids != ["r0"] or r0 in step.running or list(step.waiting) != [r0]:
         raise LabFailure(f"allocate_or_preempt(r0, 5 tokens) for the only running request, with no block free: r0 is "
-                         f"its own victim: it must be preempted (waiting again) and the call return False; got {ok}, "
-                         f"preempted {step.out.preempted_ids}, waiting {[r.request_id for r in step.waiting]}")
+                         f"its own victim: it must be preempted (waiting again) and the call return False; got "
+                         f"{shown(ok)}, preempted {shown(step.out.preempted_ids)}, waiting "
+                         f"{[_name(r) for r in step.waiting]}")
 
 
 # ---- random workloads against the default scheduler --------------------------------------------------------------
@@ -266,9 +288,41 @@ def _check_states(scheduler, requests: list[Request], step: int) -> None:
                              f"computed tokens: preemption by recompute frees all its blocks and resets its progress")
 
 
+VICTIM_RULES = {  # each property policy's pick_victim, in words
+    "decode-first": "the newest candidate (the most recently admitted: vLLM's rule)",
+    "prefill-first": "the newest candidate (the most recently admitted: prefill-first orders a step's work "
+                     "differently from decode-first, but keeps vLLM's victim)",
+    "priority": "the candidate with the largest priority value, the least urgent (ties: the newest)",
+    "oldest-victim": "the oldest candidate (a policy the grader adds, so that 'the newest' is not always right)",
+}
+
+
+def record_victims(scheduler) -> list[tuple[list[str], str]]:
+    """(candidates' ids, victim's id) of each ``pick_victim`` call of ``scheduler``'s policy, appended as they
+    happen (the list is returned; the caller clears it between steps)."""
+    calls, real = [], scheduler.policy.pick_victim
+
+    def pick_victim(candidates, step_index):
+        victim = real(candidates, step_index)
+        calls.append(([r.request_id for r in candidates], victim.request_id))
+        return victim
+
+    scheduler.policy.pick_victim = pick_victim  # this scheduler's policy object only
+    return calls
+
+
+def victim_words(policy: str, calls: list[tuple[list[str], str]]) -> str:
+    """Why the engine preempted whom in a step: each choice of the policy, its candidates, and its rule."""
+    choices = "; ".join(f"among {', '.join(candidates)} it picks {victim}" for candidates, victim in calls)
+    return (f"the engine asked the policy {policy!r} (each workload runs under a policy the grader draws: your "
+            f"pick_victim must ask step.policy, whichever it is) for a victim among the candidates, the running "
+            f"requests not yet scheduled in this step in admission order: {choices}. Its rule: "
+            f"{VICTIM_RULES[policy]}")
+
+
 def _step_summary(out) -> str:
     return (f"scheduled {[(s.request_id, s.num_new_tokens) for s in out.scheduled]}, preempted "
-            f"{out.preempted_ids}")
+            f"{shown(out.preempted_ids)}")
 
 
 def run_against_default(module: ModuleType, prompts: list[int], max_tokens: list[int], arrivals: list[int],
@@ -276,6 +330,7 @@ def run_against_default(module: ModuleType, prompts: list[int], max_tokens: list
     """Drive the default scheduler and the lab's in lockstep on the same workload (prompt lengths, outputs,
     arrival steps); every step must schedule and preempt the same, and no request or block may be lost."""
     default, lab = _pair(module, num_blocks, budget, policy)
+    victims = record_victims(default)
     pairs = []
     for i, (n, m) in enumerate(zip(prompts, max_tokens)):
         prompt = [(i * 31 + j * 7) % 97 for j in range(n)]
@@ -288,11 +343,16 @@ def run_against_default(module: ModuleType, prompts: list[int], max_tokens: list
                 lab.add_request(b)
         if not default.has_unfinished_requests() and step > max(arrivals) + 1:
             break
+        victims.clear()
         expected, got = default.schedule(), lab.schedule()
         _check_states(lab, [b for _, b in pairs], step)
         if _step_summary(expected) != _step_summary(got):
-            raise LabFailure(f"step {step} ({policy}, {num_blocks} blocks of 4): the engine's preemption "
-                             f"{_step_summary(expected)}; yours {_step_summary(got)}")
+            same_victims = expected.preempted_ids == [getattr(v, "request_id", v) for v in got.preempted_ids]
+            why = ("" if same_victims or not victims else
+                   f". Why the engine's victims: {victim_words(policy, victims)}")
+            raise LabFailure(f"step {step} (the grader's policy {policy}, {num_blocks} blocks of 4): the engine's "
+                             f"preemption "
+                             f"{_step_summary(expected)}; yours {_step_summary(got)}{why}")
         for scheduler, out in ((default, expected), (lab, got)):
             scheduler.update_from_output(out, {s.request_id: [7] for s in out.scheduled if s.sample})
     else:

@@ -15,9 +15,10 @@ CELLS = [
     A request's K/V is not contiguous: position `p` lives in block `block_table[p // block_size]` at offset
     `p % block_size`, and the last block is cut at the sequence's length. Attention gathers the request's K/V in
     position order, masks each query row causally (a chunk after cached context sees all of the context), repeats the
-    K/V heads for grouped-query attention, and scales by one over the square root of the head size. Below, three
-    requests with a shared prefix run on the real engine one after another, and the last step's block tables are
-    read back into position ranges.
+    K/V heads for grouped-query attention, and multiplies the scores by the `scale` it is given (the model's softmax
+    scale: one over the square root of the head size for most models, not all). Below, three requests with a shared
+    prefix run on the real engine one after another, and the block tables of the first step that holds all three
+    are read back into position ranges.
     """),
     code("""
     engine = modelled_engine(block_size=4, num_kv_blocks=32, max_num_batched_tokens=64, max_model_len=256)

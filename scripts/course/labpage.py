@@ -67,8 +67,8 @@ def your_file(lab: str, steps: str) -> list:
     return [
         md(f"""
         ## Your file
-        The skeleton is `labs/{lab}/{lab}.py`: the public interface with docstrings (shapes, units, the errors to
-        raise), every body a `NotImplementedError` that says what to implement. Work on a copy, never on a file
+        The skeleton is `labs/{lab}/{lab}.py`: the public interface with docstrings (shapes, units, and a `Raises:`
+        section for each function that must raise), every body a `NotImplementedError` that says what to implement. Work on a copy, never on a file
         inside `minengine/`: from the repository's root, `cp labs/{lab}/{lab}.py my_{lab}.py`, then set `MY_FILE`
         below to `"../my_{lab}.py"` (this notebook runs in `notebooks/`).
 

@@ -186,3 +186,35 @@ def site_page_is_the_learners_first_run(page: str, executed, source) -> None:
     blocks = sum('class="minengine-figure"' in o.get("data", {}).get("text/html", "")
                  for c in site.cells if c.cell_type == "code" for o in c.outputs)
     assert blocks == len(figures) >= 2, f"{page}: {blocks} figure blocks, {len(figures)} figures"
+
+
+def _raising_functions(path: Path) -> dict[str, bool]:
+    """Each function and method of ``path`` (``Class.method``): whether its body raises (a ``raise`` other than the
+    skeleton's ``NotImplementedError``), and whether its docstring (a constructor's: or its class's) has a ``Raises:``
+    section."""
+    import ast
+
+    found = {}
+    tree = ast.parse(path.read_text())
+    scopes = [("", tree)] + [(f"{c.name}.", c) for c in tree.body if isinstance(c, ast.ClassDef)]
+    for prefix, scope in scopes:
+        for f in (n for n in scope.body if isinstance(n, ast.FunctionDef)):
+            raises = any(isinstance(n, ast.Raise) and "NotImplementedError" not in ast.unparse(n) for n in ast.walk(f))
+            doc = ast.get_docstring(f) or ""
+            if f.name == "__init__" and isinstance(scope, ast.ClassDef):
+                doc += ast.get_docstring(scope) or ""  # a class's docstring documents its constructor
+            found[prefix + f.name] = (raises, "Raises:" in doc)
+    return found
+
+
+def test_the_skeletons_list_the_errors_their_references_raise():
+    """The pages promise a ``Raises:`` section for each function that must raise: a function of a lab's reference
+    that raises has one in its skeleton, and a skeleton lists none its reference does not raise."""
+    from minengine.labs import LABS
+
+    for spec in LABS.values():
+        reference = NOTEBOOKS_DIR.parent / (spec.solution.replace(".", "/") + ".py")
+        raising = {name: raises for name, (raises, _) in _raising_functions(reference).items()}
+        listed = {name: lists for name, (_, lists) in _raising_functions(spec.skeleton).items()}
+        assert {name for name in listed if listed[name]} == {name for name in raising if raising[name]}, spec.name
+    assert any(lists for _, lists in _raising_functions(LABS["block_pool"].skeleton).values())  # it can fail

@@ -59,6 +59,11 @@ def test_loading_names_the_file_and_line_of_a_broken_submission(tmp_path):
     report = grade("block_pool", bad)
     assert report.score == 0.0 and not report.passed
     assert f"{bad}" in report.first_failure.message and ":2" in report.first_failure.message
+    assert report.import_error == report.first_failure.message and "SyntaxError" in report.import_error
+    assert [r.name for r in report.results] == [c.name for c in LABS["block_pool"].checks]  # 0 of the lab's checks
+    assert all(r.status == "skipped" for r in report.results)
+    assert "score 0/14 (0%)" in report.format() and "the submission does not import, so no check ran:" in (
+        report.format())
     (tmp_path / "raises.py").write_text("import math\nmath.nonexistent()\n")
     with pytest.raises(LabFailure, match=r"AttributeError.*raises.py:2"):
         load_submission(tmp_path / "raises.py")
@@ -90,6 +95,7 @@ def test_a_submission_that_loops_forever_is_killed_at_the_timeout(tmp_path):
     start = time.perf_counter()
     result = grade_in_subprocess("block_pool", "loops", write(tmp_path, "loops.py", LOOPS), timeout_s=4)
     assert result.status == "timeout" and result.score == 0.0 and "no grade within 4 s" in result.first_failure
+    assert (result.checks_passed, result.checks_total) == (0, 14)  # none of the lab's 14 checks
     assert time.perf_counter() - start < 15
 
 
@@ -105,7 +111,9 @@ def test_grade_class_grades_each_submission_alone(tmp_path):
     assert grades["ada"].status == "graded" and grades["ada"].score == 0.0
     assert "raised ZeroDivisionError: division by zero" in grades["ada"].first_failure
     assert grades["bob"].status == "crashed" and "exited with code 3" in grades["bob"].first_failure
-    assert grades["cy"].status == "graded" and "does not import" in grades["cy"].first_failure
+    assert grades["cy"].status == "import error" and "does not import: SyntaxError" in grades["cy"].first_failure
+    assert {name: (g.checks_passed, g.checks_total) for name, g in grades.items() if name != "dee"} == {
+        "ada": (0, 14), "bob": (0, 14), "cy": (0, 14)}
     assert grades["dee"].status == "graded" and (grades["dee"].checks_passed, grades["dee"].checks_total) == (2, 14)
     assert "expected [0, 1], got [4, 3]" in grades["dee"].first_failure
 
@@ -123,14 +131,28 @@ def test_the_command_line(tmp_path, capsys):
         main(["lab", "grade", "no_such_lab"])
     assert exit_code.value.code == 2 and "no lab called 'no_such_lab'" in capsys.readouterr().err
     write(tmp_path / "class", "ada.py", RAISES)
-    main(["lab", "grade-class", "block_pool", str(tmp_path / "class"), "--timeout", "120",
-          "--csv", str(tmp_path / "grades.csv")])
-    assert "ada" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_code:  # every submission graded (whatever its score): 0
+        main(["lab", "grade-class", "block_pool", str(tmp_path / "class"), "--timeout", "120",
+              "--csv", str(tmp_path / "grades.csv")])
+    assert exit_code.value.code == 0 and "ada" in capsys.readouterr().out
     rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
     assert [(r["submission"], r["status"], float(r["score"])) for r in rows] == [("ada", "graded", 0.0)]
+    (tmp_path / "class" / "cy.py").write_text("def broken(:\n")
+    with pytest.raises(SystemExit) as exit_code:  # a submission without a grade: 1, the CSV still has every row
+        main(["lab", "grade-class", "block_pool", str(tmp_path / "class"), "--csv", str(tmp_path / "grades.csv")])
+    captured = capsys.readouterr()
+    assert exit_code.value.code == 1 and "1 of 2 submissions got no grade (their checks did not run): cy" in (
+        captured.err)
+    rows = list(csv.DictReader((tmp_path / "grades.csv").open()))
+    assert [(r["submission"], r["status"], r["checks_total"]) for r in rows] == [("ada", "graded", "14"),
+                                                                                 ("cy", "import error", "14")]
     with pytest.raises(SystemExit) as exit_code:
         main(["lab", "grade-class", "block_pool", str(tmp_path / "nowhere"), "--timeout", "5"])
     assert exit_code.value.code == 2 and "is not a folder" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_code:
+        main(["lab", "grade-class", "block_pool", str(tmp_path / "empty")])
+    assert exit_code.value.code == 2 and "holds no submission" in capsys.readouterr().err
 
 
 def test_an_exception_names_the_learners_line_not_the_library_it_called(tmp_path):
@@ -150,13 +172,17 @@ def test_the_class_table_keeps_every_column_and_every_word():
     failure = ("the engine on your pool matches transformers: preemption: workload 'preemption', request "
                "pass0-req3 (prompt of 25 tokens): output token 4 differs from transformers\n  at pool.py:12 in touch")
     grades = [SubmissionGrade("a_learner_with_a_very_long_folder_name", "x.py", "graded", 13 / 14, 13, 14, failure,
-                              42.0), SubmissionGrade("bo", "y.py", "timeout", first_failure="no grade within 4 s")]
+                              42.0), SubmissionGrade("bo", "y.py", "timeout", checks_total=14,
+                                                     first_failure="no grade within 4 s"),
+              SubmissionGrade("cy", "z.py", "import error", checks_total=14, first_failure="z.py does not import")]
     text = format_class(grades)
     rows = text.splitlines()
     assert rows[1].split()[1:] == ["graded", "93%", "13/14", "42.0"], rows
-    assert rows[2].split()[1:] == ["timeout", "0%", "0/0", "0.0"], rows
+    assert rows[2].split()[1:] == ["timeout", "0%", "0/14", "0.0"], rows
+    assert rows[3].split()[1:] == ["import", "error", "0%", "0/14", "0.0"], rows
+    assert len({row.index("%") for row in rows[1:4]}) == 1, rows  # the columns line up
     assert failure.splitlines()[0] in text and "at pool.py:12 in touch" in text
-    assert max(len(row) for row in rows[:3]) < 100
+    assert max(len(row) for row in rows[:4]) < 100
 
 
 def test_a_wrong_exception_type_names_the_line_that_raised_it(tmp_path):

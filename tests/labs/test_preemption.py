@@ -9,7 +9,7 @@ import pytest
 
 from minengine import EngineConfig, LLMEngine
 from minengine.core.step_builder import StepBuilder
-from minengine.labs import LabFailure
+from minengine.labs import LabFailure, grade
 from minengine.labs.end_to_end import WORKLOADS, engine_matches_transformers, run_workload
 from minengine.labs.loading import load_submission
 from minengine.labs.preemption_lab import LabPreemption, check_random_workloads
@@ -34,6 +34,9 @@ WRONG = {  # bug -> (the stage that catches it first, words of the failure)
     "request_not_stopped": ("unit", "r0 is its own victim: it must be preempted (waiting again) and the call "
                                     "return False; got True"),
     "preempt_once": ("unit", "both must be preempted (r2, then r1: keep preempting while the slots do not fit)"),
+    "drops_output_tokens": ("unit", "r1's generated tokens must stay: they were [7], now []. Preemption by recompute "
+                                    "drops K/V, not tokens"),
+    "records_request": ("unit", "step.out.preempted_ids must be ['r1'], got [a Request object (r1), not its id]"),
 }
 
 
@@ -59,12 +62,32 @@ def test_wrong_implementation_fails(bug):
     ("leaks_blocks", "the waiting (preempted) request"),
     ("computed_not_reset", "computed tokens: preemption by recompute frees all its blocks and resets its progress"),
     ("victim_already_scheduled", "the engine's preemption scheduled"),
-    ("newest_not_policy", "the engine's preemption scheduled"),
+    ("newest_not_policy", "the engine asked the policy 'oldest-victim' (each workload runs under a policy the grader "
+                          "draws: your pick_victim must ask step.policy, whichever it is) for a victim among the "
+                          "candidates, the running requests not yet scheduled in this step in admission order: among "
+                          "r2, r0 it picks r2. Its rule: the oldest candidate"),
+    ("records_request", "preempted [a Request object (r1), not its id]"),
+    ("drops_output_tokens", "the engine's preemption scheduled"),
 ])
 def test_property_stage_alone_catches(bug, words):
     """Random workloads against the engine's own scheduler find these bugs without the unit checks."""
     with pytest.raises(LabFailure, match=re.escape(words)):
         check_random_workloads(load_submission(wrong_files(LAB)[bug]))
+
+
+def test_a_message_never_prints_a_whole_request():
+    """A Request where its id belongs is named in a few words, whichever stage finds it (its repr is ~1,500
+    characters)."""
+    from minengine.labs.preemption_lab import shown
+
+    report = grade(LAB, wrong_files(LAB)["records_request"])
+    assert "Request(" not in report.first_failure.message and len(report.first_failure.message) < 300
+    with pytest.raises(LabFailure) as failure:
+        check_random_workloads(load_submission(wrong_files(LAB)["records_request"]))
+    assert "Request(" not in str(failure.value) and "Why the engine's victims" not in str(failure.value)
+    request = Request("r9", [1, 2], SamplingParams(), 0.0)
+    assert len(repr(request)) > 300 and shown([request, "r1", (request,)]) == (
+        "[a Request object (r9), not its id, 'r1', [a Request object (r9), not its id]]")
 
 
 def test_end_to_end_alone_catches_a_lost_request():
@@ -145,7 +168,6 @@ def test_a_preemption_loop_that_never_ends_is_stopped_with_words(tmp_path):
     """A preempt that gives nothing back would make allocate_or_preempt loop forever: the grader stops it."""
     from pathlib import Path
 
-    from minengine.labs import grade
     from minengine.labs.solutions import preemption as reference
 
     source = Path(reference.__file__).read_text()
