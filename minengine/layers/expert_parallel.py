@@ -88,10 +88,10 @@ class ExpertParallelMoeBlock(nn.Module):
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)  # the pairs by expert, so by the rank that holds it
         loads = torch.bincount(flat, minlength=self.num_experts)
-        self.tp.expert_loads.append(loads.tolist())
-        rows = dispatch_and_combine(mine[order // self.top_k], loads, self.experts, self.tp)
-        y = torch.empty_like(rows)
-        y[order] = rows  # back to (token, slot) order, as moe_grouped
+        self.tp.expert_loads.append(loads.tolist())  # reported per step: they set what the all-to-alls move
+        outputs = dispatch_and_combine(mine[order // self.top_k], loads, self.experts, self.tp)
+        y = torch.empty_like(outputs)
+        y[order] = outputs  # back to (token, slot) order, as moe_grouped
         y = y * weights.reshape(-1, 1).to(x.dtype)
         return gather_tokens(y.view(end - start, self.top_k, x.shape[1]).sum(dim=1), x.shape[0], self.tp)
 
@@ -117,8 +117,8 @@ def run_local_experts(rows: torch.Tensor, counts: torch.Tensor, experts: LocalEx
     order = torch.argsort(expert_of_row, stable=True)  # an expert's rows, in rank order, so in token order
     ends = counts.sum(dim=0).cumsum(0).to(torch.int32)
     sorted_rows = rows[order]
-    hidden = F.silu(grouped_linear(sorted_rows, experts.gate_proj, ends)) * grouped_linear(sorted_rows,
-                                                                                         experts.up_proj, ends)
+    gate = grouped_linear(sorted_rows, experts.gate_proj, ends)
+    hidden = F.silu(gate) * grouped_linear(sorted_rows, experts.up_proj, ends)
     out = torch.empty_like(rows)
     out[order] = grouped_linear(hidden, experts.down_proj, ends)
     return out

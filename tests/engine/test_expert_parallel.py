@@ -14,8 +14,8 @@ import pytest
 
 from minengine import LLM, SamplingParams
 from minengine.models.moe import moe_settings
-from minengine.timing.cost_model import StepWork
 from minengine.timing import traffic_of_routing
+from minengine.timing.cost_model import StepWork
 from tests.engine.test_tensor_parallel import WORKLOAD, assert_same_greedy, children, generate, workload_prompts
 
 EP2 = dict(tensor_parallel_size=2, enable_expert_parallel=True, **WORKLOAD)
