@@ -38,7 +38,7 @@ _EXPORTS = {
     "bundled_shape": "minengine.timing.model_shape", "get_model_shape": "minengine.timing.model_shape",
     "ExpertParallelTraffic": "minengine.timing.expert_parallel",
     "expected_all_to_all_bytes": "minengine.timing.expert_parallel",
-    "traffic_of_routing": "minengine.timing.expert_parallel",
+    "traffic_of_routing": "minengine.timing.expert_parallel", "traffic_of_step": "minengine.timing.expert_parallel",
 }
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
     "ExpertParallelTraffic", "Hardware", "MeasuredClock", "ModelShape", "ModelledClock", "RequestWork", "StepCost",
     "StepCostModel", "StepWork", "WallClock", "as_clock", "bundled_shape", "calibrate", "clock_factory",
     "engine_shape", "expected_all_to_all_bytes", "fit_hardware", "get_engine", "get_hardware", "get_model_shape",
-    "make_clock", "traffic_of_routing",
+    "make_clock", "traffic_of_routing", "traffic_of_step",
 ]
 
 

@@ -11,7 +11,8 @@ one layer of T tokens, k experts each, over N ranks, with ``b`` bytes per activa
     gather             N x ceil(T / N) x H x b  (the gathered result, as ``TensorParallelGroup`` counts it)
 
 ``traffic_of_routing`` gives these exactly from a layer's routing (how many pairs each rank sent to each expert:
-``TensorParallelGroup.expert_loads``); ``expected_all_to_all_bytes`` the model's count when routing is spread
+``TensorParallelGroup.expert_loads``), ``traffic_of_step`` summed over a step's MoE layers;
+``expected_all_to_all_bytes`` the model's count when routing is spread
 evenly over the experts: a fraction (N - 1) / N of the T k rows leaves its rank, T k H b (N - 1) / N bytes per
 direction over all ranks (the counts not included). An unbalanced routing moves more or less than that and, worse,
 makes the rank with the hottest experts set the step.
@@ -68,6 +69,22 @@ def traffic_of_routing(loads: Sequence[Sequence[int]], num_tokens: int, hidden_s
         out.append(ExpertParallelTraffic(sent * row_bytes + (ranks - 1) * local * COUNT_BYTES,
                                          returned * row_bytes, gather))
     return out
+
+
+def traffic_of_step(loads_by_rank: Sequence[Sequence[Sequence[int]]], num_tokens: int, hidden_size: int,
+                    dtype_bytes: int) -> list[ExpertParallelTraffic]:
+    """Each rank's ``ExpertParallelTraffic`` summed over one step's MoE layers: ``loads_by_rank[r]`` is rank r's
+    ``expert_loads`` of the step (one row of E counts per MoE layer, as its ``WorkerReply`` reports them); the
+    other arguments as ``traffic_of_routing``'s. What each rank's all-to-all and MoE all-gather bytes of the step
+    must equal. Raises ``ValueError`` as ``traffic_of_routing``, or when the ranks ran different numbers of layers."""
+    layers = {len(loads) for loads in loads_by_rank}
+    if len(layers) != 1:
+        raise ValueError(f"every rank must report the same MoE layers, got {sorted(layers)} layers")
+    per_layer = [traffic_of_routing([loads[i] for loads in loads_by_rank], num_tokens, hidden_size, dtype_bytes)
+                 for i in range(layers.pop())]
+    return [ExpertParallelTraffic(*(sum(getattr(t[r], name) for t in per_layer)
+                                    for name in ("dispatch_bytes", "combine_bytes", "gather_bytes")))
+            for r in range(len(loads_by_rank))]
 
 
 def expected_all_to_all_bytes(num_tokens: int, top_k: int, hidden_size: int, dtype_bytes: int,

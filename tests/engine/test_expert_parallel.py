@@ -4,7 +4,7 @@ Random-weight Mixtral (4 experts, top-2) and Qwen3-MoE (8 experts, top-2, a dens
 ``tensor_parallel_size=2, enable_expert_parallel=True``: greedy tokens equal one process's through chunked prefill,
 prefix-cache hits and preemptions (a float32 all-reduce adds in another order: a token may differ only at a
 near-tie, ``test_tensor_parallel.assert_same_greedy``). Every step, every rank's all-to-all bytes equal
-``timing.expert_parallel.traffic_of_routing`` of the routing the ranks report, and the routed pairs are the step's
+``timing.expert_parallel.traffic_of_step`` of the routing the ranks report, and the routed pairs are the step's
 tokens times top-k. Bad combinations are ValueErrors naming ``enable_expert_parallel`` before any process starts.
 """
 
@@ -14,7 +14,7 @@ import pytest
 
 from minengine import LLM, SamplingParams
 from minengine.models.moe import moe_settings
-from minengine.timing import traffic_of_routing
+from minengine.timing import traffic_of_step
 from minengine.timing.cost_model import StepWork
 from tests.engine.test_tensor_parallel import WORKLOAD, assert_same_greedy, children, generate, workload_prompts
 
@@ -29,7 +29,7 @@ def stream() -> list[int]:
 
 
 def check_collectives_of_each_step(llm: LLM) -> None:
-    """Two requests stepped one step at a time: every rank's all-to-all bytes equal ``traffic_of_routing`` of the
+    """Two requests stepped one step at a time: every rank's all-to-all bytes equal ``traffic_of_step`` of the
     loads all ranks routed (per MoE layer), the loads add up to the step's tokens x top-k, and the all-gathers
     are one per MoE layer (plus the LM head's when a row samples)."""
     engine = llm.llm_engine
@@ -42,16 +42,16 @@ def check_collectives_of_each_step(llm: LLM) -> None:
         engine.step()
         trace, replies = engine.traces[-1], engine.runner.last_replies
         tokens = StepWork.from_step_trace(trace).num_tokens
-        traffic = [traffic_of_routing([reply.expert_loads[layer] for reply in replies], tokens, hidden, 4)
-                   for layer in range(sparse)]
+        traffic = traffic_of_step([reply.expert_loads for reply in replies], tokens, hidden, 4)
         for layer in range(sparse):
-            assert sum(map(sum, (reply.expert_loads[layer] for reply in replies))) == tokens * moe.top_k
+            assert sum(reply.expert_loads[layer][e] for reply in replies for e in range(moe.num_experts)) \
+                == tokens * moe.top_k
         rows = sum(c.sampled for c in trace.chunks)
         for rank, reply in enumerate(replies):
             assert len(reply.expert_loads) == sparse
             assert reply.num_all_to_alls == 3 * sparse  # counts, dispatch, combine
-            assert reply.all_to_all_bytes == sum(t[rank].all_to_all_bytes for t in traffic), f"step {trace.step}"
-            gathered = sum(t[rank].gather_bytes for t in traffic) + rows * cfg.vocab_size * 4
+            assert reply.all_to_all_bytes == traffic[rank].all_to_all_bytes, f"step {trace.step}"
+            gathered = traffic[rank].gather_bytes + rows * cfg.vocab_size * 4
             assert (reply.num_all_gathers, reply.all_gather_bytes) == (sparse + (rows > 0), gathered)
             # attention's o_proj in every layer, and a dense layer's down_proj (tensor-parallel as before)
             assert reply.num_all_reduces == 2 * cfg.num_hidden_layers - sparse

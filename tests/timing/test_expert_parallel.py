@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minengine.timing.expert_parallel import expected_all_to_all_bytes, traffic_of_routing
+from minengine.timing.expert_parallel import expected_all_to_all_bytes, traffic_of_routing, traffic_of_step
 
 
 def test_a_hand_counted_routing():
@@ -47,3 +47,16 @@ def test_malformed_loads_are_value_errors():
         traffic_of_routing([[1, 2, 3], [1, 2, 3]], 3, 4, 4)
     with pytest.raises(ValueError, match="N rows of E counts"):
         traffic_of_routing([[1, 2], [1, 2, 3, 4]], 3, 4, 4)
+
+
+def test_a_step_sums_its_layers_per_rank():
+    layer_a = [[2, 1, 1, 0], [0, 1, 0, 1]]
+    layer_b = [[0, 0, 4, 4], [4, 4, 0, 0]]
+    a, b = traffic_of_routing(layer_a, 3, 8, 4), traffic_of_routing(layer_b, 3, 8, 4)
+    step = traffic_of_step([[layer_a[r], layer_b[r]] for r in range(2)], 3, 8, 4)
+    for r in range(2):
+        assert step[r].dispatch_bytes == a[r].dispatch_bytes + b[r].dispatch_bytes
+        assert step[r].combine_bytes == a[r].combine_bytes + b[r].combine_bytes
+        assert step[r].gather_bytes == a[r].gather_bytes + b[r].gather_bytes
+    with pytest.raises(ValueError, match="same MoE layers"):
+        traffic_of_step([[layer_a[0]], [layer_a[1], layer_b[1]]], 3, 8, 4)
