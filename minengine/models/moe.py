@@ -16,7 +16,8 @@ architecture    experts, per token      expert size                gate weights 
 Qwen3-MoE can also keep dense layers: layer i is sparse when i is not in ``mlp_only_layers`` and (i + 1) is a
 multiple of ``decoder_sparse_step``; a dense layer's MLP has ``intermediate_size`` features. Neither architecture
 has shared experts (an expert every token goes through, as in Qwen2-MoE or DeepSeek-V2/V3), so none is built.
-The checkpoints store each expert as three linear layers; ``models/moe_checkpoint.py`` stacks them.
+The checkpoints store each expert as three linear layers; ``models/moe_checkpoint.py`` stacks them. Over several
+ranks (``expert_parallel``) a sparse layer is an ``ExpertParallelMoeBlock`` (``layers/expert_parallel.py``).
 """
 
 from __future__ import annotations
