@@ -208,6 +208,11 @@ class EngineConfig:
         tensor_parallel_size: vLLM's name: split the model over this many ranks, one worker process each
             (Megatron-style; README "Tensor parallelism"); on the CPU each rank needs its own core (see
             ``allow_cpu_oversubscription``), on CUDA its own GPU. The heads (and the MLP width) must divide by it.
+        enable_expert_parallel: vLLM's name: with ``tensor_parallel_size`` N > 1 on a mixture-of-experts model,
+            split its experts over the N ranks (rank r holds experts ``[r E/N, (r+1) E/N)``) and send each token to
+            its experts' ranks and back by all-to-all (``layers/expert_parallel.py``); attention stays
+            tensor-parallel. A MoE model at N > 1 needs it; a dense model, or E not divisible by N, is refused when
+            the model is read. At N = 1 a MoE model runs as without it.
         distributed_executor_backend: vLLM's name: ``"mp"`` (worker processes, ``minengine.executor``) or
             ``"uni"`` (the model in this process; world size 1 without async scheduling); None = "uni" when
             ``tensor_parallel_size`` is 1 and ``async_scheduling`` off, else "mp".
@@ -275,6 +280,7 @@ class EngineConfig:
     served_model_name: str | None = None
     logits_processors: list | None = None
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     distributed_executor_backend: str | None = None
     async_scheduling: bool = False
     allow_cpu_oversubscription: bool = False
@@ -353,7 +359,7 @@ class EngineConfig:
         from minengine.distributed import check_cpu_cores
 
         _positive("tensor_parallel_size", self.tensor_parallel_size)
-        for name in ("async_scheduling", "allow_cpu_oversubscription"):
+        for name in ("async_scheduling", "allow_cpu_oversubscription", "enable_expert_parallel"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         backend, tp = self.distributed_executor_backend, self.tensor_parallel_size

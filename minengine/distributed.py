@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import gc
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -43,6 +44,11 @@ class TensorParallelGroup:
             (``executor/worker.py``), and a test compares them with what ``StepCostModel`` charges.
         num_all_gathers, all_gather_bytes: the same for all-gathers (the LM head's logits); the bytes are those
             of the gathered result (every rank's tensor).
+        num_all_to_alls, all_to_all_bytes: the same for all-to-alls (expert parallelism's dispatch and combine,
+            ``layers/expert_parallel.py``); the bytes are those this rank sent to the other ranks (what it keeps
+            for itself does not travel), so they differ between ranks.
+        expert_loads: per MoE layer run since the reset, the (token, expert) pairs this rank routed to each
+            expert (E counts); they set the all-to-alls' sizes (``timing/expert_parallel.py`` prices them).
     """
 
     rank: int = 0
@@ -52,6 +58,9 @@ class TensorParallelGroup:
     all_reduce_bytes: int = 0
     num_all_gathers: int = 0
     all_gather_bytes: int = 0
+    num_all_to_alls: int = 0
+    all_to_all_bytes: int = 0
+    expert_loads: list = field(default_factory=list)
 
     def all_reduce(self, x):
         """Sum ``x`` (any shape, any float dtype) over the ranks, in place; returns ``x``. No-op at world size 1.
@@ -82,6 +91,22 @@ class TensorParallelGroup:
         self.all_gather_bytes += self.world_size * x.numel() * x.element_size()
         return parts
 
+    def all_to_all(self, x, send_rows: list[int], recv_rows: list[int]):
+        """Send rows ``x[sum(send_rows[:j]) : sum(send_rows[:j + 1])]`` to rank j; returns the rows received,
+        rank 0's first: ``[sum(recv_rows), *x.shape[1:]]``, ``recv_rows[j]`` from rank j (which must be what
+        rank j sends here). ``x`` [sum(send_rows), ...] any dtype; at world size 1 ``x`` itself."""
+        if self.world_size == 1:
+            return x
+        import torch.distributed as dist
+
+        x = x.contiguous()
+        out = x.new_empty((sum(recv_rows), *x.shape[1:]))
+        dist.all_to_all_single(out, x, recv_rows, send_rows, group=self.process_group)
+        row_bytes = math.prod(x.shape[1:]) * x.element_size()  # also for a rank that sends no row
+        self.num_all_to_alls += 1
+        self.all_to_all_bytes += (sum(send_rows) - send_rows[self.rank]) * row_bytes
+        return out
+
     def all_reduce_max(self, x):
         """The elementwise maximum of ``x`` over the ranks, in place; returns ``x`` (load time: not counted)."""
         if self.world_size > 1:
@@ -92,6 +117,8 @@ class TensorParallelGroup:
 
     def reset_counters(self) -> None:
         self.num_all_reduces = self.all_reduce_bytes = self.num_all_gathers = self.all_gather_bytes = 0
+        self.num_all_to_alls = self.all_to_all_bytes = 0
+        self.expert_loads = []
 
     def shard_range(self, size: int) -> tuple[int, int]:
         """This rank's ``[start, end)`` of ``size`` items split as evenly as possible (the first ``size % tp``

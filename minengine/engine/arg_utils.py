@@ -19,7 +19,7 @@ None for block_size, ...   the engine's default (vLLM's ``None`` defaults: block
                            max_num_seqs, enable_chunked_prefill, enable_prefix_caching; seed None or -1 = 0,
                            the seed vLLM V1 initializes)
 tensor_parallel_size       ``EngineConfig.tensor_parallel_size`` (worker processes; also
-                           ``distributed_executor_backend``, ``async_scheduling``)
+                           ``distributed_executor_backend``, ``async_scheduling``, ``enable_expert_parallel``)
 pipeline_parallel_size...  must be 1; cpu_offload_gb 0
 quantization               ``EngineConfig.quantization``: None or "int8" (weight-only); "experts_int8" (vLLM's
                            name for the same per-output-channel int8 weights) is taken as "int8"

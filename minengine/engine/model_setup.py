@@ -56,7 +56,8 @@ def load_model(config: EngineConfig, runner=None) -> LoadedModel:
     if executor_backend(config) == "mp":
         return _read_model_config(config, device, kv_dtype)
     model, hf_config, model_path = load_model(config.model, dtype, device, config.revision,
-                                              config.trust_remote_code, config.quantization)
+                                              config.trust_remote_code, config.quantization,
+                                              expert_parallel=config.enable_expert_parallel)
     tokenizer = load_tokenizer(config.tokenizer or model_path, required=config.tokenizer is not None,
                                revision=config.revision if config.tokenizer else None,
                                trust_remote_code=config.trust_remote_code)
@@ -74,7 +75,7 @@ def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> Loa
     model_path = resolve_model_path(config.model, config.revision)
     cfg = load_config(model_path, config.trust_remote_code)
     tp = config.tensor_parallel_size
-    check_model_config(cfg, model_path, tp, config.quantization)
+    check_model_config(cfg, model_path, tp, config.quantization, config.enable_expert_parallel)
     check_tensor_parallel_size(tp, cfg, device, config.allow_cpu_oversubscription)
     tokenizer = load_tokenizer(config.tokenizer or model_path, required=config.tokenizer is not None,
                                revision=config.revision if config.tokenizer else None,

@@ -51,4 +51,5 @@ def make_executor(config, model, hf_config, model_path, device: str, num_blocks:
                              config.block_size, num_swap_blocks=num_swap_blocks, seed=config.seed,
                              max_num_seqs=config.max_num_seqs, num_threads=num_threads,
                              timeout_s=config.execute_model_timeout_s, kv_cache_dtype=config.kv_cache_dtype,
-                             quantization=config.quantization, attention_backend=config.attention_backend)
+                             quantization=config.quantization, attention_backend=config.attention_backend,
+                             expert_parallel=config.enable_expert_parallel)

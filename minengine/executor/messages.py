@@ -127,8 +127,11 @@ class WorkerReply:
         digest: ``tokens_digest`` of this rank's sampled tokens (the driver checks all ranks agree).
         logprobs, prompt_logprobs: rank 0 only: ``ModelRunner.last_logprobs`` / ``last_prompt_logprobs``.
         swap_time_s: seconds of KV block copies to / from the swap space (rank 0's).
-        num_all_reduces, all_reduce_bytes, num_all_gathers, all_gather_bytes: the collectives this rank ran in
-            the step (``TensorParallelGroup``).
+        num_all_reduces, all_reduce_bytes, num_all_gathers, all_gather_bytes, num_all_to_alls,
+            all_to_all_bytes: the collectives this rank ran in the step (``TensorParallelGroup``; all-to-all bytes
+            are those this rank sent to the others).
+        expert_loads: expert parallelism: per MoE layer run in the step, the (token, expert) pairs this rank
+            routed to each expert (``TensorParallelGroup.expert_loads``); empty otherwise.
         execute_time_s: wall seconds from receiving the step to having its tokens (decode, inputs, forward,
             sampling), measured in the worker.
         started_at, finished_at: the same span in ``time.monotonic()`` seconds (one system-wide clock on Linux,
@@ -146,6 +149,9 @@ class WorkerReply:
     all_reduce_bytes: int = 0
     num_all_gathers: int = 0
     all_gather_bytes: int = 0
+    num_all_to_alls: int = 0
+    all_to_all_bytes: int = 0
+    expert_loads: list = field(default_factory=list)
     execute_time_s: float = 0.0
     started_at: float = 0.0
     finished_at: float = 0.0

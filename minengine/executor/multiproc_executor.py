@@ -57,6 +57,7 @@ class MultiprocExecutor:
         timeout_s: longest wait for one step's answers (and the collectives' timeout in the workers).
         kv_cache_dtype, quantization: ``EngineConfig``'s (each worker quantizes its own shard).
         attention_backend: ``EngineConfig``'s (each worker's ``ModelRunner`` resolves it).
+        expert_parallel: ``EngineConfig.enable_expert_parallel`` (each worker loads its experts only).
 
     Attributes:
         device, dtype: where and in what dtype the workers compute (as ``ModelRunner.device`` / ``.dtype``).
@@ -74,7 +75,7 @@ class MultiprocExecutor:
     def __init__(self, model_path: str, hf_config, dtype: str, device: str, world_size: int, num_blocks: int,
                  block_size: int, num_swap_blocks: int = 0, seed: int = 0, max_num_seqs: int = 512,
                  num_threads: int = 1, timeout_s: float = 300.0, kv_cache_dtype: str = "auto",
-                 quantization: str | None = None, attention_backend: str = "auto"):
+                 quantization: str | None = None, attention_backend: str = "auto", expert_parallel: bool = False):
         import torch
         import torch.distributed as dist
 
@@ -102,7 +103,7 @@ class MultiprocExecutor:
                               block_size=block_size, num_swap_blocks=num_swap_blocks, seed=seed,
                               max_num_seqs=max_num_seqs, num_threads=num_threads, timeout_s=timeout_s,
                               kv_cache_dtype=kv_cache_dtype, quantization=quantization,
-                              attention_backend=attention_backend,
+                              attention_backend=attention_backend, expert_parallel=expert_parallel,
                               minengine_dir=str(Path(minengine.__file__).resolve().parent))
         self._procs, self._conns = [], []
         self._stop = weakref.finalize(self, _stop_workers, self._procs, self._conns)

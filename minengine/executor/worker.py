@@ -53,6 +53,7 @@ class WorkerConfig:
             (a different ``sys.path``) refuses to start.
         kv_cache_dtype, quantization, attention_backend: ``EngineConfig``'s ("auto" / "fp8"; None / "int8";
             "auto" / "reference" / "cpu" / "triton").
+        expert_parallel: ``EngineConfig.enable_expert_parallel`` (the worker loads its experts only).
     """
 
     model_path: str
@@ -74,6 +75,7 @@ class WorkerConfig:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     attention_backend: str = "auto"
+    expert_parallel: bool = False
 
 
 def worker_main(rank: int, config: WorkerConfig, conn) -> None:
@@ -138,7 +140,7 @@ def _start(rank: int, config: WorkerConfig):
 
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[config.dtype]
     model, _, _ = load_model(config.model_path, dtype, device, quantization=config.quantization, tp=group,
-                             hf_config=config.hf_config)
+                             hf_config=config.hf_config, expert_parallel=config.expert_parallel)
     # No CUDA graphs with tp > 1: a replayed graph would not run the Python all-reduce counters, and NCCL
     # collectives inside captured graphs are not tested here.
     runner = ModelRunner(model, config.num_blocks, config.block_size, seed=config.seed,
@@ -172,7 +174,8 @@ def _serve(rank: int, runner, group, conn) -> bool:
                                 runner.last_logprobs if rank == 0 else {},
                                 runner.last_prompt_logprobs if rank == 0 else {}, runner.last_swap_time_s,
                                 group.num_all_reduces, group.all_reduce_bytes, group.num_all_gathers,
-                                group.all_gather_bytes)
+                                group.all_gather_bytes, group.num_all_to_alls, group.all_to_all_bytes,
+                                group.expert_loads)
             reply.started_at, reply.finished_at = t0, time.monotonic()
             reply.execute_time_s = reply.finished_at - t0
         except BaseException:

@@ -86,14 +86,15 @@ def load_config(path: Path, trust_remote_code: bool = False):
 
 
 def check_model_config(hf_config, path: Path, tensor_parallel_size: int = 1,
-                       quantization: str | None = None) -> ModelSpec:
+                       quantization: str | None = None, expert_parallel: bool = False) -> ModelSpec:
     """The ``ModelSpec`` of a supported config (``models/registry.py``); builds the model on the meta device (no
     memory) to check that the config's sizes make one.
 
     Raises:
         ValueError: unknown architecture, a malformed sliding window (``layer_windows``), a window on a
             mixture-of-experts model, sizes that build no model, a ``tensor_parallel_size`` > 1 or a
-            ``quantization`` the architecture does not support.
+            ``quantization`` the architecture does not support; ``expert_parallel`` on a dense model, or with
+            experts that do not divide by ``tensor_parallel_size`` (each naming ``enable_expert_parallel``).
     """
     spec = model_spec(hf_config)
     model_type = hf_config.model_type
@@ -101,14 +102,28 @@ def check_model_config(hf_config, path: Path, tensor_parallel_size: int = 1,
             model_type == "mixtral" and getattr(hf_config, "sliding_window", None))):
         raise ValueError(f"sliding-window attention is not supported for {model_type} models (minengine's "
                          "windowed attention covers dense models)")
-    if tensor_parallel_size > 1 and not spec.tensor_parallel:
-        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} is not supported for {model_type} models "
-                         f"(minengine does not split a mixture-of-experts model's experts across ranks)")
+    if expert_parallel:
+        _check_expert_parallel(hf_config, spec, tensor_parallel_size)
+    elif tensor_parallel_size > 1 and not spec.tensor_parallel:
+        raise ValueError(f"tensor_parallel_size={tensor_parallel_size} on a {model_type} model needs "
+                         f"enable_expert_parallel=True (minengine splits a mixture-of-experts model's experts "
+                         f"across ranks; it does not shard each expert's weights)")
     if quantization is not None and not spec.quantizable:
         raise ValueError(f"quantization={quantization!r} is not supported for {model_type} models (int8 covers "
                          f"linear layers; a mixture-of-experts model's experts would stay unquantized)")
     _build_on_meta(hf_config, path, spec, None)
     return spec
+
+
+def _check_expert_parallel(hf_config, spec: ModelSpec, tensor_parallel_size: int) -> None:
+    """``enable_expert_parallel`` needs a MoE architecture whose experts divide by the ranks (ValueError)."""
+    if not spec.expert_parallel:
+        raise ValueError(f"enable_expert_parallel=True needs a mixture-of-experts model; {hf_config.model_type} "
+                         f"is dense (it has no experts to split)")
+    from minengine.layers.expert_parallel import check_expert_split
+    from minengine.models.moe import moe_settings
+
+    check_expert_split(moe_settings(hf_config).num_experts, tensor_parallel_size)
 
 
 class _SkipInit(TorchFunctionMode):
@@ -134,11 +149,13 @@ def model_class(hf_config, spec: ModelSpec | None = None) -> type[LlamaForCausal
     return WindowedLlamaForCausalLM
 
 
-def _build_on_meta(hf_config, path: Path, spec: ModelSpec, tp: TensorParallelGroup | None) -> LlamaForCausalLM:
+def _build_on_meta(hf_config, path: Path, spec: ModelSpec, tp: TensorParallelGroup | None,
+                   expert_parallel: bool = False) -> LlamaForCausalLM:
     cls = model_class(hf_config, spec)  # a malformed window is reported as is, before the sizes are tried
+    extra = {"expert_parallel": True} if expert_parallel else {}  # only MoE classes take it
     try:
         with torch.device("meta"), _SkipInit():
-            return cls(hf_config, qkv_bias=spec.qkv_bias, qk_norm=spec.qk_norm, tp=tp)
+            return cls(hf_config, qkv_bias=spec.qkv_bias, qk_norm=spec.qk_norm, tp=tp, **extra)
     except (ArithmeticError, ValueError, TypeError, RuntimeError) as exc:  # e.g. 0 attention heads
         raise ValueError(f"{path / 'config.json'}: cannot build a {hf_config.model_type} model from it "
                          f"({type(exc).__name__}: {exc})") from None
@@ -163,7 +180,7 @@ def shard_state_dict(net: LlamaForCausalLM, state: dict[str, torch.Tensor]) -> d
 def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                revision: str | None = None, trust_remote_code: bool = False,
                quantization: str | None = None, tp: TensorParallelGroup | None = None,
-               hf_config=None) -> tuple[LlamaForCausalLM, object, Path]:
+               hf_config=None, expert_parallel: bool = False) -> tuple[LlamaForCausalLM, object, Path]:
     """Build the model for a checkpoint and load its weights (``revision``, ``trust_remote_code``: as
     transformers', for the hub download and the config; ``quantization="int8"``: the decoder's linear layers
     quantized to int8 weights once loaded, ``layers/quantization.py``).
@@ -171,6 +188,7 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     ``tp``: a ``TensorParallelGroup`` of world size > 1 loads this rank's shard (``shard_state_dict``); a tied
     LM head is then a view of the rank's vocabulary rows of the (replicated) embedding. None = the whole model.
     ``hf_config``: the checkpoint's config when the caller has read it already (a worker gets the driver's).
+    ``expert_parallel``: a MoE model's experts split over ``tp``'s ranks (``layers/expert_parallel.py``).
 
     Returns:
         (model in eval mode on ``device`` with ``dtype`` parameters, the transformers config, the local path).
@@ -178,7 +196,7 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
         ValueError: unknown architecture, a malformed sliding window, a missing or garbled ``config.json``,
             unreadable weight files, weights that do not match the config (the file named), an unknown
             ``quantization``, or a ``quantization`` / ``tp`` of more than one rank the architecture does not
-            support (``models/registry.py``: MoE models).
+            support (``models/registry.py``: MoE models), ``expert_parallel`` as ``check_model_config`` refuses it.
     """
     if quantization is not None:
         from minengine.layers.quantization import QUANTIZATION_METHODS
@@ -188,9 +206,10 @@ def load_model(model: str, dtype: torch.dtype = torch.float32, device: torch.dev
     path = resolve_model_path(model, revision)
     if hf_config is None:
         hf_config = load_config(path, trust_remote_code)
-    spec = check_model_config(hf_config, path, tp.world_size if tp is not None else 1, quantization)
+    spec = check_model_config(hf_config, path, tp.world_size if tp is not None else 1, quantization,
+                              expert_parallel)
     model_type = hf_config.model_type
-    net = _build_on_meta(hf_config, path, spec, tp)
+    net = _build_on_meta(hf_config, path, spec, tp, expert_parallel)
     sharded = tp is not None and tp.world_size > 1
     state = {k: v for k, v in load_state_dict(path).items() if not k.endswith("rotary_emb.inv_freq")}
     state = spec.convert(state, hf_config)

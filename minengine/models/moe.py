@@ -16,7 +16,8 @@ architecture    experts, per token      expert size                gate weights 
 Qwen3-MoE can also keep dense layers: layer i is sparse when i is not in ``mlp_only_layers`` and (i + 1) is a
 multiple of ``decoder_sparse_step``; a dense layer's MLP has ``intermediate_size`` features. Neither architecture
 has shared experts (an expert every token goes through, as in Qwen2-MoE or DeepSeek-V2/V3), so none is built.
-The checkpoints store each expert as three linear layers; ``models/moe_checkpoint.py`` stacks them.
+The checkpoints store each expert as three linear layers; ``models/moe_checkpoint.py`` stacks them. Over several
+ranks (``expert_parallel``) a sparse layer is an ``ExpertParallelMoeBlock`` (``layers/expert_parallel.py``).
 """
 
 from __future__ import annotations
@@ -89,27 +90,40 @@ def moe_settings(cfg) -> MoeSettings:
 
 class MoeForCausalLM(LlamaForCausalLM):
     """A Mixtral or Qwen3-MoE causal LM on a paged KV cache: ``LlamaForCausalLM`` whose sparse layers' MLP is a
-    ``SparseMoeBlock``. Arguments as ``LlamaForCausalLM``'s; ``tp`` must be None or of world size 1 (the experts
-    are not split across ranks).
+    ``SparseMoeBlock``. Arguments as ``LlamaForCausalLM``'s, plus ``expert_parallel``: with a ``tp`` group of more
+    than one rank, attention and dense MLPs are tensor-parallel and each sparse layer is an
+    ``ExpertParallelMoeBlock`` holding this rank's E / N experts (``layers/expert_parallel.py``). A group of more
+    than one rank needs ``expert_parallel`` (the experts' own weights are not split tensor-parallel).
 
     Raises:
-        ValueError: a config ``moe_settings`` rejects, or a tensor-parallel group of more than one rank.
+        ValueError: a config ``moe_settings`` rejects; a group of more than one rank without ``expert_parallel``,
+            or with E not divisible by its size.
     """
 
     # A CUDA graph replays fixed launches, but each MoE layer sizes its experts' runs from the step's routing
     # (counted on the host, ``layers/moe.py``): the runner runs its decode steps eagerly.
     supports_cuda_graphs = False
 
+    def __init__(self, hf_config, qkv_bias: bool = False, qk_norm: bool = False,
+                 tp: TensorParallelGroup | None = None, expert_parallel: bool = False):
+        self.expert_parallel = expert_parallel  # read by decoder_layer, which the parent's constructor calls
+        super().__init__(hf_config, qkv_bias, qk_norm, tp)
+
     def decoder_layer(self, cfg, index: int, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup) -> DecoderLayer:
-        if tp.world_size > 1:
-            raise ValueError("tensor_parallel_size > 1: minengine does not split a mixture-of-experts model across "
-                             "ranks (its experts are not sharded); use tensor_parallel_size=1")
+        if tp.world_size > 1 and not self.expert_parallel:
+            raise ValueError("tensor_parallel_size > 1 on a mixture-of-experts model needs "
+                             "enable_expert_parallel=True (minengine splits the experts across ranks, it does not "
+                             "shard each expert's weights)")
         moe = moe_settings(cfg)
         if index not in moe.sparse_layers:
             return DecoderLayer(cfg, qkv_bias, qk_norm, tp)  # Qwen3-MoE's dense layers: intermediate_size
-        block = SparseMoeBlock(cfg.hidden_size, moe.expert_intermediate_size, moe.num_experts, moe.top_k,
-                               moe.routing, moe.renormalize)
-        return DecoderLayer(cfg, qkv_bias, qk_norm, tp, block)
+        sizes = (cfg.hidden_size, moe.expert_intermediate_size, moe.num_experts, moe.top_k, moe.routing,
+                 moe.renormalize)
+        if tp.world_size > 1:
+            from minengine.layers.expert_parallel import ExpertParallelMoeBlock
+
+            return DecoderLayer(cfg, qkv_bias, qk_norm, tp, ExpertParallelMoeBlock(*sizes, tp))
+        return DecoderLayer(cfg, qkv_bias, qk_norm, tp, SparseMoeBlock(*sizes))
 
 
 def set_moe_implementation(model, name: str) -> int:

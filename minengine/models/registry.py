@@ -27,8 +27,10 @@ class ModelSpec:
         qkv_bias: q/k/v projections have biases (Qwen2). qk_norm: per-head RMSNorm on q and k (Qwen3).
         convert_checkpoint: "module:function" taking (checkpoint tensors by name, the transformers config) and
             returning the tensors by the class's parameter names; None: the names are the same.
-        tensor_parallel: the model can be split over ``tensor_parallel_size`` ranks (False for MoE: its experts
-            are not sharded).
+        tensor_parallel: the model can be split over ``tensor_parallel_size`` ranks tensor-parallel alone (False
+            for MoE: each expert's weights are not sharded).
+        expert_parallel: the model takes ``enable_expert_parallel`` (MoE: its constructor's ``expert_parallel``;
+            its experts split over the ranks, ``layers/expert_parallel.py``).
         quantizable: ``quantization="int8"`` covers every large weight of the model (False for MoE: its experts
             are not ``nn.Linear`` layers, so int8 would leave most of the weights in full precision).
         windowed_attention: a sliding window in the config is honoured (``models/windowed_llama.py``); False for
@@ -40,6 +42,7 @@ class ModelSpec:
     qk_norm: bool = False
     convert_checkpoint: str | None = None
     tensor_parallel: bool = True
+    expert_parallel: bool = False
     quantizable: bool = True
     windowed_attention: bool = True
 
@@ -63,10 +66,10 @@ MODEL_REGISTRY = {
     "mistral": ModelSpec(LLAMA),
     "qwen2": ModelSpec(LLAMA, qkv_bias=True),
     "qwen3": ModelSpec(LLAMA, qk_norm=True),
-    "mixtral": ModelSpec(MOE, convert_checkpoint=MOE_CHECKPOINT, tensor_parallel=False, quantizable=False,
-                         windowed_attention=False),
+    "mixtral": ModelSpec(MOE, convert_checkpoint=MOE_CHECKPOINT, tensor_parallel=False, expert_parallel=True,
+                         quantizable=False, windowed_attention=False),
     "qwen3_moe": ModelSpec(MOE, qk_norm=True, convert_checkpoint=MOE_CHECKPOINT, tensor_parallel=False,
-                           quantizable=False, windowed_attention=False),
+                           expert_parallel=True, quantizable=False, windowed_attention=False),
 }
 
 

@@ -36,14 +36,18 @@ _EXPORTS = {
     "LLAMA_3_8B": "minengine.timing.model_shape", "MODEL_SHAPES": "minengine.timing.model_shape",
     "ModelShape": "minengine.timing.model_shape", "QWEN_2_5_7B": "minengine.timing.model_shape",
     "bundled_shape": "minengine.timing.model_shape", "get_model_shape": "minengine.timing.model_shape",
+    "ExpertParallelTraffic": "minengine.timing.expert_parallel",
+    "expected_all_to_all_bytes": "minengine.timing.expert_parallel",
+    "traffic_of_routing": "minengine.timing.expert_parallel", "traffic_of_step": "minengine.timing.expert_parallel",
 }
 
 __all__ = [
     "CLOCK_KINDS", "ENGINES", "HARDWARE", "LLAMA_2_70B", "LLAMA_2_7B", "LLAMA_3_70B", "LLAMA_3_8B", "MODEL_SHAPES",
     "QWEN_2_5_7B", "CalibrationPoint", "CalibrationResult", "CallableClock", "Clock", "ClockSpec", "EngineProfile",
-    "Hardware", "MeasuredClock", "ModelShape", "ModelledClock", "RequestWork", "StepCost", "StepCostModel",
-    "StepWork", "WallClock", "as_clock", "bundled_shape", "calibrate", "clock_factory", "engine_shape",
-    "fit_hardware", "get_engine", "get_hardware", "get_model_shape", "make_clock",
+    "ExpertParallelTraffic", "Hardware", "MeasuredClock", "ModelShape", "ModelledClock", "RequestWork", "StepCost",
+    "StepCostModel", "StepWork", "WallClock", "as_clock", "bundled_shape", "calibrate", "clock_factory",
+    "engine_shape", "expected_all_to_all_bytes", "fit_hardware", "get_engine", "get_hardware", "get_model_shape",
+    "make_clock", "traffic_of_routing", "traffic_of_step",
 ]
 
 

@@ -80,7 +80,7 @@ def test_what_the_loader_refuses(random_mixtral, tmp_path):
     from minengine.models.loader import load_config
 
     cfg = load_config(Path(random_mixtral))
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported for mixtral"):
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 on a mixtral model needs enable_expert_parallel=True"):
         check_model_config(cfg, Path(random_mixtral), tensor_parallel_size=2)
     windowed = _copy_with_config(random_mixtral, tmp_path / "windowed", sliding_window=32)
     with pytest.raises(ValueError, match="sliding-window"):
@@ -99,10 +99,10 @@ def test_a_qwen3_moe_sparse_step_below_one_is_refused(random_qwen3_moe, tmp_path
         load_model(zero)
 
 
-def test_a_tensor_parallel_moe_engine_is_refused_before_workers_start(random_mixtral):
+def test_a_tensor_parallel_moe_engine_without_expert_parallel_is_refused_before_workers_start(random_mixtral):
     from minengine import LLM
 
-    with pytest.raises(ValueError, match="tensor_parallel_size=2 is not supported for mixtral"):
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 on a mixtral model needs enable_expert_parallel=True"):
         LLM(random_mixtral, tensor_parallel_size=2, allow_cpu_oversubscription=True)
 
 
