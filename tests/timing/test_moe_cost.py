@@ -163,3 +163,38 @@ def test_mixtral_8x7b_int8_batch_1_against_baseten_a100():
     modelled = 128 / total
     assert modelled == pytest.approx(BASETEN_TOKENS_PER_S, rel=0.25)
     assert modelled > BASETEN_TOKENS_PER_S and ttft < BASETEN_TTFT_S  # the model is optimistic, as reported
+
+
+def test_exact_balanced_routing_equals_the_uniform_expectation_once_every_expert_is_hit():
+    """64 tokens x top-2 over 8 experts, 16 each: the exact path (each expert its own GEMM) and the expected path
+    (E experts sharing the pairs evenly) price the same step, with and without EP."""
+    for tp, ep in ((1, False), (2, False), (4, True)):
+        m = StepCostModel("h100", MIXTRAL_8X7B, tp=tp, expert_parallel=ep)
+        work = [(1, 500, 1)] * 64
+        exact = m.cost(StepWork.of(work, expert_loads=[(16,) * 8] * 32))
+        expected = m.cost(work)
+        assert expected.experts_hit == pytest.approx(exact.experts_hit, rel=1e-6)
+        assert expected.time_s == pytest.approx(exact.time_s, rel=1e-6)
+        assert expected.weight_bytes == pytest.approx(exact.weight_bytes, rel=1e-6)
+
+
+def test_a_modelled_clock_on_a_moe_shape_prices_the_step_by_its_experts(random_qwen3_moe):
+    """An engine on the random Qwen3-MoE checkpoint, timed as Qwen3-30B-A3B on an H100: every step's time is the
+    cost model's, and the shape read from the checkpoint is a MoE with its dense layer."""
+    from minengine import LLMEngine, SamplingParams
+    from minengine.config import EngineConfig
+    from minengine.timing import make_clock
+    from tests.conftest import drain
+
+    shape = ModelShape.from_hf_config(random_qwen3_moe)
+    assert shape.is_moe and shape.num_experts == 8 and shape.sparse_layers == 2 and shape.qk_norm
+    clock = make_clock("modelled", hardware="h100", model="qwen3-30b-a3b")
+    engine = LLMEngine(EngineConfig(model=random_qwen3_moe, max_model_len=256), clock=clock)
+    for i in range(3):
+        engine.add_request(f"r{i}", {"prompt_token_ids": list(range(3, 40 + i))},
+                           SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    drain(engine)
+    costs = clock.costs
+    assert len(costs) == len(engine.traces) and all(c.experts_hit > 0 for c in costs)
+    model = StepCostModel("h100", "qwen3-30b-a3b")
+    assert [c.time_s for c in costs] == [model.cost(StepWork.from_step_trace(t)).time_s for t in engine.traces]
