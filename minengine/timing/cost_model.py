@@ -310,9 +310,9 @@ class StepCostModel:
 
     @property
     def label(self) -> str:
-        """For figure titles: "modelled: H100 SXM, Llama-3-8B shapes" (+ ", TP 4"; + the engine when it is not
-        the hardware's default, e.g. ", cuda-graph engine")."""
-        tp = f", TP {self.tp}" if self.tp > 1 else ""
+        """For figure titles: "modelled: H100 SXM, Llama-3-8B shapes" (+ ", TP 4", or ", EP 4" with
+        ``expert_parallel``; + the engine when it is not the hardware's default, e.g. ", cuda-graph engine")."""
+        tp = f", {'EP' if self.expert_parallel else 'TP'} {self.tp}" if self.tp > 1 else ""
         eng = "" if self.engine == get_engine(self.hardware.default_engine) else f", {self.engine.name} engine"
         return f"modelled: {self.hardware.name}, {self.shape.name} shapes{tp}{eng}"
 

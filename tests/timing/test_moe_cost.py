@@ -198,3 +198,13 @@ def test_a_modelled_clock_on_a_moe_shape_prices_the_step_by_its_experts(random_q
     assert len(costs) == len(engine.traces) and all(c.experts_hit > 0 for c in costs)
     model = StepCostModel("h100", "qwen3-30b-a3b")
     assert [c.time_s for c in costs] == [model.cost(StepWork.from_step_trace(t)).time_s for t in engine.traces]
+
+
+def test_clock_spec_takes_expert_parallel():
+    from minengine.timing import ClockSpec
+
+    spec = ClockSpec("modelled", hardware="h100", model="mixtral-8x7b", tp=4, expert_parallel=True)
+    assert spec.cost_model().expert_parallel and spec.label == "modelled: H100 SXM, Mixtral-8x7B shapes, EP 4"
+    assert ClockSpec("modelled", model="mixtral-8x7b", tp=4).label.endswith("TP 4")
+    with pytest.raises(ValueError, match="expert_parallel needs a mixture-of-experts"):
+        ClockSpec("modelled", model="llama-3-8b", tp=2, expert_parallel=True)
