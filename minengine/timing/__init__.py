@@ -35,6 +35,8 @@ _EXPORTS = {
     "LLAMA_2_7B": "minengine.timing.model_shape", "LLAMA_3_70B": "minengine.timing.model_shape",
     "LLAMA_3_8B": "minengine.timing.model_shape", "MODEL_SHAPES": "minengine.timing.model_shape",
     "ModelShape": "minengine.timing.model_shape", "QWEN_2_5_7B": "minengine.timing.model_shape",
+    "MIXTRAL_8X7B": "minengine.timing.model_shape", "QWEN3_30B_A3B": "minengine.timing.model_shape",
+    "ExpertCost": "minengine.timing.moe_cost", "alltoall_bytes": "minengine.timing.moe_cost",
     "bundled_shape": "minengine.timing.model_shape", "get_model_shape": "minengine.timing.model_shape",
     "ExpertParallelTraffic": "minengine.timing.expert_parallel",
     "expected_all_to_all_bytes": "minengine.timing.expert_parallel",
@@ -42,12 +44,13 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "CLOCK_KINDS", "ENGINES", "HARDWARE", "LLAMA_2_70B", "LLAMA_2_7B", "LLAMA_3_70B", "LLAMA_3_8B", "MODEL_SHAPES",
-    "QWEN_2_5_7B", "CalibrationPoint", "CalibrationResult", "CallableClock", "Clock", "ClockSpec", "EngineProfile",
-    "ExpertParallelTraffic", "Hardware", "MeasuredClock", "ModelShape", "ModelledClock", "RequestWork", "StepCost",
-    "StepCostModel", "StepWork", "WallClock", "as_clock", "bundled_shape", "calibrate", "clock_factory",
-    "engine_shape", "expected_all_to_all_bytes", "fit_hardware", "get_engine", "get_hardware", "get_model_shape",
-    "make_clock", "traffic_of_routing", "traffic_of_step",
+    "CLOCK_KINDS", "ENGINES", "HARDWARE", "LLAMA_2_70B", "LLAMA_2_7B", "LLAMA_3_70B", "LLAMA_3_8B", "MIXTRAL_8X7B",
+    "MODEL_SHAPES", "QWEN3_30B_A3B", "QWEN_2_5_7B", "CalibrationPoint", "CalibrationResult", "CallableClock",
+    "Clock", "ClockSpec", "EngineProfile", "ExpertCost", "ExpertParallelTraffic", "Hardware", "MeasuredClock",
+    "ModelShape", "ModelledClock", "RequestWork", "StepCost", "StepCostModel", "StepWork", "WallClock",
+    "alltoall_bytes", "as_clock", "bundled_shape", "calibrate", "clock_factory", "engine_shape",
+    "expected_all_to_all_bytes", "fit_hardware", "get_engine", "get_hardware", "get_model_shape", "make_clock",
+    "traffic_of_routing", "traffic_of_step",
 ]
 
 

@@ -213,9 +213,11 @@ class ClockSpec:
         step_time_scale: factor on measured durations; "cpu" / "perf" only.
         engine: the engine whose host overhead the modelled clock charges ("vllm", "cuda-graph", "none" or an
             ``EngineProfile``); ``None`` = the hardware's default ("vllm" on the GPU presets); "modelled" only.
+        expert_parallel: a MoE target's experts placed whole on the ``tp`` ranks, reached by all-to-alls
+            (``StepCostModel``'s argument of the same name); "modelled" only.
 
     Raises:
-        ValueError: unknown ``kind``, hardware, model shape or engine.
+        ValueError: unknown ``kind``, hardware, model shape or engine; ``expert_parallel`` on a dense model.
     """
 
     kind: str = "modelled"
@@ -227,6 +229,7 @@ class ClockSpec:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     engine: str | EngineProfile | None = None
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in CLOCK_KINDS:
@@ -235,11 +238,14 @@ class ClockSpec:
             get_hardware(self.hardware), shape_for_engine(self.model, self.kv_cache_dtype, self.quantization)
             if self.engine is not None:
                 get_engine(self.engine)
+            if self.expert_parallel:
+                self.cost_model()  # a dense model or experts that do not divide over tp: the cost model says so
 
     def cost_model(self) -> StepCostModel:
         """The ``StepCostModel`` of a "modelled" spec."""
         shape = shape_for_engine(self.model, self.kv_cache_dtype, self.quantization)
-        return StepCostModel(self.hardware, shape, tp=self.tp, block_size=self.block_size, engine=self.engine)
+        return StepCostModel(self.hardware, shape, tp=self.tp, block_size=self.block_size, engine=self.engine,
+                             expert_parallel=self.expert_parallel)
 
     def make(self) -> Clock:
         """A new clock of this kind, at time 0."""

@@ -34,6 +34,13 @@ bus bandwidth`` (ring), not overlapped with compute (as in vLLM), plus one all-g
 logits (vocabulary-parallel LM head). ``StepCostModel.allreduce_count_and_bytes`` says what a step charges.
 Swapping KV blocks (``blocks_to_swap_out/in``) moves ``blocks x block_size x KV bytes per token / tp`` bytes
 over the host link (PCIe) per GPU.
+
+A mixture-of-experts shape (``ModelShape.num_experts > 0``) prices its sparse layers' MLP apart
+(``minengine.timing.moe_cost``): the router is one more GEMM of the layer, and the experts are one GEMM per expert
+the step's tokens hit (expected under uniform routing, or exactly from ``StepWork.expert_loads``), each at the soft
+roofline, plus two grouped-GEMM kernel floors per sparse layer. With ``expert_parallel`` (``tp > 1``) whole experts
+sit on ranks, the busiest rank sets each sparse layer's time, and the MLP all-reduce of a sparse layer becomes a
+dispatch and a combine all-to-all (``StepCostModel.alltoall_count_and_bytes``) over the interconnect.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from dataclasses import asdict, dataclass
 from minengine.timing.engine_profile import EngineProfile, get_engine
 from minengine.timing.hardware import Hardware, get_hardware
 from minengine.timing.model_shape import ModelShape, get_model_shape
+from minengine.timing.moe_cost import ExpertPricer, alltoall_bytes
 
 
 @dataclass(frozen=True)
@@ -84,15 +92,19 @@ class StepWork:
 
     Build one from a ``SchedulerOutput`` with ``StepWork.from_scheduler_output``, or by hand:
     ``StepWork.of([(512, 0, 1)] + [(1, 2000, 1)] * 10)`` (tuples are ``RequestWork`` fields in order).
+
+    ``expert_loads``: a MoE step's routing when it is known, tokens per expert, one tuple per sparse layer (checked
+    against the shape by the cost model); ``None`` = uniform routing in expectation.
     """
 
     requests: tuple[RequestWork, ...] = ()
     num_swap_out_blocks: int = 0
     num_swap_in_blocks: int = 0
+    expert_loads: tuple[tuple[int, ...], ...] | None = None
 
     @classmethod
     def of(cls, requests: Iterable[RequestWork | tuple[int, ...]], num_swap_out_blocks: int = 0,
-           num_swap_in_blocks: int = 0) -> StepWork:
+           num_swap_in_blocks: int = 0, expert_loads: Iterable[Iterable[int]] | None = None) -> StepWork:
         """From ``RequestWork``s or ``(num_new_tokens, context_len[, num_sampled])`` tuples.
 
         Raises:
@@ -101,7 +113,8 @@ class StepWork:
         reqs = tuple(r if isinstance(r, RequestWork) else RequestWork(*r) for r in requests)
         if min(num_swap_out_blocks, num_swap_in_blocks) < 0:
             raise ValueError("swap block counts must be >= 0")
-        return cls(reqs, num_swap_out_blocks, num_swap_in_blocks)
+        loads = None if expert_loads is None else tuple(tuple(int(n) for n in layer) for layer in expert_loads)
+        return cls(reqs, num_swap_out_blocks, num_swap_in_blocks, loads)
 
     @classmethod
     def from_scheduler_output(cls, scheduler_output) -> StepWork:
@@ -156,6 +169,9 @@ class StepCost:
         linear_time_s, attention_time_s, elementwise_time_s, lm_head_time_s: the device time by kernel group
             (elementwise includes the embedding and final norm); they add up to the device time.
         num_allreduces, allreduce_bytes: all-reduces charged and the sum of their message sizes (bytes).
+        experts_hit: a MoE step's distinct experts run per sparse layer on one GPU (the busiest under EP); 0 dense.
+        num_alltoalls, alltoall_bytes: expert parallelism's dispatch and combine all-to-alls and the bytes one
+            rank sends in them (``StepCostModel.alltoall_count_and_bytes``).
     """
 
     time_s: float
@@ -183,6 +199,9 @@ class StepCost:
     lm_head_time_s: float = 0.0
     num_allreduces: int = 0
     allreduce_bytes: int = 0
+    experts_hit: float = 0.0
+    num_alltoalls: int = 0
+    alltoall_bytes: float = 0.0
 
     @property
     def device_time_s(self) -> float:
@@ -209,15 +228,18 @@ class StepCostModel:
         block_size: tokens per KV block, to cost swapped blocks.
         engine: an ``EngineProfile`` or its name ("vllm", "cuda-graph", "none"); ``None`` = the hardware's
             ``default_engine`` ("vllm" for the GPU presets, "none" for the fitted CPU).
+        expert_parallel: a MoE shape's experts placed whole on the ``tp`` ranks (``E / tp`` each) and reached by
+            all-to-alls, instead of each expert's width split over them (vLLM's ``enable_expert_parallel``).
 
     Raises:
-        ValueError: unknown presets, ``tp`` or ``block_size`` not a positive integer.
+        ValueError: unknown presets, ``tp`` or ``block_size`` not a positive integer, ``expert_parallel`` for a
+            dense shape or with ``num_experts`` not a multiple of ``tp``.
 
     Example: ``StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(8000, 0, 1)] + [(1, 1000, 1)] * 10))``.
     """
 
     def __init__(self, hardware: Hardware | str, shape: ModelShape | str, tp: int = 1, block_size: int = 16,
-                 engine: EngineProfile | str | None = None):
+                 engine: EngineProfile | str | None = None, expert_parallel: bool = False):
         for name, v in (("tp", tp), ("block_size", block_size)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -258,12 +280,39 @@ class StepCostModel:
         self._ring = 2 * (tp - 1) / tp
         self._allreduce_rate = hw.allreduce_bandwidth
         self._allreduce_message_per_token = m.hidden_size * ab
+        if expert_parallel and not m.is_moe:
+            raise ValueError(f"expert_parallel needs a mixture-of-experts shape; {m.name} is dense")
+        self.expert_parallel = expert_parallel and tp > 1
+        self._experts = self._moe_layers(m, tp, wb, ab) if m.is_moe else None
+
+    def _moe_layers(self, m: ModelShape, tp: int, wb: int, ab: int) -> ExpertPricer:
+        """Make a layer's GEMMs (and their elementwise kernels) the average over dense and sparse layers, less
+        the experts: attention on every layer, the dense MLP on the dense ones, the router (replicated on every
+        rank) on the sparse ones. The experts are priced per step by the returned ``ExpertPricer``."""
+        sparse, dense = m.sparse_layers, m.num_layers - m.sparse_layers
+        attention, mlp = m.attention_linear_shapes(tp), m.linear_shapes(tp)[2:]
+        router = ((m.hidden_size, m.num_experts),)
+
+        def params(mats):
+            return float(sum(k * n for k, n in mats))
+
+        def acts(mats):
+            return float(sum(k + n for k, n in mats) * ab)
+
+        self._gemm_params = params(attention) + (dense * params(mlp) + sparse * params(router)) / m.num_layers
+        self._gemm_act_bytes = acts(attention) + (dense * acts(mlp) + sparse * acts(router)) / m.num_layers
+        self._gemm_weight_bytes = self._gemm_params * wb
+        width = m.expert_width if self.expert_parallel else m.expert_width // tp
+        silu = 3 * (dense * (m.intermediate_size // tp) + sparse * m.top_k * width) / m.num_layers * ab
+        self._elementwise_bytes_per_token += silu - 3 * (m.intermediate_size // tp) * ab  # SiLU-and-mul's rows
+        return ExpertPricer(m, tp, self.expert_parallel, self._peak, self._mfu, self._half, self._memory_rate, wb, ab,
+                            self._soft)
 
     @property
     def label(self) -> str:
-        """For figure titles: "modelled: H100 SXM, Llama-3-8B shapes" (+ ", TP 4"; + the engine when it is not
-        the hardware's default, e.g. ", cuda-graph engine")."""
-        tp = f", TP {self.tp}" if self.tp > 1 else ""
+        """For figure titles: "modelled: H100 SXM, Llama-3-8B shapes" (+ ", TP 4", or ", EP 4" with
+        ``expert_parallel``; + the engine when it is not the hardware's default, e.g. ", cuda-graph engine")."""
+        tp = f", {'EP' if self.expert_parallel else 'TP'} {self.tp}" if self.tp > 1 else ""
         eng = "" if self.engine == get_engine(self.hardware.default_engine) else f", {self.engine.name} engine"
         return f"modelled: {self.hardware.name}, {self.shape.name} shapes{tp}{eng}"
 
@@ -281,7 +330,7 @@ class StepCostModel:
         reqs = work.requests
         return self._cost(sum(r.num_new_tokens for r in reqs), sum(r.num_sampled for r in reqs), len(reqs),
                           sum(r.attention_pairs for r in reqs), sum(r.context_len + r.num_new_tokens for r in reqs),
-                          work.num_swap_out_blocks + work.num_swap_in_blocks)
+                          work.num_swap_out_blocks + work.num_swap_in_blocks, work.expert_loads)
 
     def cost_of(self, scheduler_output) -> StepCost:
         """The cost of the step a ``SchedulerOutput`` describes: the same numbers as
@@ -325,8 +374,26 @@ class StepCostModel:
         tokens = work.num_tokens
         if self.tp == 1 or not tokens:
             return 0, 0
-        count = 2 * self._layers
+        count = self._allreduce_count()
         return count, count * tokens * self._allreduce_message_per_token
+
+    def alltoall_count_and_bytes(self, work: StepWork | Sequence[RequestWork | tuple[int, ...]],
+                                 remote_pairs: Sequence[int] | None = None) -> tuple[int, float]:
+        """Expert parallelism's all-to-alls this model charges for one step: ``(count, bytes one rank sends)``.
+
+        ``count`` is ``2 x sparse layers`` (a dispatch and a combine) with ``expert_parallel`` and tokens in the
+        step, else 0; the bytes are ``minengine.timing.moe_cost.alltoall_bytes`` (uniform routing, or the step's
+        ``remote_pairs`` per sparse layer when given). What an engine's real dispatch and combine must move.
+        """
+        if not isinstance(work, StepWork):
+            work = StepWork.of(work)
+        if not self.expert_parallel or not work.num_tokens:
+            return 0, 0.0
+        return 2 * self.shape.sparse_layers, alltoall_bytes(self.shape, work.num_tokens, self.tp, remote_pairs)
+
+    def _allreduce_count(self) -> int:
+        """All-reduces per step with tokens: two per layer, less the sparse layers' MLP one under EP."""
+        return 2 * self._layers - (self.shape.sparse_layers if self.expert_parallel else 0)
 
     def _soft(self, compute: float, memory: float) -> float:
         k = self._k
@@ -334,10 +401,11 @@ class StepCostModel:
             return compute + memory
         return (compute ** k + memory ** k) ** (1.0 / k)
 
-    def _cost(self, tokens: int, sampled: int, nreq: int, pairs: int, context: int, swap_blocks: int) -> StepCost:
+    def _cost(self, tokens: int, sampled: int, nreq: int, pairs: int, context: int, swap_blocks: int,
+              expert_loads=None) -> StepCost:
         """The ``StepCost`` of a step of ``tokens`` new tokens over ``nreq`` requests, ``sampled`` LM-head rows,
-        ``pairs`` causal query-key pairs, ``context`` = sum of (context before + new tokens) and ``swap_blocks``
-        swapped KV blocks (the formulas in the module docstring)."""
+        ``pairs`` causal query-key pairs, ``context`` = sum of (context before + new tokens), ``swap_blocks``
+        swapped KV blocks and a MoE step's ``expert_loads`` (the formulas in the module docstring)."""
         hw, L = self.hardware, self._layers
         if tokens:
             eff = self._mfu * tokens / (tokens + self._half) if self._half else self._mfu
@@ -356,13 +424,16 @@ class StepCostModel:
             h_m = (self._lm_head_weight_bytes + sampled * self._lm_head_act_bytes) / self._memory_rate
         else:
             h_c = h_m = 0.0
-        compute = L * (g_c + a_c) + h_c
-        memory = L * (g_m + e_m + a_m) + h_m + x_m
+        moe = self._experts.cost(tokens, expert_loads) if self._experts is not None and tokens else None
+        compute = L * (g_c + a_c) + h_c + (moe.compute_time_s if moe else 0.0)
+        memory = L * (g_m + e_m + a_m) + h_m + x_m + (moe.memory_time_s if moe else 0.0)
         if tokens:
             floors = (4 * hw.kernel_floor_s, hw.elementwise_floor_s, hw.attention_floor_s)
             head_floor = hw.kernel_floor_s if sampled else 0.0
+            if moe:  # a sparse layer: QKV, output, router and two grouped expert GEMMs
+                floors = (floors[0] + hw.kernel_floor_s * self.shape.sparse_layers / L, *floors[1:])
             if hw.combine == "soft":
-                linear_t = L * (self._soft(g_c, g_m) + floors[0])
+                linear_t = L * (self._soft(g_c, g_m) + floors[0]) + (moe.time_s if moe else 0.0)
                 attention_t = L * (self._soft(a_c, a_m) + floors[2])
                 elementwise_t = L * (e_m + floors[1]) + x_m
                 head_t = self._soft(h_c, h_m) + head_floor
@@ -370,12 +441,13 @@ class StepCostModel:
                 total = max(compute, memory) if hw.combine == "max" else compute + memory
                 scale = total / (compute + memory) if compute + memory else 0.0
                 linear_t = L * ((g_c + g_m) * scale + floors[0])
+                linear_t += (moe.compute_time_s + moe.memory_time_s) * scale if moe else 0.0
                 attention_t = L * ((a_c + a_m) * scale + floors[2])
                 elementwise_t = L * (e_m * scale + floors[1]) + x_m * scale
                 head_t = (h_c + h_m) * scale + head_floor
         else:
             linear_t = attention_t = elementwise_t = head_t = 0.0
-        comm, comm_bytes, n_ar, ar_bytes = self._communication(tokens, sampled)
+        comm, comm_bytes, n_ar, ar_bytes, n_a2a, a2a_bytes = self._communication(tokens, sampled)
         swap = swap_blocks * self._swap_block_bytes * self._kv_share / hw.host_link_bandwidth
         empty = nreq == 0 and swap_blocks == 0
         overhead = self._step_overhead + self._request_overhead * nreq if not empty else 0.0
@@ -385,12 +457,15 @@ class StepCostModel:
                 bound = "communication"
         else:
             bound = "idle"
-        linear_flops = 2.0 * tokens * self._gemm_params * L
+        linear_flops = 2.0 * tokens * self._gemm_params * L + (moe.flops if moe else 0.0)
         attention_flops = self._attention_flops_per_pair * pairs * L
         lm_head_flops = 2.0 * sampled * self._lm_head_params
         weight_bytes = L * self._gemm_weight_bytes + (self._lm_head_weight_bytes if sampled else 0.0) if tokens else 0.0
         other_bytes = (tokens * (L * (self._gemm_act_bytes + self._elementwise_bytes_per_token)
                                  + self._embedding_bytes_per_token) + (sampled * self._lm_head_act_bytes))
+        if moe:
+            weight_bytes += moe.weight_bytes
+            other_bytes += moe.act_bytes
         device = linear_t + attention_t + elementwise_t + head_t
         return StepCost(time_s=device + comm + swap + overhead, compute_time_s=compute, memory_time_s=memory,
                         communication_time_s=comm, swap_time_s=swap, overhead_s=overhead,
@@ -401,16 +476,19 @@ class StepCostModel:
                         lm_head_flops=lm_head_flops, weight_bytes=weight_bytes, kv_bytes=kv_bytes,
                         other_bytes=other_bytes if tokens else 0.0, linear_time_s=linear_t,
                         attention_time_s=attention_t, elementwise_time_s=elementwise_t, lm_head_time_s=head_t,
-                        num_allreduces=n_ar, allreduce_bytes=ar_bytes)
+                        num_allreduces=n_ar, allreduce_bytes=ar_bytes, experts_hit=moe.experts_hit if moe else 0.0,
+                        num_alltoalls=n_a2a, alltoall_bytes=a2a_bytes)
 
-    def _communication(self, tokens: int, sampled: int) -> tuple[float, float, int, int]:
-        """(seconds, bytes sent per GPU, all-reduce count, all-reduce message bytes) of the step's collectives:
-        ``2 x layers`` all-reduces of ``tokens x hidden`` activations (the engine's own kernel below its size
-        limit, else NCCL) and one all-gather of the sampled rows' logits (NCCL)."""
+    def _communication(self, tokens: int, sampled: int) -> tuple[float, float, int, int, int, float]:
+        """(seconds, bytes sent per GPU, all-reduce count, all-reduce message bytes, all-to-all count, all-to-all
+        bytes) of the step's collectives: ``2 x layers`` all-reduces of ``tokens x hidden`` activations (the
+        engine's own kernel below its size limit, else NCCL; under EP a sparse layer's MLP all-reduce is
+        replaced by its dispatch and combine all-to-alls, each ``allreduce_latency_s`` plus its bytes over the
+        interconnect per direction) and one all-gather of the sampled rows' logits (NCCL)."""
         if self.tp == 1 or not tokens:
-            return 0.0, 0.0, 0, 0
+            return 0.0, 0.0, 0, 0, 0, 0.0
         hw, eng, rate = self.hardware, self.engine, self._allreduce_rate
-        count = 2 * self._layers
+        count = self._allreduce_count()
         message = tokens * self._allreduce_message_per_token
         custom = eng.allreduce_latency_s is not None and message <= eng.custom_allreduce_max_bytes
         latency = eng.allreduce_latency_s if custom else hw.allreduce_latency_s
@@ -421,4 +499,8 @@ class StepCostModel:
             gathered = self._ring / 2 * logits  # all-gather: (tp - 1) / tp of the logits per GPU
             sent += gathered
             seconds += hw.allreduce_latency_s + gathered / rate
-        return seconds, sent, count, count * message
+        n_a2a, a2a = self.alltoall_count_and_bytes(StepWork.of([(tokens, 0, 0)]))
+        if n_a2a:
+            sent += a2a
+            seconds += n_a2a * hw.allreduce_latency_s + a2a / (hw.interconnect_bandwidth or hw.host_link_bandwidth)
+        return seconds, sent, count, count * message, n_a2a, a2a

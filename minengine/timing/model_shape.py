@@ -5,7 +5,14 @@ by the model actually loaded (the bundled tiny Llama by default). Only these num
 layers, hidden size, query / KV heads and head size (attention and the KV cache), the MLP width, the vocabulary
 (embedding and LM head) and the bytes per weight. Presets are the published configs (``config.json`` on the
 Hugging Face hub) of meta-llama/Meta-Llama-3-8B, Qwen/Qwen2.5-7B, meta-llama/Meta-Llama-3-70B,
-meta-llama/Llama-2-7b-hf and meta-llama/Llama-2-70b-hf, and the bundled model's own config. No torch and no
+meta-llama/Llama-2-7b-hf and meta-llama/Llama-2-70b-hf, the mixtures of experts mistralai/Mixtral-8x7B-v0.1 and
+Qwen/Qwen3-30B-A3B, and the bundled model's own config.
+
+A mixture-of-experts shape (``num_experts > 0``) replaces the MLP of its sparse layers with a router
+(``hidden x num_experts``) and ``num_experts`` SwiGLU experts of ``expert_intermediate_size`` features, ``top_k``
+of them per token: it *holds* every expert (``num_params``) but a token *computes* with k of them
+(``num_active_params``). What a step reads depends on how many distinct experts its tokens hit
+(``expected_experts_hit``); the step cost model prices that (``minengine.timing.cost_model``). No torch and no
 transformers needed: a config is a dict, a ``PretrainedConfig`` or a path to a checkpoint directory /
 ``config.json``.
 """
@@ -37,9 +44,18 @@ class ModelShape:
         tie_word_embeddings: the LM head is the embedding matrix (counted once in ``num_params``).
         gated_mlp: SwiGLU (gate, up, down: 3 matrices) rather than 2.
         qkv_bias: q/k/v projections have biases (Qwen2).
+        qk_norm: an RMSNorm of ``head_dim`` weights on q and on k (Qwen3, Qwen3-MoE).
+        num_experts: experts per sparse layer (Mixtral's ``num_local_experts``, Qwen3-MoE's ``num_experts``); 0 =
+            a dense model.
+        top_k: experts per token (``num_experts_per_tok``), 1 <= top_k <= num_experts; 0 for a dense model.
+        expert_intermediate_size: each expert's SwiGLU width (Mixtral: ``intermediate_size``; Qwen3-MoE:
+            ``moe_intermediate_size``); ``None`` = ``intermediate_size``.
+        num_sparse_layers: how many layers are sparse (the others have a dense MLP of ``intermediate_size``);
+            ``None`` = every layer.
 
     Raises:
-        ValueError: a size that is not a positive integer, ``num_heads`` not a multiple of ``num_kv_heads``.
+        ValueError: a size that is not a positive integer, ``num_heads`` not a multiple of ``num_kv_heads``,
+            MoE fields out of range (each named).
     """
 
     name: str
@@ -56,6 +72,11 @@ class ModelShape:
     tie_word_embeddings: bool = False
     gated_mlp: bool = True
     qkv_bias: bool = False
+    qk_norm: bool = False
+    num_experts: int = 0
+    top_k: int = 0
+    expert_intermediate_size: int | None = None
+    num_sparse_layers: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size",
@@ -69,6 +90,28 @@ class ModelShape:
                 raise ValueError(f"ModelShape.{name} must be a positive integer or None, got {v!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        for name in ("num_experts", "top_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ValueError(f"ModelShape.{name} must be an integer >= 0, got {v!r}")
+        if not self.num_experts:
+            if self.top_k or self.expert_intermediate_size is not None or self.num_sparse_layers is not None:
+                raise ValueError("ModelShape.top_k, expert_intermediate_size and num_sparse_layers need "
+                                 "num_experts > 0")
+            return
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(f"ModelShape.top_k must be between 1 and num_experts ({self.num_experts}), "
+                             f"got {self.top_k!r}")
+        v = self.expert_intermediate_size
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise ValueError(f"ModelShape.expert_intermediate_size must be a positive integer or None, got {v!r}")
+        v = self.num_sparse_layers
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= self.num_layers):
+            raise ValueError(f"ModelShape.num_sparse_layers must be in [0, num_layers={self.num_layers}] or None, "
+                             f"got {v!r}")
 
     # ---- parameter counts --------------------------------------------------------------------------------
     @property
@@ -82,20 +125,80 @@ class ModelShape:
         return self.num_kv_heads * self.head_dim
 
     @property
-    def params_per_layer(self) -> int:
-        """Weights of one decoder layer: q, k, v, o projections (+ q/k/v biases), the MLP, two RMSNorms."""
+    def attention_params_per_layer(self) -> int:
+        """One layer's attention weights and norms: q, k, v, o (+ q/k/v biases, + q/k norms), two RMSNorms."""
         h = self.hidden_size
         attn = h * self.q_size + 2 * h * self.kv_size + self.q_size * h
         if self.qkv_bias:
             attn += self.q_size + 2 * self.kv_size
-        mlp = (3 if self.gated_mlp else 2) * h * self.intermediate_size
-        return attn + mlp + 2 * h
+        if self.qk_norm:
+            attn += 2 * self.head_dim
+        return attn + 2 * h
+
+    @property
+    def params_per_layer(self) -> int:
+        """Weights of one dense decoder layer: ``attention_params_per_layer`` plus the MLP."""
+        mlp = (3 if self.gated_mlp else 2) * self.hidden_size * self.intermediate_size
+        return self.attention_params_per_layer + mlp
+
+    # ---- mixture of experts ---------------------------------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        """A mixture of experts: ``num_experts > 0``."""
+        return self.num_experts > 0
+
+    @property
+    def sparse_layers(self) -> int:
+        """Layers whose MLP is a router and experts (0 for a dense model)."""
+        if not self.is_moe:
+            return 0
+        return self.num_layers if self.num_sparse_layers is None else self.num_sparse_layers
+
+    @property
+    def expert_width(self) -> int:
+        """One expert's SwiGLU width: ``expert_intermediate_size``, else ``intermediate_size``."""
+        return self.expert_intermediate_size or self.intermediate_size
+
+    @property
+    def params_per_expert(self) -> int:
+        """One expert's weights: gate, up (``hidden x width`` each) and down (``width x hidden``)."""
+        return 3 * self.hidden_size * self.expert_width
+
+    @property
+    def router_params(self) -> int:
+        """One sparse layer's router: ``hidden x num_experts``."""
+        return self.hidden_size * self.num_experts
 
     @property
     def num_layer_params(self) -> int:
-        """Non-embedding parameters: every layer plus the final norm (the cost model counts only the GEMM weights,
-        ``linear_shapes``, for its ``2 x weights x tokens`` FLOPs)."""
-        return self.num_layers * self.params_per_layer + self.hidden_size
+        """Non-embedding parameters: every layer (dense ones with their MLP, sparse ones with their router and all
+        their experts) plus the final norm (the cost model counts only the GEMM weights, ``linear_shapes``, for
+        its ``2 x weights x tokens`` FLOPs)."""
+        sparse = self.sparse_layers
+        experts = self.num_experts * self.params_per_expert
+        moe = sparse * (self.router_params + experts + self.attention_params_per_layer)
+        return moe + (self.num_layers - sparse) * self.params_per_layer + self.hidden_size
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token computes with: ``num_params`` less the ``num_experts - top_k`` experts of each
+        sparse layer it does not go to (Mixtral-8x7B: 12.9 B of 46.7 B). Equals ``num_params`` when dense."""
+        return self.num_params - self.sparse_layers * (self.num_experts - self.top_k) * self.params_per_expert
+
+    def expected_experts_hit(self, num_tokens: int) -> float:
+        """Distinct experts ``num_tokens`` tokens reach in one sparse layer, expected under uniform routing:
+        ``E (1 - (1 - k / E)^T)`` (each expert is missed by a token with probability ``1 - k / E``). 0 when dense
+        or for no tokens; ``top_k`` for one token; tends to ``E`` as tokens grow.
+
+        Raises:
+            ValueError: a negative ``num_tokens``.
+        """
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens!r}")
+        if not self.is_moe:
+            return 0.0
+        e, k = self.num_experts, self.top_k
+        return e * (1.0 - (1.0 - k / e) ** num_tokens)
 
     @property
     def lm_head_params(self) -> int:
@@ -125,6 +228,16 @@ class ModelShape:
         """Bytes per activation element (hidden states, all-reduce messages): the model's dtype, but at least 2
         (FP8 / int8 weights still compute and reduce activations in 16-bit)."""
         return max(2, self.dtype_bytes)
+
+    def attention_linear_shapes(self, tp: int = 1) -> tuple[tuple[int, int], ...]:
+        """The first two of ``linear_shapes``: fused QKV and the output projection (what a sparse layer keeps)."""
+        return self.linear_shapes(tp)[:2]
+
+    def expert_linear_shapes(self, tp: int = 1) -> tuple[tuple[int, int], ...]:
+        """One expert's ``(K, N)`` matrices on one GPU when ``tp`` shards every expert's width (vLLM's default
+        for a MoE under TP): fused gate+up ``(hidden, 2 x width / tp)``, down ``(width / tp, hidden)``."""
+        w = self.expert_width // tp
+        return ((self.hidden_size, 2 * w), (w, self.hidden_size))
 
     def linear_shapes(self, tp: int = 1) -> tuple[tuple[int, int], ...]:
         """The ``(K, N)`` weight matrices one GPU multiplies in one decoder layer with ``tp``-way tensor
@@ -204,7 +317,26 @@ class ModelShape:
                    num_heads=heads, num_kv_heads=int(kv_heads), head_dim=int(head_dim),
                    intermediate_size=need("intermediate_size"), vocab_size=need("vocab_size"),
                    dtype_bytes=int(dtype_bytes), tie_word_embeddings=bool(get("tie_word_embeddings", False)),
-                   qkv_bias=qkv_bias)
+                   qkv_bias=qkv_bias, qk_norm=model_type in ("qwen3", "qwen3_moe"),
+                   **_moe_fields(model_type, get, need))
+
+
+def _moe_fields(model_type: str, get, need) -> dict:
+    """The MoE fields of a ``mixtral`` / ``qwen3_moe`` config (the same reading as ``minengine.models.moe``'s
+    ``moe_settings``, without importing torch); ``{}`` for another model type."""
+    layers = need("num_hidden_layers")
+    if model_type == "mixtral":
+        return dict(num_experts=need("num_local_experts"), top_k=need("num_experts_per_tok"))
+    if model_type != "qwen3_moe":
+        return {}
+    step = int(get("decoder_sparse_step", 1) or 1)
+    dense = set(get("mlp_only_layers", None) or ())
+    sparse = sum(1 for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    # the hub's config.json says num_experts; transformers' to_dict() writes it as num_local_experts (attribute_map)
+    experts = get("num_experts") or need("num_local_experts")
+    return dict(num_experts=int(experts), top_k=need("num_experts_per_tok"),
+                expert_intermediate_size=need("moe_intermediate_size"),
+                num_sparse_layers=None if sparse == layers else sparse)
 
 
 # Published configs (config.json on the Hugging Face hub), BF16.
@@ -220,6 +352,14 @@ LLAMA_2_7B = ModelShape("Llama-2-7B", num_layers=32, hidden_size=4096, num_heads
 LLAMA_2_70B = ModelShape("Llama-2-70B", num_layers=80, hidden_size=8192, num_heads=64, num_kv_heads=8, head_dim=128,
                          intermediate_size=28672, vocab_size=32000)
 
+# Mixtures of experts (published config.json): every layer sparse. Mixtral's experts are intermediate_size wide;
+# Qwen3-30B-A3B's 128 experts are 768 wide (its dense intermediate_size, 6144, is used by no layer).
+MIXTRAL_8X7B = ModelShape("Mixtral-8x7B", num_layers=32, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                          intermediate_size=14336, vocab_size=32000, num_experts=8, top_k=2)
+QWEN3_30B_A3B = ModelShape("Qwen3-30B-A3B", num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4,
+                           head_dim=128, intermediate_size=6144, vocab_size=151936, qk_norm=True, num_experts=128,
+                           top_k=8, expert_intermediate_size=768)
+
 
 def bundled_shape(dtype_bytes: int = 4) -> ModelShape:
     """The bundled tiny Shakespeare Llama, read from its ``config.json``; float32 by default (how the engine
@@ -230,16 +370,19 @@ def bundled_shape(dtype_bytes: int = 4) -> ModelShape:
 
 
 MODEL_SHAPES: dict[str, ModelShape] = {"llama-3-8b": LLAMA_3_8B, "qwen2.5-7b": QWEN_2_5_7B, "llama-3-70b": LLAMA_3_70B,
-                                       "llama-2-7b": LLAMA_2_7B, "llama-2-70b": LLAMA_2_70B}
+                                       "llama-2-7b": LLAMA_2_7B, "llama-2-70b": LLAMA_2_70B,
+                                       "mixtral-8x7b": MIXTRAL_8X7B, "qwen3-30b-a3b": QWEN3_30B_A3B}
 _ALIASES = {"llama3-8b": "llama-3-8b", "meta-llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b",
             "qwen2.5-7b-instruct": "qwen2.5-7b", "qwen-2.5-7b": "qwen2.5-7b", "llama3-70b": "llama-3-70b",
             "meta-llama-3-70b": "llama-3-70b", "llama-3.1-70b": "llama-3-70b", "llama-3.3-70b": "llama-3-70b",
             "llama2-7b": "llama-2-7b", "llama-2-7b-hf": "llama-2-7b", "llama2-70b": "llama-2-70b",
-            "llama-2-70b-hf": "llama-2-70b"}
+            "llama-2-70b-hf": "llama-2-70b", "mixtral-8x7b-v0.1": "mixtral-8x7b", "mixtral": "mixtral-8x7b",
+            "qwen3-30b-a3b-instruct": "qwen3-30b-a3b"}
 
 
 def get_model_shape(name: str | ModelShape) -> ModelShape:
-    """A preset by name ("llama-3-8b", "qwen2.5-7b", "llama-3-70b", "llama-2-7b", "llama-2-70b", "bundled"), a
+    """A preset by name ("llama-3-8b", "qwen2.5-7b", "llama-3-70b", "llama-2-7b", "llama-2-70b", "mixtral-8x7b",
+    "qwen3-30b-a3b", "bundled"), a
     path to a checkpoint directory or ``config.json``, or a ``ModelShape`` as is.
 
     Raises:
