@@ -198,11 +198,6 @@ class KVCacheManager:
         changes a list it has handed out (the next allocation makes a new one), so callers may keep it."""
         return self._block_ids.get(request_id, [])
 
-    def traced_block_ids(self, request_id: str) -> list[int]:
-        """The block table a ``StepTrace`` records: ``get_block_ids`` (a windowed manager writes -1 where a block
-        was given back)."""
-        return self.get_block_ids(request_id)
-
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks

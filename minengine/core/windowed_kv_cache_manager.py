@@ -14,7 +14,8 @@ whenever the new token opens a block (``max_blocks_held``).
 A released block leaves a hole at the front of the request's block table: ``req_to_blocks`` holds ``RELEASED``
 there (the request no longer holds that block), while the id lists handed to the runner keep the old id, so
 every table stays append-only for the runner's ``BlockTable``; attention masks those keys out
-(``layers/sliding_window.py``). A released block keeps its prefix-cache hash until it is evicted, so prefix
+(``layers/sliding_window.py``). A step's trace records ``req_to_blocks``, so it shows -1 there: the old block may
+belong to another request by then. A released block keeps its prefix-cache hash until it is evicted, so prefix
 caching works as before: a hit still needs every block of the prefix, from the first (vLLM's manager searches
 from the right and needs only the window; not done here). Preemption by recompute frees what is held and
 recomputes from position 0, as for any request. A failed step (``Scheduler.rollback``) keeps its releases: they
@@ -101,11 +102,6 @@ class WindowedKVCacheManager(KVCacheManager):
         self._block_ids[rid] = self._block_ids[rid][:num_blocks]
         self._num_indexed[rid] = min(self._num_indexed.get(rid, 0), num_blocks)
         self._num_released[rid] = num_blocks
-
-    def traced_block_ids(self, request_id: str) -> list[int]:
-        """The block table as a trace shows it: -1 (``RELEASED.block_id``) where the request gave its block back,
-        which another request may hold by now; the runner's table (``get_block_ids``) keeps the old id."""
-        return [block.block_id for block in self.req_to_blocks.get(request_id, ())]
 
     def num_held_blocks(self, request_id: str) -> int:
         """Blocks the request holds now (its table's length less the released entries)."""

@@ -159,9 +159,10 @@ class StepRecorder:
         self.num_steps += 1
 
     def _block_snapshot(self) -> dict:
-        pool = self.kv_cache_manager.pool
+        pool, tables = self.kv_cache_manager.pool, self.kv_cache_manager.req_to_blocks
         return {
-            "block_tables": {r.request_id: self.kv_cache_manager.traced_block_ids(r.request_id)
+            # the manager's own tables: a block a sliding window gave back reads -1 (another request may hold it)
+            "block_tables": {r.request_id: [b.block_id for b in tables.get(r.request_id, ())]
                              for r in self.scheduler.running},
             "block_ref_counts": pool.ref_counts(),
             "cached_block_ids": [b.block_id for b in pool.blocks if b.block_hash is not None],
