@@ -1,7 +1,8 @@
 """Command line: ``python -m minengine run`` serves a batch of real prompts; ``generate`` prints one completion;
 ``serve`` starts the OpenAI-compatible server; ``bench-serve`` replays a request trace online (in process, or
 against any OpenAI-compatible server with ``--base-url``) and prints vLLM-style serving metrics and goodput;
-``lab`` lists, grades and batch-grades the labs (``labs/README.md``)."""
+``fleet-serve`` starts N ``serve`` replicas behind vllm-router (``entrypoints/fleet_serve.py``); ``lab`` lists,
+grades and batch-grades the labs (``labs/README.md``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from minengine.config import EngineConfig
 from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.llm_engine import LLMEngine
+from minengine.entrypoints.fleet_serve import add_fleet_parser
 from minengine.labs.cli import add_lab_parser
 from minengine.sampling_params import SamplingParams
 
@@ -494,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     _bench_serve_parser(sub)
     _serve_parser(sub)
+    add_fleet_parser(sub)
     add_lab_parser(sub)
     return p
 
