@@ -247,6 +247,9 @@ def cmd_serve(a: argparse.Namespace) -> None:
     frontend = dataclasses.replace(frontend, api_key=api_keys,
                                    chat_template=load_chat_template(frontend.chat_template))
     config = _config(a)
+    if config.distributed_executor_backend == "external_launcher":  # only rank 0 would see the requests
+        raise ValueError("--distributed-executor-backend external_launcher is for offline runs (every rank must be "
+                         "given the same requests): serve with mp, and several machines with fleet-serve")
     with spawned_workers_unless_set():  # as `vllm serve`: the server owns its (guarded) main module
         engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
     print(f"minengine serving {config.served_model_name!r} ({engine.engine.model_path}) on http://{a.host}:{a.port} "
