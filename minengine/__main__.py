@@ -153,7 +153,10 @@ def cmd_run(a: argparse.Namespace) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
-    engine = LLMEngine(_config(a))
+    config = _config(a)
+    engine = LLMEngine(config)
+    # Every rank of an external launcher's group generates the same text: rank 0 alone prints it.
+    show = config.distributed_executor_backend != "external_launcher" or os.environ.get("RANK") == "0"
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens,
                             seed=a.seed if a.temperature > 0 else None)
     engine.add_request("0", a.prompt, params)
@@ -161,11 +164,12 @@ def cmd_generate(a: argparse.Namespace) -> None:
     while engine.has_unfinished_requests():
         for out in engine.step():  # stream the text as it grows
             text = out.outputs[0].text
-            if not text.endswith("\ufffd"):
+            if show and not text.endswith("\ufffd"):
                 sys.stdout.write(text[printed:])
                 sys.stdout.flush()
                 printed = len(text)
-    print()
+    if show:
+        print()
 
 
 def _bench_trace(a: argparse.Namespace, vocab_size: int, block_size: int):
