@@ -66,13 +66,15 @@ def router_command(worker_urls: list[str], host: str, port: int, policy: str, lo
     """The command line that starts vllm-router on ``host:port`` in front of ``worker_urls`` with ``policy``.
 
     Raises:
-        ValueError: ``vllm-router`` is not installed (names the pip package), an unknown policy, or a worker URL
-            that is not http(s)://.
+        ValueError: ``vllm-router`` is not installed (names the pip package), an unknown policy, power-of-two
+            with fewer than 2 workers, or a worker URL that is not http(s)://.
     """
     if importlib.util.find_spec("vllm_router") is None:
         raise ValueError(f"the router is not installed: pip install {ROUTER_PACKAGE} (requirements.txt lists it)")
     if policy not in POLICIES:
         raise ValueError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if policy == "power_of_two" and len(worker_urls) < 2:  # the router refuses it at start
+        raise ValueError("--policy power_of_two picks the less loaded of two workers: it needs at least 2")
     for url in worker_urls:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--worker-urls: {url!r} is not an http:// or https:// URL")

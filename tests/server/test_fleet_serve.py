@@ -107,6 +107,8 @@ def test_clear_errors_before_anything_starts(monkeypatch):
             Fleet(FleetArgs(["m"], num_replicas=2, port=taken - 2))
     with pytest.raises(ValueError, match="--policy must be one of"):
         router_command(["http://h:1"], "127.0.0.1", 8000, "fastest")
+    with pytest.raises(ValueError, match="power_of_two .* needs at least 2"):
+        router_command(["http://h:1"], "127.0.0.1", 8000, "power_of_two")
     with pytest.raises(ValueError, match="--worker-urls: 'h:1' is not an http"):
         router_command(["h:1"], "127.0.0.1", 8000, "round_robin")
     with pytest.raises(ValueError, match="--num-replicas must be >= 1"):
@@ -115,3 +117,20 @@ def test_clear_errors_before_anything_starts(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install vllm-router"):
         router_command(["http://h:1"], "127.0.0.1", 8000, "round_robin")
+
+
+def test_worker_urls_run_only_the_router_in_front_of_running_replicas(bundled_model):
+    from tests.server_helpers import running_server
+
+    with running_server(bundled_model) as replica:
+        fleet = Fleet(FleetArgs([], worker_urls=[replica.url], port=free_ports(1), policy="cache_aware"))
+        with fleet:
+            assert fleet.replicas == [] and fleet.worker_urls == [replica.url]
+            model = httpx.get(replica.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+            body = {"model": model, "prompt": "To be", "max_tokens": 2}
+            reply = httpx.post(fleet.url + "/v1/completions", json=body, timeout=30)
+            assert reply.status_code == 200, reply.text
+            pids = fleet.pids()
+        assert finished_requests(replica.url) == 1  # the router sent it to the replica
+    _, alive = psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
+    assert not alive and fleet.router.returncode is not None
