@@ -147,6 +147,19 @@ class FleetArgs:
     startup_timeout_s: float = 300.0
     shutdown_timeout_s: float = 30.0
 
+    def __post_init__(self) -> None:
+        """Raises ``ValueError`` naming the flag of a value out of range."""
+        if self.worker_urls is None:
+            replica_threads(self.num_replicas)  # checks the count
+        last = self.port + (0 if self.worker_urls is not None else self.num_replicas)
+        if not 0 < self.port <= last < 65536:
+            raise ValueError(f"--port {self.port}: the router and replicas need ports {self.port}..{last} within "
+                             f"1..65535")
+        for flag, value in (("--startup-timeout", self.startup_timeout_s),
+                            ("--shutdown-timeout", self.shutdown_timeout_s)):
+            if not 0 < value <= 86_400:
+                raise ValueError(f"{flag} must be in (0, 86400] seconds, got {value}")
+
 
 class Fleet:
     """The processes of one fleet: ``start()`` brings up the replicas, then the router; ``stop()`` ends them all
@@ -175,8 +188,6 @@ class Fleet:
         self.worker_urls = list(args.worker_urls) if remote else [f"http://{local}:{p}" for p in ports[1:]]
         self._router_cmd = router_command(self.worker_urls, args.host, args.port, args.policy,
                                           args.router_log_level, args.router_args)
-        if not remote:
-            replica_threads(args.num_replicas)  # checks the count
         for i, p in enumerate(ports):
             check_port_free(args.host if i == 0 else local, p)
         host = "127.0.0.1" if args.host in ("0.0.0.0", "") else args.host

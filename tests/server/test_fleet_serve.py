@@ -112,7 +112,11 @@ def test_clear_errors_before_anything_starts(monkeypatch):
     with pytest.raises(ValueError, match="--worker-urls: 'h:1' is not an http"):
         router_command(["h:1"], "127.0.0.1", 8000, "round_robin")
     with pytest.raises(ValueError, match="--num-replicas must be >= 1"):
-        replica_threads(0)
+        FleetArgs(["m"], num_replicas=0)
+    with pytest.raises(ValueError, match=r"--port 65535: the router and replicas need ports 65535..65537"):
+        FleetArgs(["m"], num_replicas=2, port=65535)
+    with pytest.raises(ValueError, match="--startup-timeout must be in"):
+        FleetArgs(["m"], startup_timeout_s=0)
     assert [replica_threads(n, cores=4) for n in (1, 2, 3, 8)] == [4, 2, 1, 1]
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install vllm-router"):
@@ -134,3 +138,16 @@ def test_worker_urls_run_only_the_router_in_front_of_running_replicas(bundled_mo
         assert finished_requests(replica.url) == 1  # the router sent it to the replica
     _, alive = psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
     assert not alive and fleet.router.returncode is not None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["fleet-serve", "--num-replicas", "2"], "give the replicas' serve arguments"),
+    (["fleet-serve", "--", "m", "--port", "9000"], "--port after the fleet's flags"),
+    (["fleet-serve", "--worker-urls", "http://h:1", "--", "m"], "--worker-urls runs only the router"),
+])
+def test_the_command_line_names_what_is_wrong(argv, message, capsys):
+    from minengine.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
