@@ -81,6 +81,32 @@ def test_two_replicas_behind_the_router_round_robin_then_sigterm_leaves_no_proce
     assert not alive, alive
 
 
+def test_a_replica_that_dies_stops_the_fleet_with_code_1(bundled_model):
+    port = free_ports(2)
+    fleet = subprocess.Popen([sys.executable, "-m", "minengine", "fleet-serve", "--num-replicas", "1", "--port",
+                              str(port), "--startup-timeout", "50", "--", bundled_model, "--max-model-len", "128"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(fleet.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 55
+        while not any(line.startswith("minengine fleet: router") for line in lines):
+            assert fleet.poll() is None and time.monotonic() < deadline, "".join(lines[-20:])
+            time.sleep(0.2)
+        pids = [fleet.pid] + [c.pid for c in psutil.Process(fleet.pid).children(recursive=True)]
+        replica = next(p for p in psutil.Process(fleet.pid).children() if "serve" in p.cmdline())
+        replica.kill()
+        code = fleet.wait(timeout=60)
+    finally:
+        if fleet.poll() is None:
+            fleet.kill()
+    time.sleep(0.2)  # the reader thread takes the last lines
+    assert code == 1 and any(f"replica 0 (http://127.0.0.1:{port + 1}) exited with code -9" in line
+                             for line in lines), "".join(lines[-20:])
+    _, alive = psutil.wait_procs([p for p in map(_process, pids) if p is not None], timeout=10)
+    assert not alive, alive
+
+
 def _process(pid: int) -> psutil.Process | None:
     try:
         return psutil.Process(pid)
