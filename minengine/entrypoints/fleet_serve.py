@@ -127,7 +127,9 @@ class FleetArgs:
         serve_args: the ``minengine serve`` arguments of every local replica (model, engine flags).
         num_replicas: local replicas to start (ignored with ``worker_urls``).
         worker_urls: replicas already running elsewhere (``http://host:port``): only the router starts.
-        host: the router's (and local replicas') interface; replicas on another machine need 0.0.0.0 there.
+        host: the router's interface (0.0.0.0: all); local replicas listen on 127.0.0.1 only, behind it, and
+            keep their last 40 output lines (shown when one fails). Replicas on another machine are started there
+            with ``serve --host 0.0.0.0``.
         port: the router's port; local replica i listens on ``port + 1 + i``.
         policy: the router's policy (vllm-router's names).
         router_log_level: the router's log level.
@@ -197,6 +199,8 @@ class Fleet:
         self.router_output: collections.deque[str] = collections.deque(maxlen=40)
 
     def start(self) -> Fleet:
+        """The replicas (or a wait for the remote ones' ``/health``), then the router; returns ``self``. Raises
+        ``FleetStartError`` (everything started is stopped first)."""
         try:
             if self.args.worker_urls is None:
                 self._start_replicas()
