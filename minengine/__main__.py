@@ -1,7 +1,8 @@
 """Command line: ``python -m minengine run`` serves a batch of real prompts; ``generate`` prints one completion;
 ``serve`` starts the OpenAI-compatible server; ``bench-serve`` replays a request trace online (in process, or
 against any OpenAI-compatible server with ``--base-url``) and prints vLLM-style serving metrics and goodput;
-``lab`` lists, grades and batch-grades the labs (``labs/README.md``)."""
+``fleet-serve`` starts N ``serve`` replicas behind vllm-router (``entrypoints/fleet_serve.py``); ``lab`` lists,
+grades and batch-grades the labs (``labs/README.md``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from minengine.config import EngineConfig
 from minengine.engine.arg_utils import EngineArgs
 from minengine.engine.llm_engine import LLMEngine
+from minengine.entrypoints.fleet_serve import add_fleet_parser
 from minengine.labs.cli import add_lab_parser
 from minengine.sampling_params import SamplingParams
 
@@ -151,7 +153,10 @@ def cmd_run(a: argparse.Namespace) -> None:
 
 
 def cmd_generate(a: argparse.Namespace) -> None:
-    engine = LLMEngine(_config(a))
+    config = _config(a)
+    engine = LLMEngine(config)
+    # Every rank of an external launcher's group generates the same text: rank 0 alone prints it.
+    show = config.distributed_executor_backend != "external_launcher" or os.environ.get("RANK") == "0"
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, max_tokens=a.max_tokens,
                             seed=a.seed if a.temperature > 0 else None)
     engine.add_request("0", a.prompt, params)
@@ -159,11 +164,12 @@ def cmd_generate(a: argparse.Namespace) -> None:
     while engine.has_unfinished_requests():
         for out in engine.step():  # stream the text as it grows
             text = out.outputs[0].text
-            if not text.endswith("\ufffd"):
+            if show and not text.endswith("\ufffd"):
                 sys.stdout.write(text[printed:])
                 sys.stdout.flush()
                 printed = len(text)
-    print()
+    if show:
+        print()
 
 
 def _bench_trace(a: argparse.Namespace, vocab_size: int, block_size: int):
@@ -245,6 +251,9 @@ def cmd_serve(a: argparse.Namespace) -> None:
     frontend = dataclasses.replace(frontend, api_key=api_keys,
                                    chat_template=load_chat_template(frontend.chat_template))
     config = _config(a)
+    if config.distributed_executor_backend == "external_launcher":  # only rank 0 would see the requests
+        raise ValueError("--distributed-executor-backend external_launcher is for offline runs (every rank must be "
+                         "given the same requests): serve with mp, and several machines with fleet-serve")
     with spawned_workers_unless_set():  # as `vllm serve`: the server owns its (guarded) main module
         engine = AsyncLLMEngine(LLMEngine(config), max_history_steps=a.max_history_steps)
     print(f"minengine serving {config.served_model_name!r} ({engine.engine.model_path}) on http://{a.host}:{a.port} "
@@ -494,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     _bench_serve_parser(sub)
     _serve_parser(sub)
+    add_fleet_parser(sub)
     add_lab_parser(sub)
     return p
 

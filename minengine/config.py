@@ -215,7 +215,11 @@ class EngineConfig:
             the model is read. At N = 1 a MoE model runs as without it.
         distributed_executor_backend: vLLM's name: ``"mp"`` (worker processes, ``minengine.executor``) or
             ``"uni"`` (the model in this process; world size 1 without async scheduling); None = "uni" when
-            ``tensor_parallel_size`` is 1 and ``async_scheduling`` off, else "mp".
+            ``tensor_parallel_size`` is 1 and ``async_scheduling`` off, else "mp". ``"external_launcher"``: this
+            process is one rank of ``tensor_parallel_size``, started by ``torchrun`` or by hand, on this machine
+            or another, joined through the ``MASTER_ADDR`` / ``MASTER_PORT`` / ``WORLD_SIZE`` / ``RANK``
+            rendezvous (``distributed.init_env_group``); every rank runs the whole engine on its shard and must be
+            given the same requests in the same order (offline use: ``LLM``, ``generate``, ``run``; not ``serve``).
         async_scheduling: vLLM's name: schedule step N+1 while the workers run step N (tokens of N are
             placeholders until its output arrives), so the host's scheduling hides behind the forward; needs
             worker processes ("mp"), not with ``speculative_config``. Outputs are the same as without it.
@@ -363,8 +367,11 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         backend, tp = self.distributed_executor_backend, self.tensor_parallel_size
-        if backend not in (None, "mp", "uni"):
-            raise ValueError(f"distributed_executor_backend must be 'mp', 'uni' or None, got {backend!r}")
+        if backend not in (None, "mp", "uni", "external_launcher"):
+            raise ValueError(f"distributed_executor_backend must be 'mp', 'uni', 'external_launcher' or None, got "
+                             f"{backend!r}")
+        if backend == "external_launcher":
+            self._check_external_launcher()
         if backend == "uni" and tp > 1:
             raise ValueError(f"distributed_executor_backend='uni' runs one process: tensor_parallel_size ({tp}) "
                              f"needs 'mp'")
@@ -381,8 +388,19 @@ class EngineConfig:
         t = self.execute_model_timeout_s
         if not isinstance(t, (int, float)) or isinstance(t, bool) or not t > 0:
             raise ValueError(f"execute_model_timeout_s must be a number of seconds > 0, got {t!r}")
-        if self.device == "cpu":
+        if self.device == "cpu" and backend != "external_launcher":  # there each process is one rank
             check_cpu_cores(tp, self.allow_cpu_oversubscription)
+
+    def _check_external_launcher(self) -> None:
+        """Settings every rank of an external launcher's group could size differently, or that need worker
+        processes (ValueError naming the field)."""
+        if self.async_scheduling:
+            raise ValueError("async_scheduling needs worker processes: not with "
+                             "distributed_executor_backend='external_launcher'")
+        if self.gpu_memory_utilization is not None:
+            raise ValueError("gpu_memory_utilization sizes the KV pool from each machine's free memory, so the "
+                             "ranks of distributed_executor_backend='external_launcher' could schedule differently: "
+                             "give num_kv_blocks (or neither)")
 
     def _check_loading(self) -> None:
         """Validate the vLLM-compatible loading, memory and attention settings, the structured-outputs config and

@@ -165,6 +165,45 @@ def init_worker_group(backend: str, store_host: str, store_port: int, rank: int,
     return TensorParallelGroup(rank=rank, world_size=world_size, process_group=dist.group.WORLD)
 
 
+ENV_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK")  # torchrun's contract (env://)
+
+
+def init_env_group(world_size: int, backend: str, timeout_s: float) -> TensorParallelGroup:
+    """Join a process group through torch.distributed's standard rendezvous (``init_method="env://"``): the
+    variables ``MASTER_ADDR``, ``MASTER_PORT`` (rank 0's host and a free port there), ``WORLD_SIZE`` and ``RANK``,
+    as ``torchrun`` sets them or as a person exports them on each machine. Every rank is a whole engine
+    (vLLM's ``distributed_executor_backend="external_launcher"``); the ranks may be on different hosts, so no
+    socket interface is forced (``GLOO_SOCKET_IFNAME`` picks one where the default route is not the right one).
+    A group the launcher's script already initialised is reused.
+
+    Raises:
+        ValueError: a variable missing or not an integer where one is needed, ``WORLD_SIZE`` other than
+            ``world_size`` (the engine's ``tensor_parallel_size``), ``RANK`` outside ``0 .. WORLD_SIZE - 1``.
+        RuntimeError: as ``torch.distributed.init_process_group`` (a peer never joined within ``timeout_s``).
+    """
+    import torch.distributed as dist
+
+    missing = [name for name in ENV_RENDEZVOUS if not os.environ.get(name)]
+    if missing:
+        raise ValueError(f"distributed_executor_backend='external_launcher' joins through the env:// rendezvous: "
+                         f"set {', '.join(missing)} (torchrun sets them all)")
+    values = {}
+    for name in ("MASTER_PORT", "WORLD_SIZE", "RANK"):
+        try:
+            values[name] = int(os.environ[name])
+        except ValueError:
+            raise ValueError(f"{name} must be an integer, got {os.environ[name]!r}") from None
+    if values["WORLD_SIZE"] != world_size:
+        raise ValueError(f"WORLD_SIZE ({values['WORLD_SIZE']}) must equal tensor_parallel_size ({world_size}): "
+                         f"every rank of the group holds one shard")
+    if not 0 <= values["RANK"] < world_size:
+        raise ValueError(f"RANK must be in 0..{world_size - 1}, got {values['RANK']}")
+    if not dist.is_initialized():
+        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    return TensorParallelGroup(rank=dist.get_rank(), world_size=dist.get_world_size(),
+                               process_group=dist.group.WORLD)
+
+
 def available_cpu_cores() -> int:
     """Cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
     try:

@@ -53,16 +53,37 @@ def load_model(config: EngineConfig, runner=None) -> LoadedModel:
     if device == "cpu" and config.num_cpu_threads is not None:
         torch.set_num_threads(config.num_cpu_threads)  # process-wide; see EngineConfig.num_cpu_threads
     kv_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, dtype)  # fp8: 1 byte per element
-    if executor_backend(config) == "mp":
+    backend = executor_backend(config)
+    if backend == "mp":
         return _read_model_config(config, device, kv_dtype)
+    group = _env_group(config, device) if backend == "external_launcher" else None
     model, hf_config, model_path = load_model(config.model, dtype, device, config.revision,
-                                              config.trust_remote_code, config.quantization,
+                                              config.trust_remote_code, config.quantization, tp=group,
                                               expert_parallel=config.enable_expert_parallel)
     tokenizer = load_tokenizer(config.tokenizer or model_path, required=config.tokenizer is not None,
                                revision=config.revision if config.tokenizer else None,
                                trust_remote_code=config.trust_remote_code)
     return LoadedModel(model, hf_config, model_path, tokenizer, device,
                        kv_bytes_per_block(model, config.block_size, kv_dtype), kv_dtype)
+
+
+def _env_group(config: EngineConfig, device: str):
+    """This process's rank of an external launcher's group (env:// rendezvous; gloo on the CPU, nccl on CUDA,
+    where rank r takes the machine's GPU ``LOCAL_RANK``, torchrun's variable, else 0).
+
+    Raises:
+        ValueError: the rendezvous variables are missing or do not fit ``tensor_parallel_size``.
+    """
+    import os
+
+    import torch
+
+    from minengine.distributed import init_env_group
+
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return init_env_group(config.tensor_parallel_size, "nccl" if device == "cuda" else "gloo",
+                          config.execute_model_timeout_s)
 
 
 def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> LoadedModel:

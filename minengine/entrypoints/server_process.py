@@ -56,6 +56,9 @@ class ServerProcess:
         progress_every_s: while waiting, print how long it has been and the server's last output line this often.
         program: the command before ``args`` (default ``python -m minengine serve``; tests pass a stand-in).
         env: variables set for the server on top of this process's environment (e.g. ``{"OMP_NUM_THREADS": "1"}``).
+        port: the TCP port to serve on (None: one the OS says is free now).
+        wait: wait for ``/health`` before returning (False: the caller calls ``wait_healthy``, e.g. after starting
+            several servers that load their models at the same time).
 
     Attributes:
         url: the base URL, ``http://127.0.0.1:PORT``.
@@ -71,8 +74,9 @@ class ServerProcess:
     """
 
     def __init__(self, args: list[str], timeout_s: float = 540.0, progress_every_s: float = 20.0,
-                 program: list[str] | None = None, env: dict[str, str] | None = None):
-        self.port = free_port()
+                 program: list[str] | None = None, env: dict[str, str] | None = None, port: int | None = None,
+                 wait: bool = True):
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         program = [sys.executable, "-m", "minengine", "serve"] if program is None else list(program)
         self.command = [*program, *args, "--port", str(self.port), "--uvicorn-log-level", "warning"]
@@ -82,7 +86,8 @@ class ServerProcess:
         self._reader = threading.Thread(target=self._read_output, daemon=True)
         self._reader.start()
         atexit.register(self.stop)
-        self._wait_healthy(timeout_s, progress_every_s)
+        if wait:
+            self.wait_healthy(timeout_s, progress_every_s)
 
     def _read_output(self) -> None:
         for line in self.process.stdout:
@@ -92,7 +97,8 @@ class ServerProcess:
         tail = list(self.output)[-lines:]
         return "\n".join("    " + line for line in tail) if tail else "    (nothing)"
 
-    def _wait_healthy(self, timeout_s: float, progress_every_s: float) -> None:
+    def wait_healthy(self, timeout_s: float = 540.0, progress_every_s: float = 20.0) -> None:
+        """Until ``/health`` answers 200 (seconds; raises ``ServerStartError`` as the constructor)."""
         start = time.monotonic()
         next_progress = start + progress_every_s
         while True:

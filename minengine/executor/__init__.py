@@ -13,7 +13,11 @@ The executor interface is the ``ModelRunner``'s, so the engine (and its one sche
   ``submit`` / ``collect`` (a step sent without waiting, so the driver schedules the next one meanwhile: async
   scheduling), ``shutdown``, and ``last_replies`` (per rank: all-reduces run, seconds in the worker).
 
-vLLM's names: ``distributed_executor_backend="mp"`` / ``"uni"`` (``UniProcExecutor``).
+- ``"external_launcher"`` (vLLM's name): the ``ModelRunner`` in this process on this rank's shard; the process
+  is one rank of a group that ``torchrun`` (or a person, on each machine) started, joined through the env://
+  rendezvous (``distributed.init_env_group``, from ``engine/model_setup.py``). Every rank runs its own engine.
+
+vLLM's names: ``distributed_executor_backend="mp"`` / ``"uni"`` (``UniProcExecutor``) / ``"external_launcher"``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,10 @@ __all__ = ["MainGuardError", "MultiprocExecutor", "WorkerFailedError", "executor
 
 
 def executor_backend(config) -> str:
-    """"uni" or "mp": ``config.distributed_executor_backend``, or when None the default for the config."""
+    """"uni", "mp" or "external_launcher": ``config.distributed_executor_backend``, or when None the default for
+    the config."""
+    if config.distributed_executor_backend == "external_launcher":
+        return "external_launcher"
     return "mp" if config.uses_worker_processes else "uni"
 
 
@@ -41,7 +48,7 @@ def make_executor(config, model, hf_config, model_path, device: str, num_blocks:
         WorkerFailedError: a worker failed to start.
         MainGuardError: workers must be spawned from an unguarded main script (``executor/start_method.py``).
     """
-    if executor_backend(config) == "uni":
+    if executor_backend(config) != "mp":  # "external_launcher": ``model`` is this rank's shard
         from minengine.worker.model_runner import ModelRunner
 
         return ModelRunner(model, num_blocks, config.block_size, seed=config.seed, num_swap_blocks=num_swap_blocks,
