@@ -134,6 +134,21 @@ def hf_greedy(path: str, prompt: tuple[int, ...], max_new_tokens: int) -> list[i
     return out[0, ids.shape[1]:].tolist()
 
 
+def generate_and_compare(model: str, prompts: list[list[int]], greedy, **config):
+    """Run ``LLM(model, **config)`` on ``prompts`` with ``greedy`` (``SamplingParams``, temperature 0, EOS
+    ignored) and check each output equals transformers' greedy tokens and every KV block is free again; the LLM."""
+    from minengine import LLM
+
+    llm = LLM(model, **config)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy, use_tqdm=False)
+    for prompt, out in zip(prompts, outs):
+        assert out.outputs[0].token_ids == hf_greedy(model, tuple(prompt), greedy.max_tokens), (
+            f"prompt of {len(prompt)} tokens")
+    engine = llm.llm_engine
+    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks  # every block is free again
+    return llm
+
+
 @pytest.fixture(scope="session")
 def bundled_prompts(bundled_model) -> list[list[int]]:
     from transformers import AutoTokenizer

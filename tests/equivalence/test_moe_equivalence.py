@@ -9,21 +9,12 @@ import pytest
 from minengine import LLM, SamplingParams
 from minengine.layers.moe import SparseMoeBlock
 from minengine.models.moe import MoeForCausalLM, set_moe_implementation
-from tests.conftest import hf_greedy
+from tests.conftest import generate_and_compare, hf_greedy
 
 MAX_NEW = 12
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+SHAPE = dict(max_model_len=1024)  # every engine of this file
 ARCHS = ["random_mixtral", "random_qwen3_moe"]
-
-
-def generate_and_compare(model: str, prompts: list[list[int]], **config) -> LLM:
-    llm = LLM(model, max_model_len=1024, **config)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
-    for prompt, out in zip(prompts, outs):
-        assert out.outputs[0].token_ids == hf_greedy(model, tuple(prompt), MAX_NEW), f"prompt of {len(prompt)} tokens"
-    engine = llm.llm_engine
-    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks  # every block is free again
-    return llm
 
 
 def short_prompts(random_prompts: list[list[int]]) -> list[list[int]]:
@@ -35,7 +26,8 @@ def short_prompts(random_prompts: list[list[int]]) -> list[list[int]]:
 def test_chunked_prefill_matches_transformers(request, random_prompts, arch):
     """A 16-token budget: long prompts go in many chunks, mixed with other requests' decodes."""
     model = request.getfixturevalue(arch)
-    llm = generate_and_compare(model, short_prompts(random_prompts), max_num_batched_tokens=16, max_num_seqs=4)
+    llm = generate_and_compare(model, short_prompts(random_prompts), GREEDY, **SHAPE, max_num_batched_tokens=16,
+                               max_num_seqs=4)
     net = llm.llm_engine.model
     assert isinstance(net, MoeForCausalLM) and any(isinstance(m, SparseMoeBlock) for m in net.modules())
     traces = llm.llm_engine.traces
@@ -48,7 +40,7 @@ def test_prefix_hits_match_transformers(request, random_prompts, arch):
     model = request.getfixturevalue(arch)
     base = random_prompts[-1]
     prompts = [base[:48] + base[100 + 20 * i:100 + 20 * i + 9 + i] for i in range(4)] + [base[:64]]
-    llm = generate_and_compare(model, prompts, max_num_batched_tokens=64, enable_prefix_caching=True)
+    llm = generate_and_compare(model, prompts, GREEDY, **SHAPE, max_num_batched_tokens=64, enable_prefix_caching=True)
     again = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
     for prompt, out in zip(prompts, again):
         assert out.outputs[0].token_ids == hf_greedy(model, tuple(prompt), MAX_NEW)
@@ -60,7 +52,7 @@ def test_preemption_matches_transformers(request, random_prompts, arch):
     """A pool of 12 blocks for 6 prompts of up to 100 tokens: requests are preempted and recomputed."""
     model = request.getfixturevalue(arch)
     prompts = [p for p in random_prompts if 15 <= len(p) <= 100]
-    llm = generate_and_compare(model, prompts, max_num_batched_tokens=64, num_kv_blocks=12)
+    llm = generate_and_compare(model, prompts, GREEDY, **SHAPE, max_num_batched_tokens=64, num_kv_blocks=12)
     assert llm.llm_engine.summary().num_preemptions > 0
 
 

@@ -13,12 +13,13 @@ import torch
 from minengine import LLM, SamplingParams
 from minengine.core.windowed_kv_cache_manager import WindowedKVCacheManager, max_blocks_held
 from minengine.models.windowed_llama import WindowedLlamaForCausalLM
-from tests.conftest import _save_random_model, hf_greedy
+from tests.conftest import _save_random_model, generate_and_compare, hf_greedy
 
 WINDOW = 21  # not a multiple of the block size: the window starts inside a block
 BLOCK_SIZE = 8
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
+SHAPE = dict(max_model_len=1024, block_size=BLOCK_SIZE)  # every engine of this file
 PROMPT_LENGTHS = (1, 20, 21, 22, 37, 64, 150)
 
 
@@ -54,16 +55,6 @@ def prompts() -> list[list[int]]:
     return [stream[:n] for n in PROMPT_LENGTHS]
 
 
-def generate_and_compare(model: str, prompts: list[list[int]], **config) -> LLM:
-    llm = LLM(model, max_model_len=1024, block_size=BLOCK_SIZE, **config)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY, use_tqdm=False)
-    for prompt, out in zip(prompts, outs):
-        assert out.outputs[0].token_ids == hf_greedy(model, tuple(prompt), MAX_NEW), f"prompt of {len(prompt)} tokens"
-    engine = llm.llm_engine
-    assert engine.kv_cache_manager.num_free_blocks == engine.num_kv_blocks  # every block is free again
-    return llm
-
-
 CONFIGS = {
     "no-chunking": dict(enable_chunked_prefill=False, max_num_batched_tokens=1024),
     "chunk-7": dict(long_prefill_token_threshold=7, max_num_batched_tokens=64),
@@ -77,7 +68,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_windowed_mistral_matches_transformers(windowed_mistral, prompts, name):
-    llm = generate_and_compare(windowed_mistral, prompts, **CONFIGS[name])
+    llm = generate_and_compare(windowed_mistral, prompts, GREEDY, **SHAPE, **CONFIGS[name])
     engine = llm.llm_engine
     assert isinstance(engine.model, WindowedLlamaForCausalLM)
     assert isinstance(engine.kv_cache_manager, WindowedKVCacheManager)
@@ -93,7 +84,8 @@ def test_windowed_mistral_matches_transformers(windowed_mistral, prompts, name):
 @pytest.mark.parametrize("backend", ["reference", "auto"])
 def test_interleaved_full_and_windowed_layers_match_transformers(interleaved_qwen2, prompts, backend):
     """Layer 0 reads every key (on a CPU "auto" is the C++ kernel), layer 1 its window: nothing can be freed."""
-    llm = generate_and_compare(interleaved_qwen2, prompts, max_num_batched_tokens=16, attention_backend=backend)
+    llm = generate_and_compare(interleaved_qwen2, prompts, GREEDY, **SHAPE, max_num_batched_tokens=16,
+                               attention_backend=backend)
     assert llm.llm_engine.model.layer_windows == [None, WINDOW]
     assert not isinstance(llm.llm_engine.kv_cache_manager, WindowedKVCacheManager)
 
