@@ -49,14 +49,11 @@ def finished_requests(url: str) -> int:
     return round(sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M)))
 
 
-def test_two_replicas_behind_the_router_round_robin_then_sigterm_leaves_no_process(bundled_model):
-    from openai import OpenAI
-
-    port = free_ports(3)
-    fleet = subprocess.Popen([sys.executable, "-m", "minengine", "fleet-serve", "--num-replicas", "2", "--port",
-                              str(port), "--policy", "round_robin", "--startup-timeout", "50", "--",
-                              bundled_model, "--max-model-len", "256", "--uvicorn-log-level", "warning"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
+def start_fleet(args: list[str]) -> tuple[subprocess.Popen, list[str], list[int]]:
+    """``python -m minengine fleet-serve ARGS`` started and waited for until its router is up: (the process, its
+    output lines so far, growing as it prints, and the pids of the fleet and every process under it)."""
+    fleet = subprocess.Popen([sys.executable, "-m", "minengine", "fleet-serve", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=child_env())
     lines: list[str] = []
     threading.Thread(target=lambda: lines.extend(fleet.stdout), daemon=True).start()
     try:
@@ -64,7 +61,24 @@ def test_two_replicas_behind_the_router_round_robin_then_sigterm_leaves_no_proce
         while not any(line.startswith("minengine fleet: router") for line in lines):
             assert fleet.poll() is None and time.monotonic() < deadline, "".join(lines[-20:])
             time.sleep(0.2)
-        pids = [fleet.pid] + [c.pid for c in psutil.Process(fleet.pid).children(recursive=True)]
+    except BaseException:
+        fleet.send_signal(signal.SIGTERM)  # the fleet stops what it started
+        try:
+            fleet.wait(timeout=60)
+        finally:
+            fleet.kill()
+        raise
+    return fleet, lines, [fleet.pid] + [c.pid for c in psutil.Process(fleet.pid).children(recursive=True)]
+
+
+def test_two_replicas_behind_the_router_round_robin_then_sigterm_leaves_no_process(bundled_model):
+    from openai import OpenAI
+
+    port = free_ports(3)
+    fleet, lines, pids = start_fleet(["--num-replicas", "2", "--port", str(port), "--policy", "round_robin",
+                                      "--startup-timeout", "50", "--", bundled_model, "--max-model-len", "256",
+                                      "--uvicorn-log-level", "warning"])
+    try:
         assert len(pids) >= 4, pids  # the fleet, two replicas, the router
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
@@ -83,17 +97,9 @@ def test_two_replicas_behind_the_router_round_robin_then_sigterm_leaves_no_proce
 
 def test_a_replica_that_dies_stops_the_fleet_with_code_1(bundled_model):
     port = free_ports(2)
-    fleet = subprocess.Popen([sys.executable, "-m", "minengine", "fleet-serve", "--num-replicas", "1", "--port",
-                              str(port), "--startup-timeout", "50", "--", bundled_model, "--max-model-len", "128"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(fleet.stdout), daemon=True).start()
+    fleet, lines, pids = start_fleet(["--num-replicas", "1", "--port", str(port), "--startup-timeout", "50", "--",
+                                      bundled_model, "--max-model-len", "128"])
     try:
-        deadline = time.monotonic() + 55
-        while not any(line.startswith("minengine fleet: router") for line in lines):
-            assert fleet.poll() is None and time.monotonic() < deadline, "".join(lines[-20:])
-            time.sleep(0.2)
-        pids = [fleet.pid] + [c.pid for c in psutil.Process(fleet.pid).children(recursive=True)]
         replica = next(p for p in psutil.Process(fleet.pid).children() if "serve" in p.cmdline())
         replica.kill()
         code = fleet.wait(timeout=60)
