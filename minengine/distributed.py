@@ -13,6 +13,7 @@ Also vLLM's ``cleanup_dist_env_and_memory``, for scripts that call it between en
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import gc
 import math
@@ -61,6 +62,16 @@ class TensorParallelGroup:
     num_all_to_alls: int = 0
     all_to_all_bytes: int = 0
     expert_loads: list = field(default_factory=list)
+    last_work: object | None = field(default=None, repr=False)
+
+    def _finish(self, work) -> None:
+        """Wait for a collective (the GIL released meanwhile) and hold its ``Work`` from then on: a gloo thread
+        that drops the last reference to a ``Work`` frees its tensors, which needs the GIL; after the last
+        collective before the interpreter finalises, such a thread is killed waiting for the GIL and the process
+        aborts ("terminate called without an active exception"; pytorch/pytorch#190489). Held here, only the
+        main thread frees it (when the next collective replaces it, or with this object)."""
+        work.wait()
+        self.last_work = work
 
     def all_reduce(self, x):
         """Sum ``x`` (any shape, any float dtype) over the ranks, in place; returns ``x``. No-op at world size 1.
@@ -71,7 +82,7 @@ class TensorParallelGroup:
             return x
         import torch.distributed as dist
 
-        dist.all_reduce(x, group=self.process_group)
+        self._finish(dist.all_reduce(x, group=self.process_group, async_op=True))
         self.num_all_reduces += 1
         self.all_reduce_bytes += x.numel() * x.element_size()
         return x
@@ -86,7 +97,7 @@ class TensorParallelGroup:
 
         x = x.contiguous()
         parts = [torch.empty_like(x) for _ in range(self.world_size)]
-        dist.all_gather(parts, x, group=self.process_group)
+        self._finish(dist.all_gather(parts, x, group=self.process_group, async_op=True))
         self.num_all_gathers += 1
         self.all_gather_bytes += self.world_size * x.numel() * x.element_size()
         return parts
@@ -101,7 +112,7 @@ class TensorParallelGroup:
 
         x = x.contiguous()
         out = x.new_empty((sum(recv_rows), *x.shape[1:]))
-        dist.all_to_all_single(out, x, recv_rows, send_rows, group=self.process_group)
+        self._finish(dist.all_to_all_single(out, x, recv_rows, send_rows, group=self.process_group, async_op=True))
         row_bytes = math.prod(x.shape[1:]) * x.element_size()  # also for a rank that sends no row
         self.num_all_to_alls += 1
         self.all_to_all_bytes += (sum(send_rows) - send_rows[self.rank]) * row_bytes
@@ -112,8 +123,16 @@ class TensorParallelGroup:
         if self.world_size > 1:
             import torch.distributed as dist
 
-            dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.process_group)
+            self._finish(dist.all_reduce(x, op=dist.ReduceOp.MAX, group=self.process_group, async_op=True))
         return x
+
+    def destroy(self) -> None:
+        """Destroy the process group (``init_env_group`` calls it at exit, for the group it made; torch asks
+        for it before a process ends). ``last_work`` stays held (see ``_finish``). Collectives after it fail."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
     def reset_counters(self) -> None:
         self.num_all_reduces = self.all_reduce_bytes = self.num_all_gathers = self.all_gather_bytes = 0
@@ -198,10 +217,12 @@ def init_env_group(world_size: int, backend: str, timeout_s: float) -> TensorPar
                          f"every rank of the group holds one shard")
     if not 0 <= values["RANK"] < world_size:
         raise ValueError(f"RANK must be in 0..{world_size - 1}, got {values['RANK']}")
-    if not dist.is_initialized():
-        dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
-    return TensorParallelGroup(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                               process_group=dist.group.WORLD)
+    if dist.is_initialized():  # the launcher's script made the group: its teardown is the script's
+        return TensorParallelGroup(dist.get_rank(), dist.get_world_size(), dist.group.WORLD)
+    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout_s))
+    group = TensorParallelGroup(dist.get_rank(), dist.get_world_size(), dist.group.WORLD)
+    atexit.register(group.destroy)
+    return group
 
 
 def available_cpu_cores() -> int:

@@ -94,6 +94,12 @@ class MultiprocExecutor:
         self._encoder = StepEncoder()
         self._in_flight: collections.deque[int] = collections.deque()
         self._failure: str | None = None
+        self._procs, self._conns = [], []
+        self._stop = weakref.finalize(self, _stop_workers, self._procs, self._conns)
+        # The workers start first and wait for their config: a fork copies only the forking thread, so a lock
+        # that another thread held at that moment stays locked in the child forever; the store's thread, which
+        # serves the first workers' connections, must not exist yet when the later ones fork.
+        self._start_workers()
         # The rendezvous: a store in this process on a port the OS picks (no race for a free port).
         self._store = dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=timeout_s))
@@ -105,12 +111,14 @@ class MultiprocExecutor:
                               kv_cache_dtype=kv_cache_dtype, quantization=quantization,
                               attention_backend=attention_backend, expert_parallel=expert_parallel,
                               minengine_dir=str(Path(minengine.__file__).resolve().parent))
-        self._procs, self._conns = [], []
-        self._stop = weakref.finalize(self, _stop_workers, self._procs, self._conns)
-        self._start_workers(config)
+        for conn in self._conns:
+            try:
+                conn.send(config)
+            except OSError:  # a worker that died already: its exit code says why
+                self._fail_dead("start")
         self._wait_all(lambda msg: msg is None, START_TIMEOUT_S, "start")
 
-    def _start_workers(self, config: WorkerConfig) -> None:
+    def _start_workers(self) -> None:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context(self.start_method)
@@ -119,8 +127,8 @@ class MultiprocExecutor:
         for rank in range(self.world_size):
             parent, child = ctx.Pipe(duplex=True)
             # a forked worker closes its copies of the driver's pipe ends (this one's and the earlier workers')
-            target, args = ((forked_worker_main, (rank, config, child, [*self._conns, parent]))
-                            if self.start_method == "fork" else (worker_main, (rank, config, child)))
+            target, args = ((forked_worker_main, (rank, child, [*self._conns, parent]))
+                            if self.start_method == "fork" else (worker_main, (rank, child)))
             proc = ctx.Process(target=target, args=args, name=f"minengine-worker-{rank}", daemon=True)
             proc.start()
             child.close()  # the worker's end lives in the worker only: its death closes the pipe
@@ -178,8 +186,9 @@ class MultiprocExecutor:
         return self._failure is None and self._stop.alive
 
     def shutdown(self) -> None:
-        """Stop every worker (graceful, then terminate, then kill); idempotent."""
+        """Stop every worker (graceful, then terminate, then kill), then the store's thread; idempotent."""
         self._stop()
+        self._store = None
 
     @property
     def worker_pids(self) -> list[int]:

@@ -1,7 +1,8 @@
 """The tensor-parallel worker process: one rank, its shard of the weights and of every KV block, a loop of steps.
 
 Started by ``MultiprocExecutor`` (``torch.multiprocessing``: forked, ``forked_worker_main``, or spawned,
-``worker_main``; ``executor/start_method.py``). It joins the process group, loads its shard
+``worker_main``; ``executor/start_method.py``). It reads its ``WorkerConfig`` from its pipe (the driver sends
+it once every worker has started), joins the process group, loads its shard
 (``load_model(..., tp=group)``), builds an ordinary ``ModelRunner`` on it (the shard's KV heads set the KV
 tensors' shape: each rank holds its heads' slice of every block), tells the driver it is ready, then runs
 every step the driver sends, in order: decode the message, ``ModelRunner.execute`` (the model's all-reduces
@@ -78,14 +79,15 @@ class WorkerConfig:
     expert_parallel: bool = False
 
 
-def worker_main(rank: int, config: WorkerConfig, conn) -> None:
-    """The worker process (``conn``: its end of the driver's pipe). It ends with ``os._exit``: an interpreter
-    with torch loaded can take seconds to tear itself down, and a worker has nothing to save (what it sent is
-    in the pipe already)."""
+def worker_main(rank: int, conn) -> None:
+    """The worker process (``conn``: its end of the driver's pipe, on which its ``WorkerConfig`` comes first). It
+    ends with ``os._exit``: an interpreter with torch loaded can take seconds to tear itself down, and a worker
+    has nothing to save (what it sent is in the pipe already)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 1
     try:
         try:
+            config = conn.recv()
             runner, group = _start(rank, config)
         except BaseException:
             conn.send(("error", rank, traceback.format_exc()))
@@ -102,14 +104,14 @@ def worker_main(rank: int, config: WorkerConfig, conn) -> None:
         os._exit(code)
 
 
-def forked_worker_main(rank: int, config: WorkerConfig, conn, driver_conns: list) -> None:
+def forked_worker_main(rank: int, conn, driver_conns: list) -> None:
     """``worker_main`` in a forked child. The fork copied the driver's ends of the pipes (``driver_conns``): held
     here, they would keep this worker's own pipe open after the driver exits, so it would never see the driver
     go; closed first. SIGTERM back to its default, in case the driver had a handler (a server's)."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     for driver_end in driver_conns:
         driver_end.close()
-    worker_main(rank, config, conn)
+    worker_main(rank, conn)
 
 
 def _start(rank: int, config: WorkerConfig):

@@ -89,14 +89,12 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Attention, then the feed-forward: ``mlp`` if given (a MoE model's sparse block), else the dense ``MLP``."""
-
-    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup, mlp: nn.Module | None = None):
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg, qkv_bias, qk_norm, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = mlp if mlp is not None else MLP(cfg, tp)
+        self.mlp = MLP(cfg, tp)
 
     def forward(self, x, rope, batch, kv_cache):
         x = x + self.self_attn(self.input_layernorm(x), rope, batch, kv_cache)
@@ -106,10 +104,10 @@ class DecoderLayer(nn.Module):
 class Backbone(nn.Module):
     """``model.*`` in the checkpoint: embeddings (replicated on every rank), decoder layers, final norm."""
 
-    def __init__(self, cfg, layers: list[nn.Module]):
+    def __init__(self, cfg, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(layers)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, qkv_bias, qk_norm, tp) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
@@ -129,14 +127,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = hf_config
         self.tp = tp = tp or TensorParallelGroup()
-        layers = [self.decoder_layer(hf_config, i, qkv_bias, qk_norm, tp) for i in range(hf_config.num_hidden_layers)]
-        self.model = Backbone(hf_config, layers)
+        self.model = Backbone(hf_config, qkv_bias, qk_norm, tp)
         self.lm_head = lm_head(hf_config.hidden_size, hf_config.vocab_size, tp)
         self.rotary = RotaryEmbedding(hf_config)
-
-    def decoder_layer(self, cfg, index: int, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup) -> DecoderLayer:
-        """Decoder layer ``index``; a model whose layers differ overrides this (``models/moe.py``)."""
-        return DecoderLayer(cfg, qkv_bias, qk_norm, tp)
 
     @property
     def num_kv_heads(self) -> int:

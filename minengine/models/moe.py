@@ -24,9 +24,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch import nn
+
 from minengine.distributed import TensorParallelGroup
 from minengine.layers.moe import MOE_IMPLEMENTATIONS, SparseMoeBlock
-from minengine.models.llama import DecoderLayer, LlamaForCausalLM
+from minengine.models.llama import LlamaForCausalLM
 from minengine.models.moe_checkpoint import stack_experts
 
 
@@ -106,24 +108,26 @@ class MoeForCausalLM(LlamaForCausalLM):
 
     def __init__(self, hf_config, qkv_bias: bool = False, qk_norm: bool = False,
                  tp: TensorParallelGroup | None = None, expert_parallel: bool = False):
-        self.expert_parallel = expert_parallel  # read by decoder_layer, which the parent's constructor calls
-        super().__init__(hf_config, qkv_bias, qk_norm, tp)
-
-    def decoder_layer(self, cfg, index: int, qkv_bias: bool, qk_norm: bool, tp: TensorParallelGroup) -> DecoderLayer:
-        if tp.world_size > 1 and not self.expert_parallel:
+        if tp is not None and tp.world_size > 1 and not expert_parallel:
             raise ValueError("tensor_parallel_size > 1 on a mixture-of-experts model needs "
                              "enable_expert_parallel=True (minengine splits the experts across ranks, it does not "
                              "shard each expert's weights)")
-        moe = moe_settings(cfg)
-        if index not in moe.sparse_layers:
-            return DecoderLayer(cfg, qkv_bias, qk_norm, tp)  # Qwen3-MoE's dense layers: intermediate_size
-        sizes = (cfg.hidden_size, moe.expert_intermediate_size, moe.num_experts, moe.top_k, moe.routing,
+        moe = moe_settings(hf_config)
+        # Built dense, then each sparse layer's MLP replaced: the loader builds on the meta device, where the
+        # dense MLPs cost nothing, and the default model keeps no hook for a MoE model.
+        super().__init__(hf_config, qkv_bias, qk_norm, tp)
+        sizes = (hf_config.hidden_size, moe.expert_intermediate_size, moe.num_experts, moe.top_k, moe.routing,
                  moe.renormalize)
-        if tp.world_size > 1:
-            from minengine.layers.expert_parallel import ExpertParallelMoeBlock
+        for index in moe.sparse_layers:  # Qwen3-MoE's other layers keep the dense MLP (``intermediate_size``)
+            self.model.layers[index].mlp = self.moe_block(sizes)
 
-            return DecoderLayer(cfg, qkv_bias, qk_norm, tp, ExpertParallelMoeBlock(*sizes, tp))
-        return DecoderLayer(cfg, qkv_bias, qk_norm, tp, SparseMoeBlock(*sizes))
+    def moe_block(self, sizes: tuple) -> nn.Module:
+        """A sparse layer's feed-forward: all E experts, or with a group of more than one rank its E / N."""
+        if self.tp.world_size == 1:
+            return SparseMoeBlock(*sizes)
+        from minengine.layers.expert_parallel import ExpertParallelMoeBlock
+
+        return ExpertParallelMoeBlock(*sizes, self.tp)
 
 
 def set_moe_implementation(model, name: str) -> int:

@@ -238,3 +238,32 @@ def test_a_forked_child_restarts_an_unsettled_kernel_start(monkeypatch, settled)
     report = os.read(read, 200).decode()
     os.waitpid(pid, 0)
     assert report == ("True READY True" if settled else "True NOT_STARTED False")
+
+
+def test_workers_fork_before_the_store_has_a_thread(bundled_model, monkeypatch):
+    """The rendezvous store runs a thread that serves the first workers' connections; a worker forked while that
+    thread held a lock would wait on it forever (a fork copies only the forking thread). So every worker starts
+    before the store exists and receives its config, with the store's port, over its pipe."""
+    import multiprocessing
+
+    import torch.distributed as dist
+
+    from minengine import LLM, SamplingParams
+
+    workers_at_store = []
+    real_store = dist.TCPStore
+
+    def store(*args, **kwargs):
+        workers_at_store.append(sum(p.name.startswith("minengine-worker") for p in multiprocessing.active_children()))
+        return real_store(*args, **kwargs)
+
+    monkeypatch.setenv("MINENGINE_WORKER_MULTIPROC_METHOD", "fork")
+    monkeypatch.setattr(dist, "TCPStore", store)
+    llm = LLM(bundled_model, tensor_parallel_size=2, max_model_len=128, num_kv_blocks=32,
+              allow_cpu_oversubscription=True)
+    try:
+        out = llm.generate(["ROMEO:"], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) == 2
+    finally:
+        llm.llm_engine.shutdown()
+    assert workers_at_store == [2]
