@@ -6,7 +6,8 @@ FP8 cache; its linear layers run int8 weights):
 1. perplexity on the held-out split (the last 10 % of Tiny Shakespeare's characters, the bundled model's own
    validation split, never trained on) in non-overlapping windows, from the engine's prompt logprobs, for float32,
    fp8 KV (scales 1.0, vLLM's default), fp8 KV with scales calibrated on the training split (amax / 448), int8
-   weights, and fp8 KV + int8; bfloat16 as the 2-byte reference;
+   weights (whole-window steps: the dequantizing reference path; and in 16-token steps: the packed kernel that
+   decodes take), and fp8 KV + int8; bfloat16 as the 2-byte reference;
 2. greedy agreement with float32 over ``--prompts`` prompts from the held-out split: the fraction of output
    positions with the same token, the first position that differs (the output length when none does) and how
    many outputs are identical;
@@ -24,8 +25,9 @@ FP8 cache; its linear layers run int8 weights):
    prompt, ``--decode-tokens`` decode steps, torch threads 1, a warm-up, then the engines taken in turn
    ``--decode-repeats`` times; the median of the per-step wall and CPU time (``time.process_time``: on a shared
    machine wall time also counts other processes' turns on the core), with the load average, and beside it the
-   perplexity of the same two engines on held-out windows (random weights: it checks that int8 changes the
-   numbers little, not that the model is good).
+   perplexity of the same two engines on held-out windows in steps of 16 tokens, so int8's goes through the
+   packed kernel its decodes take (random weights: it checks that int8 changes the numbers little, not that the
+   model is good).
 
     python benchmarks/quantization.py --write        # ~5-10 minutes on 2 shared cores
 Prints Markdown; ``--write`` also writes ``benchmarks/results/quantization.md`` and ``.json``.
@@ -72,6 +74,10 @@ MODES = {
     "fp8 KV": ({"kv_cache_dtype": "fp8"}, False),
     "fp8 KV, calibrated scales": ({"kv_cache_dtype": "fp8"}, True),
     "int8 weights": ({"quantization": "int8"}, False),
+    # Steps of at most INT8PACK_MAX_ROWS tokens: the prompt logprobs then come from the packed int8 kernel, the
+    # path decodes take (prefill steps of more rows take the dequantizing reference, as the row above).
+    "int8 weights, 16-token steps (packed kernel)": (
+        {"quantization": "int8", "max_num_batched_tokens": q8.INT8PACK_MAX_ROWS}, False),
     "fp8 KV + int8 weights": ({"kv_cache_dtype": "fp8", "quantization": "int8"}, False),
 }
 
@@ -276,7 +282,10 @@ def decode_speed(args, held_out: list[int]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:  # the engines are used inside: their weights may map the file
         path = real_shaped_model(Path(tmp), args.decode_layers)
         max_len = max(args.window_len, args.decode_prompt_len + args.decode_tokens + 1)
-        llms = {name: LLM(path, max_model_len=max_len, num_cpu_threads=1, **settings)
+        # Steps of at most INT8PACK_MAX_ROWS tokens, so the perplexity's prompt logprobs come from the kernel that
+        # the timed decodes use (the prompt's prefill, in chunks, is not timed).
+        llms = {name: LLM(path, max_model_len=max_len, num_cpu_threads=1,
+                          max_num_batched_tokens=q8.INT8PACK_MAX_ROWS, **settings)
                 for name, settings in DECODE_MODES.items()}
         load_before = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),)
         for llm in llms.values():
@@ -372,7 +381,8 @@ A [rows, 256] x [256, 688] layer, torch threads 1, median of {args.repeats} x 10
 {args.decode_tokens} decode steps; torch threads 1; a warm-up, then the two engines in turn {args.decode_repeats}
 times, the median per decode step. Load average {d['load_before'][0]:.2f} before, {d['load_after'][0]:.2f} after.
 Weights read per step: the decoder's linear layers and the LM head (float32 in both: tied to the embeddings).
-Perplexity over {d['num_ppl_tokens']:,} held-out Tiny Shakespeare tokens (the bundled tokenizer's ids).
+Perplexity over {d['num_ppl_tokens']:,} held-out Tiny Shakespeare tokens (the bundled tokenizer's ids), in steps of
+16 tokens: int8 through the packed kernel, as its decodes.
 
 {dt}
 """
