@@ -11,17 +11,24 @@ The int8 bytes are what a memory-bound decode reads: a quarter of float32, half 
 prices that through ``ModelShape.weight_dtype_bytes``). Embeddings and the LM head stay in the model's dtype (the
 bundled model ties them; vLLM's weight-only methods also leave the LM head unquantized by default).
 
-Kernels (``int8_matmul``): torch's ``torch._weight_int8pack_mm(x, qweight, scale)`` (an ATen CPU kernel: int8
-weights, per-channel scales, x and scales of one dtype) where it is fast and right, else dequantize-then-matmul.
-Measured by ``benchmarks/quantization.py`` (torch 2.13, this project's 2-core AMD EPYC with AVX-512, shared, load
-average ~10, 1 thread, a [rows, 256] x [256, 688] layer; ``benchmarks/results/quantization.md``): in bfloat16 it
-beats converting the weight and calling ``mm`` up to 16 rows (0.015 vs 0.112 ms at 1 row, 0.100 vs 0.789 ms at 16)
-and loses from 32 (1.00 vs 0.16 ms); in float32 it is slower at every size (0.20 vs 0.034 ms at 1 row, 102 vs
-2.2 ms at 128), in float16 too (1.06 vs 0.65 ms at 1 row, 110 vs 15.8 ms at 128). It also computes wrong sums for
-an ``in_features`` that is not a multiple of 16 (24 and 40 here; 8 gave NaN) or kills the process (12 and 100:
-segfault). So: the packed
-kernel for CPU bfloat16 inputs of at most ``INT8PACK_MAX_ROWS`` rows (decodes) and a width that is a multiple of 16,
-the dequantizing path otherwise (float32, prefills, CUDA).
+Kernels. ``int8_matmul`` is the readable reference: convert qweight to the activations' dtype, ``mm``, scale the
+result. It builds a float copy of the whole weight on every call, so a float32 decode moves more bytes than the
+float layer would. ``int8pack_matmul`` is the fast path: torch's ``torch._weight_int8pack_mm(x, qweight, scales)``
+(an ATen CPU kernel: int8 weights [out, in] read as it multiplies, one scale per output channel, x and scales of one
+dtype), which never materialises float weights. Its vectorised path is bfloat16's; in float32 it is slower than a
+float matmul at every size, so float32 activations are cast to bfloat16 for it and its output cast back (the
+rounding that adds is below the int8 weights' own error, see ``int8pack_matmul``). ``int8_linear``, what the layers
+call, takes the fast path where ``uses_int8pack``: CPU, float32 or bfloat16, at most ``INT8PACK_MAX_ROWS`` rows
+(decodes, small chunks), an ``in_features`` that is a multiple of 16; the reference otherwise (prefills, float16,
+CUDA). Why those limits, measured by ``benchmarks/quantization.py`` (torch 2.13, 1 thread, on this project's shared
+2-core x86 machines with AVX-512; ``benchmarks/results/quantization.md``): on a [rows, 256] x [256, 688] layer the
+packed kernel beats dequantize-then-matmul up to 16 rows (float32 through bfloat16: 0.031 vs 0.061 ms at 1 row,
+0.135 vs 0.150 at 16) and loses from 32 (0.22 vs 0.16 ms); called on float32 directly it took 0.12 ms at 1 row and
+21 ms at 128; in float16 it is slower at every size. It computes wrong sums for an ``in_features`` that is not a
+multiple of 16 (24 and 40; 8 gave NaN) or kills the process (12 and 100: segfault). On a layer that small the
+float32 matmul is faster still (0.017 ms: its weight stays in cache); the int8 path pays off where weights stream
+from memory: a decode on SmolLM-135M's shape reads 41 % of float32's weight bytes and its decoder matmuls take about
+half the time (the LM head, float32 in both, and the rest of the step do not change).
 
 vLLM's name: vLLM has no method called "int8". The one that computes this scheme is ``"experts_int8"``
 (``ExpertsInt8Config``): online (applied at load time to an unquantized checkpoint, no calibration), int8 weights
