@@ -22,13 +22,14 @@ call, takes the fast path where ``uses_int8pack``: CPU, float32 or bfloat16, at 
 (decodes, small chunks), an ``in_features`` that is a multiple of 16; the reference otherwise (prefills, float16,
 CUDA). Why those limits, measured by ``benchmarks/quantization.py`` (torch 2.13, 1 thread, on this project's shared
 2-core x86 machines with AVX-512; ``benchmarks/results/quantization.md``): on a [rows, 256] x [256, 688] layer the
-packed kernel beats dequantize-then-matmul up to 16 rows (float32 through bfloat16: 0.031 vs 0.061 ms at 1 row,
-0.135 vs 0.150 at 16) and loses from 32 (0.22 vs 0.16 ms); called on float32 directly it took 0.12 ms at 1 row and
-21 ms at 128; in float16 it is slower at every size. It computes wrong sums for an ``in_features`` that is not a
-multiple of 16 (24 and 40; 8 gave NaN) or kills the process (12 and 100: segfault). On a layer that small the
-float32 matmul is faster still (0.017 ms: its weight stays in cache); the int8 path pays off where weights stream
-from memory: a decode on SmolLM-135M's shape reads 41 % of float32's weight bytes and its decoder matmuls take about
-half the time (the LM head, float32 in both, and the rest of the step do not change).
+packed kernel (float32 through bfloat16) beats dequantize-then-matmul at 1 and 4 rows (0.036 vs 0.046 ms at 1 row),
+is about even at 16 (0.135 vs 0.150 ms in one run, 0.177 vs 0.133 in another) and loses from 32; called on float32
+directly it took 0.14 ms at 1 row and 30 ms at 128; in float16 it is slower at every size. It computes wrong sums
+for an ``in_features`` that is not a multiple of 16 (24 and 40; 8 gave NaN) or kills the process (12 and 100:
+segfault). On a layer that small the float32 matmul is faster still (0.017 ms: its weight stays in cache); the
+int8 path pays off where weights stream from memory: a decode on SmolLM-135M's shape reads 41 % of float32's weight
+bytes and its decoder matmuls take 0.63 of float32's CPU time (the LM head, float32 in both, and the rest of the
+step do not change, so the whole step gains less).
 
 vLLM's name: vLLM has no method called "int8". The one that computes this scheme is ``"experts_int8"``
 (``ExpertsInt8Config``): online (applied at load time to an unquantized checkpoint, no calibration), int8 weights
