@@ -20,16 +20,14 @@ float matmul at every size, so float32 activations are cast to bfloat16 for it a
 rounding that adds is below the int8 weights' own error, see ``int8pack_matmul``). ``int8_linear``, what the layers
 call, takes the fast path where ``uses_int8pack``: CPU, float32 or bfloat16, at most ``INT8PACK_MAX_ROWS`` rows
 (decodes, small chunks), an ``in_features`` that is a multiple of 16; the reference otherwise (prefills, float16,
-CUDA). Why those limits, measured by ``benchmarks/quantization.py`` (torch 2.13, 1 thread, on this project's shared
-2-core x86 machines with AVX-512; ``benchmarks/results/quantization.md``): on a [rows, 256] x [256, 688] layer the
-packed kernel (float32 through bfloat16) beats dequantize-then-matmul at 1 and 4 rows (0.036 vs 0.046 ms at 1 row),
-is about even at 16 (0.135 vs 0.150 ms in one run, 0.177 vs 0.133 in another) and loses from 32; called on float32
-directly it took 0.14 ms at 1 row and 30 ms at 128; in float16 it is slower at every size. It computes wrong sums
-for an ``in_features`` that is not a multiple of 16 (24 and 40; 8 gave NaN) or kills the process (12 and 100:
-segfault). On a layer that small the float32 matmul is faster still (0.017 ms: its weight stays in cache); the
-int8 path pays off where weights stream from memory: a decode on SmolLM-135M's shape reads 41 % of float32's weight
-bytes and its decoder matmuls take 0.63 of float32's CPU time (the LM head, float32 in both, and the rest of the
-step do not change, so the whole step gains less).
+CUDA). Why those limits (``benchmarks/quantization.py`` measures them, ``benchmarks/results/quantization.md`` has
+the numbers): on one thread the packed kernel (float32 through bfloat16) beats dequantize-then-matmul for a few
+rows, is about even at 16 and loses beyond, as its per-row cost grows faster; called on float32 directly, or on
+float16, it is slower than the reference at every size. It computes wrong sums for an ``in_features`` that is not a
+multiple of 16 (24 and 40; 8 gave NaN) or kills the process (12 and 100: segfault). On a layer small enough to stay
+in cache the float32 matmul is faster still; int8 pays off where weights stream from memory, as a real-shaped
+model's decode does: a quarter of the decoder's bytes. The LM head (float32) and the rest of a step stay as they
+are, so a whole decode step gains less than its decoder matmuls (the benchmark's section 6 splits the time).
 
 vLLM's name: vLLM has no method called "int8". The one that computes this scheme is ``"experts_int8"``
 (``ExpertsInt8Config``): online (applied at load time to an unquantized checkpoint, no calibration), int8 weights
@@ -56,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 QUANTIZATION_METHODS = ("int8", "experts_int8")  # the second: vLLM's name (see above)
-INT8PACK_MAX_ROWS = 16  # above this, dequantize-then-matmul is faster (measured, see above)
+INT8PACK_MAX_ROWS = 16  # above this, dequantize-then-matmul is faster (see above)
 # Activations the packed kernel takes: bfloat16 as they are, float32 cast to bfloat16 for it (``int8pack_matmul``).
 # float16 stays on the reference path: casting it to bfloat16 would drop 3 of its significand bits.
 INT8PACK_DTYPES = (torch.float32, torch.bfloat16)
