@@ -6,7 +6,8 @@ FP8 cache; its linear layers run int8 weights):
 1. perplexity on the held-out split (the last 10 % of Tiny Shakespeare's characters, the bundled model's own
    validation split, never trained on) in non-overlapping windows, from the engine's prompt logprobs, for float32,
    fp8 KV (scales 1.0, vLLM's default), fp8 KV with scales calibrated on the training split (amax / 448), int8
-   weights, and fp8 KV + int8; bfloat16 as the 2-byte reference;
+   weights (whole-window steps: the dequantizing reference path; and in 16-token steps: the packed kernel that
+   decodes take), and fp8 KV + int8; bfloat16 as the 2-byte reference;
 2. greedy agreement with float32 over ``--prompts`` prompts from the held-out split: the fraction of output
    positions with the same token, the first position that differs (the output length when none does) and how
    many outputs are identical;
@@ -17,9 +18,18 @@ FP8 cache; its linear layers run int8 weights):
    tokens;
 5. the int8 matmul kernels on this CPU (torch threads 1, median of repeats): ``torch._weight_int8pack_mm`` vs
    dequantize-then-matmul vs the float matmul, for the bundled model's widest layer, which sets
-   ``layers/quantization.py``'s choice.
+   ``layers/quantization.py``'s choice (``int8_linear``: the packed kernel, float32 through bfloat16, for decodes);
+6. decode speed on a real-shaped model, SmolLM-135M's (a random-weight Llama built from its config with
+   ``save_pretrained``: hidden 576, 30 layers, 9 query / 3 KV heads, intermediate 1536, vocabulary 49,152, tied
+   embeddings; no download), float32 against int8 weights in the same run: one stream, a ``--decode-prompt-len``
+   prompt, ``--decode-tokens`` decode steps, torch threads 1, a warm-up, then the engines taken in turn
+   ``--decode-repeats`` times; the median of the per-step wall and CPU time (``time.process_time``: on a shared
+   machine wall time also counts other processes' turns on the core), with the load average, and beside it the
+   perplexity of the same two engines on held-out windows in steps of 16 tokens, so int8's goes through the
+   packed kernel its decodes take (random weights: it checks that int8 changes the numbers little, not that the
+   model is good).
 
-    python benchmarks/quantization.py --write        # ~3-6 minutes on 2 shared cores
+    python benchmarks/quantization.py --write        # ~5-10 minutes on 2 shared cores
 Prints Markdown; ``--write`` also writes ``benchmarks/results/quantization.md`` and ``.json``.
 """
 
@@ -32,6 +42,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,6 +62,11 @@ from minengine.timing.clocks import shape_for_engine  # noqa: E402
 from minengine.workloads import find_data_dir  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# SmolLM-135M's config (HuggingFaceTB/SmolLM-135M), the real-shaped model of section 6; its weights are random.
+SMOLLM_135M_SHAPE = {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+                     "num_attention_heads": 9, "num_key_value_heads": 3, "tie_word_embeddings": True,
+                     "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2}
+DECODE_MODES = {"float32": {}, "int8 weights": {"quantization": "int8"}}
 # name -> (EngineConfig settings, calibrated KV scales?)
 MODES = {
     "float32": ({}, False),
@@ -58,6 +74,10 @@ MODES = {
     "fp8 KV": ({"kv_cache_dtype": "fp8"}, False),
     "fp8 KV, calibrated scales": ({"kv_cache_dtype": "fp8"}, True),
     "int8 weights": ({"quantization": "int8"}, False),
+    # Steps of at most INT8PACK_MAX_ROWS tokens: the prompt logprobs then come from the packed int8 kernel, the
+    # path decodes take (prefill steps of more rows take the dequantizing reference, as the row above).
+    "int8 weights, 16-token steps (packed kernel)": (
+        {"quantization": "int8", "max_num_batched_tokens": q8.INT8PACK_MAX_ROWS}, False),
     "fp8 KV + int8 weights": ({"kv_cache_dtype": "fp8", "quantization": "int8"}, False),
 }
 
@@ -205,7 +225,8 @@ def kernels(args) -> list[dict]:
             s = scale.to(dtype)
             ways = {"int8pack_ms": lambda x=x, s=s: torch._weight_int8pack_mm(x, qweight, s),
                     "dequantize_ms": lambda x=x, s=s: torch.nn.functional.linear(x, qweight.to(x.dtype)) * s,
-                    "float_ms": lambda x=x: torch.nn.functional.linear(x, w.to(x.dtype))}
+                    "float_ms": lambda x=x: torch.nn.functional.linear(x, w.to(x.dtype)),
+                    "int8_linear_ms": lambda x=x: q8.int8_linear(x, qweight, scale)}
             row = {"dtype": str(dtype).replace("torch.", ""), "rows": m}
             for name, fn in ways.items():
                 fn()
@@ -216,9 +237,97 @@ def kernels(args) -> list[dict]:
                         fn()
                     times.append((time.perf_counter() - t) / 10 * 1e3)
                 row[name] = statistics.median(times)
-            row["int8_matmul_uses"] = "int8pack" if q8.uses_int8pack(x) else "dequantize"
+            row["int8_linear_uses"] = "int8pack" if q8.uses_int8pack(x) else "dequantize"
             rows.append(row)
     return rows
+
+
+def real_shaped_model(out: Path, num_layers: int) -> str:
+    """A random-weight Llama with SmolLM-135M's shape (``num_layers`` of its 30 layers), saved in ``out``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**{**SMOLLM_135M_SHAPE, "num_hidden_layers": num_layers})).save_pretrained(out)
+    return str(out)
+
+
+def weight_bytes_per_decode(llm: LLM) -> int:
+    """The bytes of weights a decode step reads: the decoder layers' linear weights (int8 + scales, or float) and
+    the LM head (the embedding lookup reads one row and the norms a vector each: left out)."""
+    model = llm.llm_engine.model
+    layers = sum(t.numel() * t.element_size() for m in model.model.layers.modules()
+                 if isinstance(m, (torch.nn.Linear, q8.Int8Linear)) for t in (*m.parameters(False), *m.buffers(False)))
+    return layers + model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+
+
+def linear_parts_ms(llm: LLM, repeats: int) -> tuple[float, float]:
+    """(decoder linear layers, LM head): CPU ms of calling them, in the model's order, on one row each as a
+    decode does (median of ``repeats``): the part of a decode step that int8 weights change, and one it leaves."""
+    model = llm.llm_engine.model
+    linears = [m for m in model.model.layers.modules() if isinstance(m, (torch.nn.Linear, q8.Int8Linear))]
+    parts = {"decoder": [(m, torch.randn(1, m.in_features)) for m in linears],
+             "lm_head": [(model.lm_head, torch.randn(1, model.lm_head.in_features))]}
+    out = []
+    for calls in parts.values():
+        times = []
+        for _ in range(repeats + 1):  # the first call warms up
+            t = time.process_time()
+            with torch.inference_mode():
+                for module, x in calls:
+                    module(x)
+            times.append((time.process_time() - t) * 1e3)
+        out.append(statistics.median(times[1:]))
+    return out[0], out[1]
+
+
+def decode_step_ms(llm: LLM, prompt: list[int], tokens: int) -> tuple[float, float]:
+    """(wall ms, CPU ms) per decode step of one request alone: its prefill step first (not timed), then
+    ``tokens`` decode steps."""
+    engine = llm.llm_engine
+    engine.add_request(f"decode-{time.monotonic_ns()}", {"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0, max_tokens=tokens + 1, ignore_eos=True))
+    engine.step()  # the prefill (and the first token)
+    wall, cpu, steps = time.perf_counter(), time.process_time(), 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    return (time.perf_counter() - wall) / steps * 1e3, (time.process_time() - cpu) / steps * 1e3
+
+
+def decode_speed(args, held_out: list[int]) -> dict:
+    """Section 6: per-step decode time and perplexity of float32 and int8 weights on SmolLM-135M's shape."""
+    torch.set_num_threads(1)
+    prompt = held_out[:args.decode_prompt_len]
+    ppl_windows = windows(held_out, args.window_len, args.decode_windows)
+    with tempfile.TemporaryDirectory() as tmp:  # the engines are used inside: their weights may map the file
+        path = real_shaped_model(Path(tmp), args.decode_layers)
+        max_len = max(args.window_len, args.decode_prompt_len + args.decode_tokens + 1)
+        # Steps of at most INT8PACK_MAX_ROWS tokens, so the perplexity's prompt logprobs come from the kernel that
+        # the timed decodes use (the prompt's prefill, in chunks, is not timed).
+        llms = {name: LLM(path, max_model_len=max_len, num_cpu_threads=1,
+                          max_num_batched_tokens=q8.INT8PACK_MAX_ROWS, **settings)
+                for name, settings in DECODE_MODES.items()}
+        load_before = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),)
+        for llm in llms.values():
+            decode_step_ms(llm, prompt, min(8, args.decode_tokens))  # warm-up
+        times: dict[str, list[tuple[float, float]]] = {name: [] for name in llms}
+        for _ in range(args.decode_repeats):  # in turn, so a change of load hits both modes alike
+            for name, llm in llms.items():
+                times[name].append(decode_step_ms(llm, prompt, args.decode_tokens))
+        load_after = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),)
+        rows = [{"mode": name, "wall_ms": statistics.median(w for w, _ in times[name]),
+                 "cpu_ms": statistics.median(c for _, c in times[name]),
+                 "weight_mb": weight_bytes_per_decode(llm) / 1e6, "perplexity": perplexity(llm, ppl_windows),
+                 **dict(zip(("decoder_linear_ms", "lm_head_ms"), linear_parts_ms(llm, args.decode_repeats)))}
+                for name, llm in llms.items()]
+    base = rows[0]
+    for r in rows:
+        r.update(wall_speedup=base["wall_ms"] / r["wall_ms"], cpu_speedup=base["cpu_ms"] / r["cpu_ms"],
+                 perplexity_change=r["perplexity"] / base["perplexity"] - 1,
+                 bytes_ratio=r["weight_mb"] / base["weight_mb"],
+                 rest_ms=r["cpu_ms"] - r["decoder_linear_ms"] - r["lm_head_ms"])
+    return {"rows": rows, "load_before": load_before, "load_after": load_after,
+            "num_ppl_tokens": len(ppl_windows) * (args.window_len - 1)}
 
 
 def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
@@ -250,7 +359,17 @@ def report(result: dict, args) -> str:
                                   ("_weight_int8pack_mm (ms)", "int8pack_ms", ".3f"),
                                   ("dequantize + mm (ms)", "dequantize_ms", ".3f"),
                                   ("float mm (ms)", "float_ms", ".3f"),
-                                  ("int8_matmul takes", "int8_matmul_uses", "")])
+                                  ("int8_linear (ms)", "int8_linear_ms", ".3f"),
+                                  ("int8_linear takes", "int8_linear_uses", "")])
+    d = result["decode"]
+    dt = table(d["rows"], [("mode", "mode", ""), ("wall ms / step", "wall_ms", ".2f"),
+                           ("CPU ms / step", "cpu_ms", ".2f"), ("speed-up (wall)", "wall_speedup", ".2f"),
+                           ("speed-up (CPU)", "cpu_speedup", ".2f"), ("weights read (MB)", "weight_mb", ".1f"),
+                           ("of float32's", "bytes_ratio", ".0%"), ("perplexity", "perplexity", ".1f"),
+                           ("perplexity change", "perplexity_change", "+.2%")])
+    parts = table(d["rows"], [("mode", "mode", ""), ("CPU ms / step", "cpu_ms", ".2f"),
+                              ("decoder linears (ms)", "decoder_linear_ms", ".2f"),
+                              ("LM head (ms)", "lm_head_ms", ".2f"), ("the rest (ms)", "rest_ms", ".2f")])
     return f"""# Quantized KV cache and weights on the bundled model
 
 Generated by `python benchmarks/quantization.py` ({info['date']}, {info['cpu']}, {info['cores']} cores, torch
@@ -281,6 +400,22 @@ Decodes at {args.context} tokens of context; bfloat16 activations in every row.
 A [rows, 256] x [256, 688] layer, torch threads 1, median of {args.repeats} x 10 calls.
 
 {k}
+
+## Decode on SmolLM-135M's shape (random weights), float32 vs int8 weights
+{d['layers']} layers of SmolLM-135M's shape; one request: a {args.decode_prompt_len}-token prompt, then
+{args.decode_tokens} decode steps; torch threads 1; a warm-up, then the two engines in turn {args.decode_repeats}
+times, the median per decode step. Load average {d['load_before'][0]:.2f} before, {d['load_after'][0]:.2f} after.
+Weights read per step: the decoder's linear layers and the LM head (float32 in both: tied to the embeddings).
+Perplexity over {d['num_ppl_tokens']:,} held-out Tiny Shakespeare tokens (the bundled tokenizer's ids), in steps of
+16 tokens: int8 through the packed kernel, as its decodes.
+
+{dt}
+
+Where a decode step's CPU time goes: the decoder's linear layers and the LM head timed apart (each called on one
+row, in the model's order, median of {args.decode_repeats}), the rest (attention, norms, rotary, sampling, the
+engine's host work) by difference. int8 changes only the first column, which bounds the whole step's speed-up.
+
+{parts}
 """
 
 
@@ -297,6 +432,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--decode-layers", type=int, default=SMOLLM_135M_SHAPE["num_hidden_layers"])
+    p.add_argument("--decode-prompt-len", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=64)
+    p.add_argument("--decode-repeats", type=int, default=5)
+    p.add_argument("--decode-windows", type=int, default=16, help="held-out windows for section 6's perplexity")
     p.add_argument("--write", action="store_true")
     p.add_argument("--out", default=str(RESULTS / "quantization.md"))
     args = p.parse_args(argv)
@@ -307,9 +447,9 @@ def main(argv: list[str] | None = None) -> dict:
     train, held_out = splits(tokenizer, find_data_dir(args.data))
     print("quality", flush=True)
     quality_rows, magnitudes = quality(args, train, held_out)
-    print("blocks, modelled, kernels", flush=True)
+    print("blocks, modelled, kernels, decode", flush=True)
     result = {"quality": quality_rows, "magnitudes": magnitudes, "blocks": blocks(args), "modelled": modelled(args),
-              "kernels": kernels(args),
+              "kernels": kernels(args), "decode": {**decode_speed(args, held_out), "layers": args.decode_layers},
               "num_windows": len(windows(held_out, args.window_len, args.windows)),
               "num_eval_tokens": len(windows(held_out, args.window_len, args.windows)) * (args.window_len - 1)}
     info["load_after"] = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),)

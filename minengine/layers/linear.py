@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minengine.distributed import TensorParallelGroup
-from minengine.layers.quantization import Int8Linear, int8_matmul, quantize_int8
+from minengine.layers.quantization import Int8Linear, int8_linear, quantize_int8
 
 
 class ColumnParallelLinear(nn.Linear):
@@ -120,7 +120,7 @@ class RowParallelLinear(nn.Linear):
 
 
 class RowParallelInt8Linear(nn.Module):
-    """A row-parallel layer with weight-only int8 weights: ``all_reduce(int8_matmul(x_r, qweight_r, scale)) + b``.
+    """A row-parallel layer with weight-only int8 weights: ``all_reduce(int8_linear(x_r, qweight_r, scale)) + b``.
 
     ``qweight_r`` [out, in / tp] int8 are this rank's columns of the whole layer's int8 weight and ``scale``
     [out] its per-output-channel scales (from every rank's absolute maxima, one all-reduce of [out] at load
@@ -142,7 +142,7 @@ class RowParallelInt8Linear(nn.Module):
         self.register_buffer("bias", layer.bias.detach() if layer.bias is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.tp.all_reduce(int8_matmul(x, self.qweight, self.scale))
+        y = self.tp.all_reduce(int8_linear(x, self.qweight, self.scale))
         return y + self.bias if self.bias is not None else y
 
 

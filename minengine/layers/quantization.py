@@ -11,17 +11,23 @@ The int8 bytes are what a memory-bound decode reads: a quarter of float32, half 
 prices that through ``ModelShape.weight_dtype_bytes``). Embeddings and the LM head stay in the model's dtype (the
 bundled model ties them; vLLM's weight-only methods also leave the LM head unquantized by default).
 
-Kernels (``int8_matmul``): torch's ``torch._weight_int8pack_mm(x, qweight, scale)`` (an ATen CPU kernel: int8
-weights, per-channel scales, x and scales of one dtype) where it is fast and right, else dequantize-then-matmul.
-Measured by ``benchmarks/quantization.py`` (torch 2.13, this project's 2-core AMD EPYC with AVX-512, shared, load
-average ~10, 1 thread, a [rows, 256] x [256, 688] layer; ``benchmarks/results/quantization.md``): in bfloat16 it
-beats converting the weight and calling ``mm`` up to 16 rows (0.015 vs 0.112 ms at 1 row, 0.100 vs 0.789 ms at 16)
-and loses from 32 (1.00 vs 0.16 ms); in float32 it is slower at every size (0.20 vs 0.034 ms at 1 row, 102 vs
-2.2 ms at 128), in float16 too (1.06 vs 0.65 ms at 1 row, 110 vs 15.8 ms at 128). It also computes wrong sums for
-an ``in_features`` that is not a multiple of 16 (24 and 40 here; 8 gave NaN) or kills the process (12 and 100:
-segfault). So: the packed
-kernel for CPU bfloat16 inputs of at most ``INT8PACK_MAX_ROWS`` rows (decodes) and a width that is a multiple of 16,
-the dequantizing path otherwise (float32, prefills, CUDA).
+Kernels. ``int8_matmul`` is the readable reference: convert qweight to the activations' dtype, ``mm``, scale the
+result. It builds a float copy of the whole weight on every call, so a float32 decode moves more bytes than the
+float layer would. ``int8pack_matmul`` is the fast path: torch's ``torch._weight_int8pack_mm(x, qweight, scales)``
+(an ATen CPU kernel: int8 weights [out, in] read as it multiplies, one scale per output channel, x and scales of one
+dtype), which never materialises float weights. Its vectorised path is bfloat16's; in float32 it is slower than a
+float matmul at every size, so float32 activations are cast to bfloat16 for it and its output cast back (the
+rounding that adds is below the int8 weights' own error, see ``int8pack_matmul``). ``int8_linear``, what the layers
+call, takes the fast path where ``uses_int8pack``: CPU, float32 or bfloat16, at most ``INT8PACK_MAX_ROWS`` rows
+(decodes, small chunks), an ``in_features`` that is a multiple of 16; the reference otherwise (prefills, float16,
+CUDA). Why those limits (``benchmarks/quantization.py`` measures them, ``benchmarks/results/quantization.md`` has
+the numbers): on one thread the packed kernel (float32 through bfloat16) beats dequantize-then-matmul for a few
+rows, is about even at 16 and loses beyond, as its per-row cost grows faster; called on float32 directly, or on
+float16, it is slower than the reference at every size. It computes wrong sums for an ``in_features`` that is not a
+multiple of 16 (24 and 40; 8 gave NaN) or kills the process (12 and 100: segfault). On a layer small enough to stay
+in cache the float32 matmul is faster still; int8 pays off where weights stream from memory, as a real-shaped
+model's decode does: a quarter of the decoder's bytes. The LM head (float32) and the rest of a step stay as they
+are, so a whole decode step gains less than its decoder matmuls (the benchmark's section 6 splits the time).
 
 vLLM's name: vLLM has no method called "int8". The one that computes this scheme is ``"experts_int8"``
 (``ExpertsInt8Config``): online (applied at load time to an unquantized checkpoint, no calibration), int8 weights
@@ -48,7 +54,10 @@ import torch.nn.functional as F
 from torch import nn
 
 QUANTIZATION_METHODS = ("int8", "experts_int8")  # the second: vLLM's name (see above)
-INT8PACK_MAX_ROWS = 16  # above this, dequantize-then-matmul is faster in bfloat16 too (measured, see above)
+INT8PACK_MAX_ROWS = 16  # above this, dequantize-then-matmul is faster (see above)
+# Activations the packed kernel takes: bfloat16 as they are, float32 cast to bfloat16 for it (``int8pack_matmul``).
+# float16 stays on the reference path: casting it to bfloat16 would drop 3 of its significand bits.
+INT8PACK_DTYPES = (torch.float32, torch.bfloat16)
 # torch 2.13's CPU kernel seems to step through in_features 16 at a time with no remainder loop: here widths 8, 24
 # and 40 gave NaN or wrong sums and 12 and 100 crashed the process (segfault); multiples of 16 were right.
 INT8PACK_WIDTH_MULTIPLE = 16
@@ -85,18 +94,20 @@ def dequantize_int8(qweight: torch.Tensor, scale: torch.Tensor, dtype: torch.dty
 
 
 def uses_int8pack(x: torch.Tensor) -> bool:
-    """Whether ``int8_matmul`` takes ``torch._weight_int8pack_mm`` for input ``x`` [..., in]: CPU, bfloat16, at
-    most ``INT8PACK_MAX_ROWS`` rows (see the module docstring for the measurements), ``in`` a multiple of
-    ``INT8PACK_WIDTH_MULTIPLE`` (the only widths that kernel computes correctly)."""
+    """Whether ``int8_linear`` takes the packed kernel (``int8pack_matmul``) for input ``x`` [..., in]: CPU,
+    float32 or bfloat16, at most ``INT8PACK_MAX_ROWS`` rows (decodes; see the module docstring for the
+    measurements), ``in`` a multiple of ``INT8PACK_WIDTH_MULTIPLE`` (the only widths that kernel computes correctly),
+    and a torch that has the op."""
     width = x.shape[-1]
     rows = x.numel() // width if width else 0
-    return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and 0 < rows <= INT8PACK_MAX_ROWS
+    return (x.device.type == "cpu" and x.dtype in INT8PACK_DTYPES and 0 < rows <= INT8PACK_MAX_ROWS
             and width % INT8PACK_WIDTH_MULTIPLE == 0 and hasattr(torch, "_weight_int8pack_mm"))
 
 
 def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ (qweight * scale[:, None])^T + bias``: a linear layer with int8 weights.
+    """``x @ (qweight * scale[:, None])^T + bias``: a linear layer with int8 weights, the readable reference
+    (dequantize-then-matmul; any device and float dtype, any shape).
 
     Args:
         x: [..., in] float32 / bfloat16 / float16 activations.
@@ -104,20 +115,56 @@ def int8_matmul(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
         bias: [out] or None (a row-parallel shard passes None and adds the bias after the all-reduce).
 
     Returns:
-        [..., out] in ``x.dtype``. Computed by ``torch._weight_int8pack_mm`` where ``uses_int8pack(x)``, else as
-        ``(x @ qweight^T) * scale`` with qweight converted to ``x.dtype`` (dequantize-then-matmul, the scale applied
-        to the [..., out] result rather than to the [out, in] weight: the same numbers up to rounding, fewer
-        multiplies for small batches).
+        [..., out] in ``x.dtype``, computed as ``(x @ qweight^T) * scale`` with qweight converted to ``x.dtype``
+        (the scale applied to the [..., out] result rather than to the [out, in] weight: the same numbers up to
+        rounding, fewer multiplies for small batches). The converted weight is a full float copy made on every
+        call: this reads and writes more bytes than the float layer would, which ``int8pack_matmul`` avoids.
     """
+    y = F.linear(x, qweight.to(x.dtype)) * scale.to(x.dtype)
+    return y + bias if bias is not None else y
+
+
+def int8pack_matmul(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``int8_matmul``'s result from torch's packed CPU kernel, which reads the int8 weight as it multiplies and
+    never builds a float copy of it (so a decode reads 1 byte per weight instead of 4 in float32).
+
+    ``torch._weight_int8pack_mm(a, w, s)`` (ATen, CPU) computes ``(a @ w^T) * s`` for int8 ``w`` [out, in] and
+    ``a``, ``s`` of one dtype; its vectorised path is the bfloat16 one (in float32 it was slower than a float
+    matmul at every size, see the module docstring). So float32 activations are cast to bfloat16 for it and the
+    result cast back: the int8 weights are exact in bfloat16 and the kernel sums in float32, so the rounding added is
+    that of the activations and of the unscaled sums to bfloat16's 8 significant bits, well below the int8 weights'
+    own error (half a step of ``max|W|/127``). The kernel gets unit scales and the float32 ``scale`` multiplies its
+    output, so each channel's scale is not also rounded to bfloat16.
+
+    Args:
+        x: [..., in] float32 or bfloat16 on CPU, ``uses_int8pack(x)`` (``in`` a multiple of 16: other widths give
+            wrong sums or crash the process in this kernel).
+        qweight, scale, bias: as ``int8_matmul``.
+
+    Returns:
+        [..., out] in ``x.dtype``.
+    Raises:
+        ValueError: ``x`` is not an input ``uses_int8pack`` accepts.
+    """
+    if not uses_int8pack(x):
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} on {x.device} is not an input the packed int8 kernel "
+                         f"takes (CPU float32/bfloat16, <= {INT8PACK_MAX_ROWS} rows, width a multiple of "
+                         f"{INT8PACK_WIDTH_MULTIPLE}): use int8_matmul")
     shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if uses_int8pack(x2):
-        y = torch._weight_int8pack_mm(x2.contiguous(), qweight, scale.to(x.dtype))
-    else:
-        y = F.linear(x2, qweight.to(x.dtype)) * scale.to(x.dtype)
+    a = x.reshape(-1, shape[-1]).to(torch.bfloat16).contiguous()
+    unit = torch.ones(qweight.shape[0], dtype=torch.bfloat16)
+    y = (torch._weight_int8pack_mm(a, qweight, unit) * scale.float()).to(x.dtype)  # bfloat16 * float32 -> float32
     if bias is not None:
         y = y + bias
     return y.view(*shape[:-1], qweight.shape[0])
+
+
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What ``Int8Linear`` (and a row-parallel shard's ``RowParallelInt8Linear``) computes: ``int8pack_matmul``
+    where ``uses_int8pack(x)`` (CPU decodes), else the reference ``int8_matmul``. Shapes as ``int8_matmul``."""
+    return (int8pack_matmul if uses_int8pack(x) else int8_matmul)(x, qweight, scale, bias)
 
 
 def shard_int8(qweight: torch.Tensor, scale: torch.Tensor, dim: int, rank: int,
@@ -143,7 +190,8 @@ def shard_int8(qweight: torch.Tensor, scale: torch.Tensor, dim: int, rank: int,
 
 
 class Int8Linear(nn.Module):
-    """A linear layer with int8 weights: ``int8_matmul(x, qweight, scale, bias)``.
+    """A linear layer with int8 weights: ``int8_linear(x, qweight, scale, bias)`` (torch's packed kernel for CPU
+    decodes, dequantize-then-matmul otherwise).
 
     Buffers: ``qweight`` int8 [out, in], ``scale`` float32 [out], ``bias`` [out] in the activations' dtype or None.
     """
@@ -166,7 +214,7 @@ class Int8Linear(nn.Module):
         return cls(qweight.to(linear.weight.device), scale.to(linear.weight.device), bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_matmul(x, self.qweight, self.scale, self.bias)
+        return int8_linear(x, self.qweight, self.scale, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-channel"

@@ -1,6 +1,6 @@
 """Weight-only int8 (quantization="int8"): per-output-channel quantization, the int8 matmul (torch's packed kernel
-and dequantize-then-matmul) against dequantize-then-matmul, tensor-parallel shards, loading, bad values; the
-modelled clock pricing int8 weights and fp8 KV."""
+and dequantize-then-matmul) against dequantize-then-matmul, the decode steps on the packed kernel, tensor-parallel
+shards, loading, bad values; the modelled clock pricing int8 weights and fp8 KV."""
 
 from __future__ import annotations
 
@@ -33,40 +33,108 @@ def test_quantize_int8_error_is_at_most_half_a_step_per_channel(rows, cols, seed
 
 
 @pytest.mark.parametrize("dtype,rows,width,packed", [
-    (torch.float32, 1, 64, False), (torch.float32, 40, 64, False),
+    (torch.float32, 1, 64, True), (torch.float32, q8.INT8PACK_MAX_ROWS, 48, True),
+    (torch.float32, q8.INT8PACK_MAX_ROWS + 1, 64, False), (torch.float32, 40, 64, False),
     (torch.bfloat16, 1, 64, True), (torch.bfloat16, q8.INT8PACK_MAX_ROWS, 48, True),
     (torch.bfloat16, q8.INT8PACK_MAX_ROWS + 1, 64, False), (torch.bfloat16, 2, 24, False),
     (torch.bfloat16, 3, 100, False), (torch.float16, 3, 64, False)])
-def test_int8_matmul_equals_dequantize_then_matmul(dtype, rows, width, packed):
-    """Both kernels (torch's packed one where ``uses_int8pack``: bfloat16, few rows, a width it computes right;
-    dequantize-then-matmul otherwise) against float64 dequantize-then-matmul."""
+def test_int8_linear_equals_dequantize_then_matmul(dtype, rows, width, packed):
+    """Both kernels ``int8_linear`` chooses between (torch's packed one where ``uses_int8pack``: CPU float32 or
+    bfloat16, few rows, a width it computes right; the reference dequantize-then-matmul otherwise) against float64
+    dequantize-then-matmul."""
     g = torch.Generator().manual_seed(rows)
     w, bias = torch.randn(96, width, generator=g), torch.randn(96, generator=g)
     x = torch.randn(rows, width, generator=g).to(dtype)
     qweight, scale = q8.quantize_int8(w)
     assert q8.uses_int8pack(x) == packed
-    got = q8.int8_matmul(x, qweight, scale, bias.to(dtype))
+    got = q8.int8_linear(x, qweight, scale, bias.to(dtype))
     want = x.double() @ q8.dequantize_int8(qweight, scale, torch.float64).T + bias.to(dtype).double()
     assert got.dtype == dtype and got.shape == (rows, 96)
-    tol = 1e-4 if dtype == torch.float32 else 5e-2  # 16-bit activations and output
+    # float32 through the packed kernel is computed from bfloat16 activations and sums (int8pack_matmul)
+    tol = 1e-4 if dtype == torch.float32 and not packed else 5e-2 if dtype == torch.float16 else 1e-2
     torch.testing.assert_close(got.double(), want, atol=tol * want.abs().max().item(), rtol=tol)
     # [..., in] inputs keep their leading dimensions
-    assert q8.int8_matmul(x.view(1, rows, width), qweight, scale).shape == (1, rows, 96)
+    assert q8.int8_linear(x.view(1, rows, width), qweight, scale).shape == (1, rows, 96)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, q8.INT8PACK_MAX_ROWS), in_blocks=st.integers(1, 12), out_features=st.integers(1, 97),
+       leading=st.sampled_from([(), (1,)]), with_bias=st.booleans(), seed=st.integers(0, 2**16))
+def test_int8pack_matmul_equals_the_reference_on_random_shapes(rows, in_blocks, out_features, leading, with_bias,
+                                                               seed):
+    """The fast path (``int8pack_matmul``: float32 activations cast to bfloat16 for torch's packed kernel, the
+    float32 scales applied to its output) gives the reference ``int8_matmul``'s float32 result within bfloat16's
+    rounding, for 1 to 16 rows, any number of outputs (odd ones included), widths that are multiples of 16, with and
+    without a bias; an error of one quantization step in a weight, a scale left out or a bias added twice is
+    far outside this tolerance."""
+    g = torch.Generator().manual_seed(seed)
+    width = in_blocks * q8.INT8PACK_WIDTH_MULTIPLE
+    qweight, scale = q8.quantize_int8(torch.randn(out_features, width, generator=g) * 0.05)
+    bias = torch.randn(out_features, generator=g) if with_bias else None
+    x = torch.randn(*leading, rows, width, generator=g)
+    assert q8.uses_int8pack(x)
+    got = q8.int8pack_matmul(x, qweight, scale, bias)
+    want = q8.int8_matmul(x, qweight, scale, bias)
+    assert got.dtype == torch.float32 and got.shape == want.shape == (*leading, rows, out_features)
+    assert torch.equal(q8.int8_linear(x, qweight, scale, bias), got)  # the door takes the fast path here
+    # bfloat16 keeps 8 significant bits: the activations' and each sum's rounding, relative 2^-9 each
+    limit = 2.0 ** -7 * (x.abs() @ q8.dequantize_int8(qweight, scale).abs().T)
+    assert ((got - want).abs() <= limit).all(), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("x", [torch.ones(2, 24), torch.ones(q8.INT8PACK_MAX_ROWS + 1, 32),
+                               torch.ones(2, 32, dtype=torch.float16), torch.ones(0, 32)])
+def test_int8pack_matmul_refuses_what_its_kernel_cannot_take(x):
+    """Widths that are not a multiple of 16 (wrong sums or a crash in torch's kernel), more rows than the fast
+    path is for, float16, no rows: a ValueError that names the input and the way out, before the kernel runs."""
+    qweight, scale = q8.quantize_int8(torch.randn(8, x.shape[-1]))
+    assert not q8.uses_int8pack(x)
+    with pytest.raises(ValueError, match=r"x .* is not an input the packed int8 kernel takes .* use int8_matmul"):
+        q8.int8pack_matmul(x, qweight, scale)
+    assert q8.int8_linear(x, qweight, scale).shape == (*x.shape[:-1], 8)  # the door takes the reference
+
+
+def test_int8_decodes_take_the_packed_kernel_and_prefills_the_reference(bundled_model, monkeypatch):
+    """End to end on the bundled model (float32, widths 256 and 688): greedy int8 generation runs its decode
+    steps through ``int8pack_matmul`` (1 row per layer call) and its prefill through the reference (more rows than
+    ``INT8PACK_MAX_ROWS``), and its first tokens are the float32 model's."""
+    calls = {"packed": 0, "reference": 0}
+    packed, reference = q8.int8pack_matmul, q8.int8_matmul
+
+    def count(name, fn):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(q8, "int8pack_matmul", count("packed", packed))
+    monkeypatch.setattr(q8, "int8_matmul", count("reference", reference))
+    prompt = {"prompt_token_ids": list(range(3, 3 + 2 * q8.INT8PACK_MAX_ROWS))}
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = LLM(bundled_model, quantization="int8")
+    layers = 7 * len(llm.llm_engine.model.model.layers)
+    quantized = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert calls == {"packed": 5 * layers, "reference": layers}  # 1 prefill, 5 decodes
+    full = LLM(bundled_model).generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert len(quantized) == 6 and quantized[:2] == full[:2]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_int8_shards_recombine_to_the_whole_layer(dtype):
+@pytest.mark.parametrize("linear", ["int8_linear", "int8_matmul"])
+def test_int8_shards_recombine_to_the_whole_layer(dtype, linear):
     """Column-parallel shards (output channels with their scales) concatenate, row-parallel ones (input features,
-    all scales) sum, to the unsharded layer's output (what TP ranks all-gather / all-reduce)."""
+    all scales) sum, to the unsharded layer's output (what TP ranks all-gather / all-reduce); through the door
+    (here the packed kernel, whose partial sums are rounded to bfloat16 one by one) and the reference."""
+    fn = getattr(q8, linear)
     g = torch.Generator().manual_seed(0)
-    qweight, scale = q8.quantize_int8(torch.randn(32, 48, generator=g))
-    x = torch.randn(3, 48, generator=g).to(dtype)
-    whole = q8.int8_matmul(x, qweight, scale).double()
-    column = torch.cat([q8.int8_matmul(x, *q8.shard_int8(qweight, scale, 0, r, 4)) for r in range(4)], dim=-1)
+    qweight, scale = q8.quantize_int8(torch.randn(32, 64, generator=g))
+    x = torch.randn(3, 64, generator=g).to(dtype)  # shards 16 wide: the packed kernel's for these 3 rows
+    assert q8.uses_int8pack(x[:, :16])
+    whole = fn(x, qweight, scale).double()
+    column = torch.cat([fn(x, *q8.shard_int8(qweight, scale, 0, r, 4)) for r in range(4)], dim=-1)
     torch.testing.assert_close(column.double(), whole, atol=1e-5, rtol=1e-5)
-    row = sum(q8.int8_matmul(x[:, r * 12:(r + 1) * 12], *q8.shard_int8(qweight, scale, 1, r, 4)).double()
-              for r in range(4))
-    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    row = sum(fn(x[:, r * 16:(r + 1) * 16], *q8.shard_int8(qweight, scale, 1, r, 4)).double() for r in range(4))
+    tol = 1e-5 if dtype == torch.float32 and linear == "int8_matmul" else 3e-2
     torch.testing.assert_close(row, whole, atol=tol * whole.abs().max().item(), rtol=tol)
     with pytest.raises(ValueError, match="dim must be 0"):
         q8.shard_int8(qweight, scale, 2, 0, 2)
@@ -149,7 +217,8 @@ def test_dashboard_clock_prices_the_engine_dtypes(bundled_model):
 
 def test_quantization_benchmark_tiny(tmp_path):
     """benchmarks/quantization.py on tiny settings: every section's rows, the fp8 pool 4x the float32 one, int8
-    weights and fp8 KV both faster on the modelled H100 (its timings are not checked)."""
+    weights and fp8 KV both faster on the modelled H100, the decode section's two engines on one layer of
+    SmolLM-135M's shape (its timings are not checked)."""
     from minengine.workloads import find_data_dir
 
     if find_data_dir(None) is None:
@@ -157,7 +226,9 @@ def test_quantization_benchmark_tiny(tmp_path):
     from benchmarks import quantization as bench
 
     result = bench.main(["--windows", "2", "--calibration-windows", "1", "--prompts", "2", "--max-tokens", "4",
-                         "--repeats", "1", "--budget-mib", "4", "--write", "--out", str(tmp_path / "q.md")])
+                         "--repeats", "1", "--budget-mib", "4", "--decode-layers", "1", "--decode-prompt-len", "16",
+                         "--decode-tokens", "3", "--decode-repeats", "1", "--decode-windows", "1", "--write",
+                         "--out", str(tmp_path / "q.md")])
     assert [r["mode"] for r in result["quality"]] == list(bench.MODES)
     ref = result["quality"][0]
     assert ref["token_agreement"] == 1.0 and ref["identical"] == 2 and 1 < ref["perplexity"] < 2048
@@ -167,6 +238,12 @@ def test_quantization_benchmark_tiny(tmp_path):
     steps = [r["step_ms_batch_64"] for r in result["modelled"]]
     assert steps[0] > max(steps[1], steps[2]) and min(steps[1], steps[2]) > steps[3]
     assert "| fp8 KV + int8 weights |" in (tmp_path / "q.md").read_text()
+    decode = result["decode"]["rows"]  # SmolLM-135M's shape, 1 layer: the float32 LM head is most of the bytes
+    assert [r["mode"] for r in decode] == list(bench.DECODE_MODES) and decode[0]["cpu_speedup"] == 1.0
+    assert decode[1]["weight_mb"] < decode[0]["weight_mb"]
+    assert all(r["cpu_ms"] > 0 and r["decoder_linear_ms"] > 0 and r["lm_head_ms"] > 0 for r in decode)
+    assert abs(decode[1]["perplexity_change"]) < 0.05 and decode[0]["perplexity"] > 1000  # random weights
+    assert "## Decode on SmolLM-135M's shape" in (tmp_path / "q.md").read_text()
 
 
 def test_docs_modelled_step_table_is_the_cost_model_today():
