@@ -2,7 +2,8 @@
 
     streamlit run app.py
 
-Two pages in the sidebar (``st.navigation``): "Scheduler", this file's ``main``, and "Fleet", ``pages/Fleet.py``.
+Three pages in the sidebar (``st.navigation``): "Scheduler", this file's ``main``; "Fleet", ``pages/Fleet.py`` (a
+simulated fleet); and "Router", ``pages/Router.py`` (a real fleet's replicas behind vLLM's router, side by side).
 The sidebar's source is either a local run or a live server: ``python -m minengine serve`` attached by URL, its
 step feed read by ``minengine.viz.server_feed.ServerFeed`` (a background thread owned by this session) and
 animated by the same ``LivePlayer`` and figure builders.
@@ -20,12 +21,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import streamlit as st
-from streamlit import runtime
-from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from minengine.config import BUNDLED_MODEL
 from minengine.core.policies import POLICIES
@@ -66,7 +64,15 @@ from minengine.viz.kernel_note import IN_PROGRESS, kernel_note, kernel_state
 from minengine.viz.live import DEFAULT_SPEED, SPEEDS, TICK_S, LivePlayer
 from minengine.viz.runner import DashboardConfig, RunResult, WorkloadRun, parse_labs, run_workload
 from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
+from minengine.viz.server_pacing import (
+    SERVER_CONNECT_WAIT_S,
+    SERVER_WINDOW,
+    SERVER_WINDOWS,
+    is_quiet,
+    redraw_interval,
+)
 from minengine.viz.step_story import step_sentence, step_sentences
+from minengine.viz.streamlit_session import session_alive_check
 from minengine.viz.timeline_figures import AUTO_STALL_FACTOR
 from minengine.viz.workload import Workload
 from minengine.viz.workload_figure import workload_figure
@@ -76,13 +82,6 @@ LIVE_MIN_STEPS = 40  # the live batch bars start on a 40-step axis (it widens as
 TRACE_SCALES = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4)
 LONG_PROMPT_SCALES = (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 SOURCES = ("local", "server")
-SERVER_WINDOWS = (50, 100, 200, 500, 1000)  # steps of a server's feed on screen
-SERVER_WINDOW = 100  # the default: ~0.3 s of steps at ~8 ms each (bundled model, 2 cores, 8 clients)
-SERVER_TICK_S = 2.0  # a live server's view redraws seven figures (~0.5 s of plotly on a busy 2-core machine)
-SERVER_IDLE_TICK_S = 6.0  # ... every 6 s once no step came for SERVER_IDLE_AFTER_S (an idle server: ~1/3 the CPU)
-SERVER_IDLE_AFTER_S = 10.0
-SERVER_CONNECT_WAIT_S = 5.0  # Connect waits this long at most for the server's history replay, to draw it at once
-SERVER_FIRST_TICK_S = 0.5  # ... and until a first step came, the view looks again this often
 PREEMPTION_MODES = ("recompute", "swap")
 KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
 QUANTIZATIONS = (None, "int8")  # EngineConfig.quantization (weight-only int8)
@@ -540,16 +539,6 @@ def source_control(lang: str) -> str:
     return source
 
 
-def session_alive_check() -> Callable[[], bool] | None:
-    """A callable that says whether this browser session is still open (the feed's thread asks it, so a closed
-    tab ends its feed); None where there is no Streamlit server (``AppTest``)."""
-    ctx = get_script_run_ctx()
-    if ctx is None or not runtime.exists():
-        return None
-    rt, session_id = runtime.get_instance(), ctx.session_id
-    return lambda: rt.is_active_session(session_id)
-
-
 def connect_server(url: str, window: int) -> None:
     """Connect pressed: stop this session's feed if any, start a new one (it connects in its own thread)."""
     stop_server_feed()
@@ -604,8 +593,9 @@ def server_page(lang: str) -> None:
 
 
 def server_live_view(player: LivePlayer, lang: str, window: int) -> None:
-    """Pause / resume, then the server's figures, redrawn every ``SERVER_TICK_S`` seconds by a fragment with
-    the steps that arrived meanwhile (all of them: a server is shown as it goes, not paced)."""
+    """Pause / resume, then the server's figures, redrawn by a fragment every few seconds
+    (``minengine.viz.server_pacing``) with the steps that arrived meanwhile (all of them: a server is shown as it
+    goes, not paced)."""
     feed: ServerFeed = player.stream
     live = not feed.done
     if live:
@@ -618,18 +608,18 @@ def server_live_view(player: LivePlayer, lang: str, window: int) -> None:
     if live and not player.paused and not player.traces:
         player.tick()  # steps that came on Connect (the history replay) are drawn in this very rerun
     first = not player.traces  # no step yet: look often, so the first figures come right after the first step
-    tick_s = SERVER_FIRST_TICK_S if first else SERVER_IDLE_TICK_S if idle else SERVER_TICK_S
+    tick_s = redraw_interval(not first, idle)
 
     @st.fragment(run_every=tick_s if live and not player.paused else None)
     def frame() -> None:
         new = player.tick()
         if live and (feed.done or (first and player.traces)):
             st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause), or the tick's interval
-        # the redraw rate follows the traffic: back to SERVER_TICK_S at the first new step, slower when quiet
+        # the redraw rate follows the traffic: back to the busy interval at the first new step, slower when quiet
         now = time.monotonic()
         if new or "server_last_new" not in st.session_state:
             st.session_state["server_last_new"] = now
-        quiet = now - st.session_state["server_last_new"] >= SERVER_IDLE_AFTER_S
+        quiet = is_quiet(now, st.session_state["server_last_new"])
         if live and quiet != idle:
             st.session_state["server_idle"] = quiet
             st.rerun()  # the whole page: the fragment is registered again with the other interval
@@ -856,6 +846,7 @@ def finished_view(config: DashboardConfig, workload: Workload, res: RunResult, l
 
 
 # The sidebar's page list names what each page shows (a plain pages/ folder would list this file as "app"); a URL
-# keeps working as before: the scheduler at /, the fleet at /Fleet.
-PAGES = [st.Page(main, title="Scheduler", default=True), st.Page("pages/Fleet.py", title="Fleet")]
+# keeps working as before: the scheduler at /, the fleet at /Fleet; a real fleet's replicas at /Router.
+PAGES = [st.Page(main, title="Scheduler", default=True), st.Page("pages/Fleet.py", title="Fleet"),
+         st.Page("pages/Router.py", title="Router")]
 st.navigation(PAGES).run()

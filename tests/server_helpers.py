@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
+import psutil
 
 from minengine import LLMEngine
 from minengine.entrypoints.async_engine import AsyncLLMEngine
 from minengine.entrypoints.cli_args import FrontendArgs
+from minengine.entrypoints.fleet_serve import check_port_free
 from minengine.entrypoints.openai_server import make_server
+from minengine.entrypoints.server_process import child_env, free_port
 
 SERVER_CONFIG = dict(max_model_len=512, num_kv_blocks=256, max_num_batched_tokens=256, max_num_seqs=64)
 
@@ -72,3 +79,45 @@ def running_server(model: str, frontend: FrontendArgs | None = None, **config):
         yield server
     finally:
         server.stop()
+
+
+def free_ports(count: int) -> int:
+    """A port P with P .. P+count-1 all free now (the fleet takes consecutive ports)."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for p in range(base, base + count):
+                check_port_free("127.0.0.1", p)
+        except ValueError:
+            continue
+        if base + count < 65536:
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def finished_requests(url: str) -> int:
+    """The replica's finished requests: the sum of its ``vllm:request_success_total`` series."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return round(sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M)))
+
+
+def start_fleet(args: list[str]) -> tuple[subprocess.Popen, list[str], list[int]]:
+    """``python -m minengine fleet-serve ARGS`` started and waited for until its router is up: (the process, its
+    output lines so far, growing as it prints, and the pids of the fleet and every process under it)."""
+    fleet = subprocess.Popen([sys.executable, "-m", "minengine", "fleet-serve", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=child_env())
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(fleet.stdout), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 55
+        while not any(line.startswith("minengine fleet: router") for line in lines):
+            assert fleet.poll() is None and time.monotonic() < deadline, "".join(lines[-20:])
+            time.sleep(0.2)
+    except BaseException:
+        fleet.send_signal(signal.SIGTERM)  # the fleet stops what it started
+        try:
+            fleet.wait(timeout=60)
+        finally:
+            fleet.kill()
+        raise
+    return fleet, lines, [fleet.pid] + [c.pid for c in psutil.Process(fleet.pid).children(recursive=True)]

@@ -581,6 +581,41 @@ _STRINGS: dict[str, tuple[str, str]] = {
                    "每张图都按服务器自己的步骤记录实时绘制，显示最近 {window} 步。时间为服务器的挂钟时间，"
                    "请求之间的空闲表现为空隙。步骤流不含到达时间：词元时间线和词元间延迟从请求首次被调度时算起"
                    "（TTFT 见上方卡片，来自 /metrics）。"),
+    # ---- a fleet behind vLLM's router (pages/Router.py, minengine.viz.router_feed) --------------------------
+    "router_title": ("minengine: a fleet behind its router", "minengine：路由器后的服务集群"),
+    "router_intro": ("Follows a fleet started with `python -m minengine fleet-serve`: the router (vLLM's "
+                     "`vllm-router`) is asked for its replicas (GET /list_workers), and each replica's step feed is "
+                     "read as the live-server view reads one server. A request shows up in the steps of the replica "
+                     "the router sent it to, and in no other's: that is how the view tells which replica served it.",
+                     "跟踪用 `python -m minengine fleet-serve` 启动的服务集群：向路由器（vLLM 的 `vllm-router`）查询"
+                     "其副本（GET /list_workers），再像实时服务器视图那样读取每个副本的步骤流。一个请求只出现在路由器"
+                     "把它发往的那个副本的步骤中：本视图据此判断每个请求由哪个副本处理。"),
+    "router": ("Router", "路由器"),
+    "router_url": ("Router URL", "路由器地址"),
+    "router_api_key": ("API key (if the router and replicas need one)", "API 密钥（路由器和副本需要时）"),
+    "router_press_connect": ("Enter the router's URL and press Connect.", "输入路由器地址并点击“连接”。"),
+    "router_url_changed": ("The URL changed: press Connect to follow the router at {url}.",
+                           "地址已更改：点击“连接”以跟踪 {url} 处的路由器。"),
+    "router_error": ("Cannot follow this router: {error}", "无法跟踪该路由器：{error}"),
+    "router_no_workers": ("The router at {url} has no workers.", "{url} 处的路由器没有任何副本。"),
+    "router_replica_status": ("{state}: step {step}, {running} running, {waiting} waiting; KV blocks {used:,} / "
+                              "{total:,} in use; {requests:,} requests; prefix cache hits {hit:,} / {queried:,} "
+                              "prompt tokens",
+                              "{state}：第 {step} 步，运行 {running} 个，等待 {waiting} 个；KV 块已用 {used:,} / "
+                              "{total:,}；请求 {requests:,} 个；前缀缓存命中 {hit:,} / {queried:,} 个提示词元"),
+    "router_replica": ("replica", "副本"),
+    "router_finished": ("finished", "已完成"),
+    "router_in_flight": ("not finished yet", "尚未完成"),
+    "router_requests_title": ("Requests per replica", "每个副本的请求数"),
+    "router_recent": ("Recent requests and the replica that served each (latest first)",
+                      "最近的请求及处理它的副本（最新的在前）"),
+    "router_col_first_seen": ("first scheduled (s ago)", "首次调度（几秒前）"),
+    "router_col_tokens": ("tokens scheduled", "已调度词元"),
+    "router_col_finished": ("finished", "已完成"),
+    "router_caption": ("Counted over the steps on screen: the latest {window} of each replica. Each replica's "
+                       "pool is its own step's blocks, drawn as in the live-server view.",
+                       "按屏幕上的步骤统计：每个副本最近 {window} 步。每个副本的块池是它自己那一步的块，"
+                       "画法与实时服务器视图相同。"),
     "model_missing": ("The bundled model is not at {path}. Run scripts/train_tiny_model.py or set MINENGINE_MODEL.",
                       "内置模型不在 {path}。请运行 scripts/train_tiny_model.py 或设置 MINENGINE_MODEL。"),
 }

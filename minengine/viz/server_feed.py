@@ -148,6 +148,8 @@ class ServerFeed:
             the connection counts as dropped.
         metrics_every_s: seconds between two reads of ``/metrics`` (0 = never).
         max_pending: steps kept for ``poll`` (a paused view); older ones are lost and counted in ``num_lost``.
+        api_key: sent as ``Authorization: Bearer <key>`` with every read (a server started with ``--api-key``
+            guards its feed and ``/metrics``); None sends none.
         alive: called about once a second from the feed's thread; once it has returned False for
             ``orphan_grace_s`` seconds the feed stops itself (``stop_reason`` "session_ended"): its owner is gone.
 
@@ -170,7 +172,7 @@ class ServerFeed:
     def __init__(self, url: str, history: int = 0, block_tables: bool = True, short_ids: bool = True,
                  connect_timeout_s: float = 3.0, first_event_timeout_s: float = 10.0, idle_timeout_s: float = 45.0,
                  metrics_every_s: float = 2.0, max_pending: int = 5000, alive: Callable[[], bool] | None = None,
-                 orphan_grace_s: float = 10.0):
+                 orphan_grace_s: float = 10.0, api_key: str | None = None):
         self.url = check_url(url)
         for name, value in (("history", history), ("max_pending", max_pending)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -185,6 +187,7 @@ class ServerFeed:
         self.connect_timeout_s, self.first_event_timeout_s = connect_timeout_s, first_event_timeout_s
         self.idle_timeout_s, self.metrics_every_s = idle_timeout_s, metrics_every_s
         self.alive, self.orphan_grace_s, self.max_pending = alive, orphan_grace_s, max_pending
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.state = "new"
         self.error: FeedError | None = None
         self.stop_reason: str | None = None
@@ -299,7 +302,7 @@ class ServerFeed:
         params = {"history": str(self.history), "block_tables": "true" if self.block_tables else "false"}
         helpers: list[asyncio.Task] = []
         connected = False
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, headers=self._headers) as client:
             if self.alive is not None:
                 helpers.append(asyncio.create_task(self._watch_owner()))
             try:

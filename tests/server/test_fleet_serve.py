@@ -3,12 +3,8 @@ client; the router's round-robin shows in each replica's own ``/metrics``, and S
 
 from __future__ import annotations
 
-import re
 import signal
 import socket
-import subprocess
-import sys
-import threading
 import time
 
 import httpx
@@ -19,56 +15,13 @@ from minengine.entrypoints.fleet_serve import (
     Fleet,
     FleetArgs,
     FleetStartError,
-    check_port_free,
     replica_threads,
     router_command,
 )
-from minengine.entrypoints.server_process import child_env, free_port
+from tests.server_helpers import finished_requests, free_ports, start_fleet
 
 pytest.importorskip("vllm_router", reason="vllm-router is not installed (pip install -c constraints.txt "
                     "vllm-router): the fleet runs behind it")
-
-
-def free_ports(count: int) -> int:
-    """A port P with P .. P+count-1 all free now (the fleet takes consecutive ports)."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            for p in range(base, base + count):
-                check_port_free("127.0.0.1", p)
-        except ValueError:
-            continue
-        if base + count < 65536:
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def finished_requests(url: str) -> int:
-    """The replica's finished requests: the sum of its ``vllm:request_success_total`` series."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return round(sum(float(v) for v in re.findall(r"^vllm:request_success_total\{[^}]*\} (\S+)$", text, re.M)))
-
-
-def start_fleet(args: list[str]) -> tuple[subprocess.Popen, list[str], list[int]]:
-    """``python -m minengine fleet-serve ARGS`` started and waited for until its router is up: (the process, its
-    output lines so far, growing as it prints, and the pids of the fleet and every process under it)."""
-    fleet = subprocess.Popen([sys.executable, "-m", "minengine", "fleet-serve", *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, env=child_env())
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(fleet.stdout), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 55
-        while not any(line.startswith("minengine fleet: router") for line in lines):
-            assert fleet.poll() is None and time.monotonic() < deadline, "".join(lines[-20:])
-            time.sleep(0.2)
-    except BaseException:
-        fleet.send_signal(signal.SIGTERM)  # the fleet stops what it started
-        try:
-            fleet.wait(timeout=60)
-        finally:
-            fleet.kill()
-        raise
-    return fleet, lines, [fleet.pid] + [c.pid for c in psutil.Process(fleet.pid).children(recursive=True)]
 
 
 def test_two_replicas_behind_the_router_round_robin_then_sigterm_leaves_no_process(bundled_model):
