@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import httpx
 import psutil
 
-from minengine.entrypoints.server_process import ServerProcess, ServerStartError, child_env
+from minengine.entrypoints.server_process import ServerProcess, ServerStartError, child_env, free_port
 
 ROUTER_PACKAGE = "vllm-router"  # the pip package; its module is vllm_router
 POLICIES = ("round_robin", "power_of_two", "cache_aware", "random")  # vllm-router's names for its policies
@@ -64,6 +64,8 @@ def check_port_free(host: str, port: int) -> None:
 def router_command(worker_urls: list[str], host: str, port: int, policy: str, log_level: str = "info",
                    extra: list[str] | None = None) -> list[str]:
     """The command line that starts vllm-router on ``host:port`` in front of ``worker_urls`` with ``policy``.
+    The router's own Prometheus exporter listens on a port the OS says is free unless ``extra`` names one
+    (``--prometheus-port``): its fixed default, 29000, would make a second fleet on the machine fail to start.
 
     Raises:
         ValueError: ``vllm-router`` is not installed (names the pip package), an unknown policy, power-of-two
@@ -78,8 +80,11 @@ def router_command(worker_urls: list[str], host: str, port: int, policy: str, lo
     for url in worker_urls:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"--worker-urls: {url!r} is not an http:// or https:// URL")
+    extra = list(extra or [])
+    if not any(arg.startswith("--prometheus-port") for arg in extra):
+        extra += ["--prometheus-port", str(free_port())]
     return [sys.executable, "-m", "vllm_router.launch_router", "--host", host, "--port", str(port),
-            "--worker-urls", *worker_urls, "--policy", policy, "--log-level", log_level, *(extra or [])]
+            "--worker-urls", *worker_urls, "--policy", policy, "--log-level", log_level, *extra]
 
 
 def wait_url_healthy(url: str, timeout_s: float, alive=lambda: True) -> None:

@@ -103,6 +103,12 @@ def test_clear_errors_before_anything_starts(monkeypatch):
     with pytest.raises(ValueError, match="--startup-timeout must be in"):
         FleetArgs(["m"], startup_timeout_s=0)
     assert [replica_threads(n, cores=4) for n in (1, 2, 3, 8)] == [4, 2, 1, 1]
+    # the router's Prometheus exporter: a free port of its own unless named (its default would clash between fleets)
+    ports = [int(cmd[cmd.index("--prometheus-port") + 1])
+             for cmd in (router_command(["http://h:1"], "127.0.0.1", 8000, "round_robin") for _ in range(2))]
+    assert all(ports) and 29000 not in ports
+    named = router_command(["http://h:1"], "127.0.0.1", 8000, "round_robin", extra=["--prometheus-port", "29100"])
+    assert named.count("--prometheus-port") == 1 and named[named.index("--prometheus-port") + 1] == "29100"
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ValueError, match="pip install vllm-router"):
         router_command(["http://h:1"], "127.0.0.1", 8000, "round_robin")
