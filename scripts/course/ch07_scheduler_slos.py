@@ -101,7 +101,7 @@ from minengine.workloads.traces import Trace
     for r in rows:
         print(f"rate {r['rate']:6.1f}/s | throughput {r['throughput']:6.1f}/s | good-request rate {r['good_rate']:6.1f}/s | SLO attainment {r['attainment']:4.0%} | "
               f"TTFT P99 {r['ttft_p99'] * 1000:7.1f} ms | ITL P99 {r['itl_p99'] * 1000:6.1f} ms | busy {r['busy']:.0%} | median queueing {r['queue_p50'] * 1000:5.1f} ms | "
-              f"most waiting {r['most_waiting']} | completed/arrived {r['kept_up']:.2f}")
+              f"most waiting {r['most_waiting']} | completed/arrived {r['kept_up']:.3f}")
     """),
     code("""
     fig = go.Figure([go.Scatter(x=[r["rate"] for r in rows], y=[r["throughput"] for r in rows], name="throughput (req/s)", mode="lines+markers"),
@@ -125,7 +125,7 @@ from minengine.workloads.traces import Trace
              f"request met the SLO was {all_met['rate']:.1f} requests/s, with the engine busy **{all_met['busy']:.0%}** of the time. "
              f"From {ceiling['rate']:.1f} requests/s on it was busy **{ceiling['busy']:.0%}** (at or above 99 %), and there **{ceiling['attainment']:.0%}** "
              f"of the requests met the SLO: median queueing {ceiling['queue_p50'] * 1000:.1f} ms, at most {ceiling['most_waiting']} waiting, and it completed "
-             f"{ceiling['kept_up']:.0%} as many requests as arrived ({ceiling_pace}; counted from the arrival of the first request after the first "
+             f"{ceiling['kept_up']:.1%} as many requests as arrived ({ceiling_pace}; counted from the arrival of the first request after the first "
              f"quarter to the last arrival). At {top['rate']:.1f} requests/s it was just as busy (**{top['busy']:.0%}**, {top['tokens_per_step']:.0f} "
              f"tokens per step on average, budget 256), but requests arrived far faster than it completed them (**{top['kept_up']:.0%}** as many "
              f"completed as arrived; {top['throughput']:.1f} requests/s completed): up to {top['most_waiting']} requests waited at once, median queueing "
@@ -164,7 +164,7 @@ from minengine.workloads.traces import Trace
     for p in capacity.probes:
         print(f"probe {p.rate:6.1f}/s: SLO attainment {p.attainment:.0%}, median queue delay {p.median_queue_delay_s * 1000:.1f} ms, "
               f"arrivals {p.window_arrival_rate:5.1f}/s and completions {p.completed_fraction * p.window_arrival_rate:5.1f}/s over the measured window "
-              f"(completed/arrived {p.completed_fraction:.2f}) -> {'pass' if p.passed else 'fail'}")
+              f"(completed/arrived {p.completed_fraction:.3f}) -> {'pass' if p.passed else 'fail'}")
     """),
     conclusion("""
     mu = capacity.max_throughput
@@ -174,7 +174,7 @@ from minengine.workloads.traces import Trace
         search = (f"a probe at {capacity.failing_rate:.1f} req/s kept up with its arrivals but failed the SLO, {capacity.failing_rate / capacity.capacity:.2f}x "
                   f"the capacity: the SLO, not the throughput, sets it")
     elif failing is not None:
-        search = (f"a probe at {capacity.failing_rate:.1f} req/s completed only {failing.completed_fraction:.0%} as many requests as arrived: "
+        search = (f"a probe at {capacity.failing_rate:.1f} req/s completed only {failing.completed_fraction:.1%} as many requests as arrived (under 95 %): "
                   f"the engine's throughput under Poisson arrivals, not the SLO, sets it")
     else:
         search = ("every probed rate up to the maximum throughput was sustained and met the SLO, so the engine's throughput sets the number, not "
@@ -189,7 +189,7 @@ from minengine.workloads.traces import Trace
     conclude(f"Capacity under *{slo}*: **{capacity.describe()}** ({capacity.clock_label}, budget 256, 16 slots). The engine sustains it: "
              f"from the first measured arrival to the last, the probe at {capacity.capacity:.1f} req/s had arrivals at "
              f"{at_capacity.window_arrival_rate:.1f} req/s (its Poisson draw) and completed {at_capacity.completed_fraction * at_capacity.window_arrival_rate:.1f} "
-             f"req/s, **{at_capacity.completed_fraction:.0%}** of them (counted from first arrival to last finish, the ramp and the drain "
+             f"req/s, **{at_capacity.completed_fraction:.1%}** of them (counted from first arrival to last finish, the ramp and the drain "
              f"included, it completed {at_capacity.throughput:.1f} req/s). It completes at most {mu:.1f} "
              f"requests/s when all arrive at once, and the capacity is below or at it: {search}. The median queueing delay stayed far under "
              f"the 2 s bound (at most {max(p.median_queue_delay_s for p in capacity.probes) * 1000:.1f} ms): {goodput_text}.",
