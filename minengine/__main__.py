@@ -352,12 +352,14 @@ def cmd_bench_serve(a: argparse.Namespace) -> None:
         print(f"maximum throughput ({cap.num_requests} requests of the trace's lengths all at once, {spec.label}): "
               f"{cap.max_throughput:,.2f} req/s, up to {cap.peak_running} running at once")
         print(f"capacity (Sarathi-Serve: highest Poisson rate, at most the maximum throughput, with >= 90% of "
-              f"requests within the SLO and median scheduling delay <= 2 s; {cap.num_requests} requests per probe, "
+              f"requests within the SLO, median scheduling delay <= 2 s and >= 95% as many completed as arrived; "
+              f"{cap.num_requests} requests per probe, "
               f"the first {cap.warmup_requests} not measured): {cap.describe()}")
         for p in cap.probes:
             print(f"  probe {p.rate:8.2f} req/s: attainment {p.attainment:6.1%}, median queue delay "
                   f"{p.median_queue_delay_s * 1000:8.1f} ms, goodput {p.goodput:6.2f} req/s, throughput "
-                  f"{p.throughput:6.2f} req/s  {'pass' if p.passed else 'fail'}")
+                  f"{p.throughput:6.2f} req/s, completed/arrived {p.completed_fraction:5.2f}  "
+                  f"{'pass' if p.passed else 'fail'}")
         if cap.bound == "probes":
             print("  (raise --capacity-probes to search further)")
         if cap.peak_running and not cap.steady:

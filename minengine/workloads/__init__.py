@@ -18,6 +18,8 @@ from minengine.workloads.goodput import (
     CapacityProbe,
     CapacityResult,
     ServingBenchmark,
+    arrival_window,
+    completed_fraction,
     find_capacity,
     goodput,
     meets_slo,
@@ -41,7 +43,8 @@ from minengine.workloads.traces import (
 
 __all__ = [
     "SHAKESPEARE_OPENINGS", "SLO", "CapacityProbe", "CapacityResult", "ReplayResult", "ServingBenchmark", "Trace",
-    "TraceRequest", "VirtualClock", "azure_conv_path", "find_capacity", "find_data_dir", "gamma_arrivals",
+    "TraceRequest", "VirtualClock", "arrival_window", "azure_conv_path", "completed_fraction", "find_capacity",
+    "find_data_dir", "gamma_arrivals",
     "goodput", "inter_arrival_stats", "load_azure_trace", "load_mooncake_trace", "load_real_prompts", "meets_slo",
     "mooncake_path", "parse_azure_csv", "parse_mooncake_jsonl", "poisson_arrivals", "replay", "replay_trace",
     "search_highest_passing_rate", "search_rate_bracket", "slo_attainment", "speed_up", "synthetic_prompt_ids",

@@ -200,13 +200,19 @@ class ServingBenchmark:
 # ---- capacity -----------------------------------------------------------------------------------------------
 STEADY_STATE_FACTOR = 8  # a probe reaches a steady state when it has >= this many requests per running slot
 WARMUP_FRACTION = 0.25  # the first quarter of a probe's requests (by arrival) meet an empty engine: not counted
+MIN_COMPLETED_FRACTION = 0.95  # a sustained rate: completions keep up with at least this share of the arrivals
 
 
 @dataclass(frozen=True)
 class CapacityProbe:
     """One probed arrival rate (req/s), measured on the probe's requests after its warm-up: SLO attainment,
     median scheduling delay (arrival -> first scheduled, s), goodput (req/s, whole probe), whether it passed;
-    ``throughput`` is the probe's completed requests per second (first arrival -> last finish)."""
+    ``throughput`` is the probe's completed requests per second (first arrival -> last finish);
+    ``completed_fraction`` the requests completed per request arrived over the arrival window (see
+    ``completed_fraction``); ``sustained`` whether that kept to the search's minimum (else the backlog grew: the
+    rate was not sustained, whatever the latencies); ``window_arrival_rate`` the arrivals per second over that window
+    (a Poisson draw's own rate, not exactly ``rate``), so ``completed_fraction * window_arrival_rate`` is the
+    completions per second over it."""
 
     rate: float
     attainment: float
@@ -214,6 +220,42 @@ class CapacityProbe:
     goodput: float
     passed: bool
     throughput: float = math.nan
+    completed_fraction: float = math.nan
+    sustained: bool = True
+    window_arrival_rate: float = math.nan
+
+
+def arrival_window(request_metrics, warmup: int = 0) -> tuple[float, int, int]:
+    """``(seconds, arrived, completed)`` over the arrival window of a run: from the arrival of the first request
+    after the ``warmup`` first ones (by arrival) to the last arrival; ``arrived`` and ``completed`` count the
+    arrivals and the completions (of any request) inside it, its start excluded.
+
+    Raises:
+        ValueError: ``warmup`` negative or not below the number of requests.
+    """
+    by_arrival = sorted(_metrics_list(request_metrics), key=lambda m: m.arrival_time)
+    if not 0 <= warmup < len(by_arrival):
+        raise ValueError(f"warmup must be in [0, {len(by_arrival)}), got {warmup!r}")
+    start, end = by_arrival[warmup].arrival_time, by_arrival[-1].arrival_time
+    arrived = sum(1 for m in by_arrival if start < m.arrival_time <= end)
+    completed = sum(1 for m in by_arrival if m.finished_time is not None and start < m.finished_time <= end)
+    return end - start, arrived, completed
+
+
+def completed_fraction(request_metrics, warmup: int = 0) -> float:
+    """Requests completed per request arrived over the arrival window of a run (``arrival_window``).
+
+    Their difference is how much the backlog (requests arrived, not finished) grew over the window: an engine that
+    keeps up completes about as many as arrive (about 1.0, either side by the requests in flight at the two ends),
+    one that falls behind completes at its own pace while arrivals outrun it (completed rate / arrival rate).
+    Judged over the arrival window, not first arrival -> last finish, so the drain after the last arrival does
+    not count against a rate that was kept up with. 1.0 when no request arrives inside the window.
+
+    Raises:
+        ValueError: as ``arrival_window``.
+    """
+    _, arrived, completed = arrival_window(request_metrics, warmup)
+    return completed / arrived if arrived else 1.0
 
 
 @dataclass
@@ -226,7 +268,9 @@ class CapacityResult:
             first requests fare.
         slo: the objectives.
         probes: every probe in the order it ran.
-        failing_rate: the lowest rate that failed (req/s); ``inf`` when none did.
+        failing_rate: the lowest rate that failed (req/s); ``inf`` when none did. A probe fails on the SLO (too
+            few requests met it, or the median queueing delay was too long) or on throughput (completions fell
+            behind arrivals: ``CapacityProbe.sustained`` is false).
         clock_label: the clock the probes ran on ("modelled: H100 SXM, Llama-3-8B shapes", "measured: CPU time").
         max_throughput: the engine's maximum throughput measured in the same search (req/s): the probe's requests
             all at time 0 (a saturating run), completed requests / (first arrival -> last finish). NaN when not
@@ -253,13 +297,16 @@ class CapacityResult:
 
     @property
     def bound(self) -> str:
-        """What bounds the number: ``"slo"`` (a passing and a failing rate bracket it), ``"throughput"`` (every
-        rate up to the measured maximum throughput passed: the engine's throughput bounds it, not the SLO),
-        ``"probes"`` (no failing rate within the probes run: a lower bound), ``"none"`` (no rate passed)."""
+        """What bounds the number: ``"slo"`` (a passing and a failing rate bracket it, and the failing probe kept
+        up with its arrivals but missed the SLO), ``"throughput"`` (the failing probe's completions fell behind its
+        arrivals, or every rate up to the measured maximum throughput passed: the engine's throughput bounds it,
+        not the SLO), ``"probes"`` (no failing rate within the probes run: a lower bound), ``"none"`` (no rate
+        passed)."""
         if self.capacity <= 0:
             return "none"
         if math.isfinite(self.failing_rate):
-            return "slo"
+            failing = next((p for p in self.probes if p.rate == self.failing_rate), None)
+            return "throughput" if failing is not None and not failing.sustained else "slo"
         if math.isfinite(self.max_throughput) and self.capacity >= self.max_throughput * (1 - 1e-9):
             return "throughput"
         return "probes"
@@ -281,6 +328,9 @@ class CapacityResult:
             text = f"< {_rate(lowest)} req/s (no passing rate found)"
         elif bound == "slo":
             text = f"{_rate(self.capacity)} req/s (the SLO bounds it: {_rate(self.failing_rate)} req/s failed)"
+        elif bound == "throughput" and math.isfinite(self.failing_rate):
+            text = (f"{_rate(self.capacity)} req/s (the engine's throughput bounds it, not the SLO: at "
+                    f"{_rate(self.failing_rate)} req/s completions fell behind arrivals)")
         elif bound == "throughput":
             text = (f"{_rate(self.capacity)} req/s (= the maximum throughput: every rate up to it met the SLO, so "
                     "the engine's throughput bounds it, not the SLO)")
@@ -359,7 +409,8 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
                   max_probes: int = 10, min_attainment: float = 0.9, max_median_queue_delay_s: float = 2.0,
                   warmup_fraction: float = WARMUP_FRACTION, seed: int = 0,
                   timer: Callable[[], float] = time.perf_counter, step_time_scale: float = 1.0,
-                  clock: ClockChoice | None = None, max_rate: float = math.inf, **config_fields) -> CapacityResult:
+                  clock: ClockChoice | None = None, max_rate: float = math.inf,
+                  min_completed_fraction: float = MIN_COMPLETED_FRACTION, **config_fields) -> CapacityResult:
     """The highest Poisson arrival rate the engine sustains within ``slo`` (Sarathi-Serve's capacity).
 
     First a saturating run: the probe's requests all at time 0, on a fresh engine; its completed requests per
@@ -370,9 +421,12 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
     fresh engine with a fresh clock (``clock``: "modelled", "cpu", "perf", a ``ClockSpec`` or a clock factory;
     default a ``MeasuredClock`` on ``timer``). The first ``warmup_fraction`` of them (by arrival) meet an engine
     still filling up and are not measured; a probe passes when at least ``min_attainment`` of the others meet
-    every SLO and their median scheduling delay (arrival -> first scheduled) is at most
+    every SLO, their median scheduling delay (arrival -> first scheduled) is at most
     ``max_median_queue_delay_s`` (Sarathi-Serve bounds it at 2 s, so an overloaded system whose queue grows does
-    not count). The search grows the rate from ``start_rate`` until a probe fails, then bisects
+    not count), and the rate is sustained: over the measured arrival window the engine completed at least
+    ``min_completed_fraction`` of the requests that arrived (``completed_fraction``), so its backlog did not grow;
+    a short probe can meet a latency SLO while falling behind, a bounded median delay alone does not catch it.
+    The search grows the rate from ``start_rate`` until a probe fails, then bisects
     (``search_rate_bracket``), never above ``min(max_rate, max_throughput)``; ``CapacityResult.bound`` says what
     bounds the answer (the SLO, the throughput, the probe budget) and ``steady`` whether each probe had at least
     ``STEADY_STATE_FACTOR`` requests per running slot (``describe()`` says so when not).
@@ -390,6 +444,8 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
         timer, step_time_scale: passed to each probe's ``MeasuredClock`` when ``clock`` is None.
         clock: the clock of every run (see above).
         max_rate: the highest rate to probe, req/s (the maximum throughput caps it too).
+        min_completed_fraction: the completions per arrival, over the measured window, that a sustained rate
+            keeps (in (0, 1]; default ``MIN_COMPLETED_FRACTION``, 95 %).
 
     Returns:
         ``CapacityResult`` with the capacity (req/s), the maximum throughput and every probe.
@@ -412,6 +468,8 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
         raise ValueError(f"start_rate must be > 0 req/s or None, got {start_rate!r}")
     if not max_rate > 0:
         raise ValueError(f"max_rate must be > 0 req/s, got {max_rate!r}")
+    if not 0 < min_completed_fraction <= 1:
+        raise ValueError(f"min_completed_fraction must be in (0, 1], got {min_completed_fraction!r}")
     if lengths:
         base = [lengths[i % len(lengths)] for i in range(num_requests)]
         base = [TraceRequest(0.0, r.prompt_len, r.output_len, r.prompt_token_ids, f"{r.request_id}#{i}")
@@ -447,9 +505,13 @@ def find_capacity(slo: SLO, config: EngineConfig | None = None, lengths: Sequenc
         delays = [m.time_in_queue for m in measured if m.time_in_queue is not None]
         attained = slo_attainment(measured, slo)
         delay = statistics.median(delays) if delays else math.inf
-        ok = attained >= min_attainment and delay <= max_median_queue_delay_s
+        seconds, arrived, completed = arrival_window(ms, warmup)
+        kept_up = completed / arrived if arrived else 1.0   # completed_fraction
+        sustained = kept_up >= min_completed_fraction
+        ok = attained >= min_attainment and delay <= max_median_queue_delay_s and sustained
         result.probes.append(CapacityProbe(rate, attained, delay, goodput(ms, slo), ok,
-                                           ServingBenchmark.from_metrics(ms).request_throughput))
+                                           ServingBenchmark.from_metrics(ms).request_throughput, kept_up, sustained,
+                                           arrived / seconds if seconds > 0 else math.nan))
         return ok
 
     result.capacity, result.failing_rate = search_rate_bracket(passes, start, rel_tol, max_probes, limit)

@@ -263,7 +263,7 @@ CELLS = [
         return eng.request_metrics["b"].num_cached_tokens
 
 
-    cases_1 = [((shared, bs), engine_cached(shared, bs)) for shared, bs in ((70, 16), (64, 16), (15, 16), (16, 16), (96, 32), (70, 32))]
+    cases_1 = [((shared, bs), engine_cached(shared, bs)) for shared, bs in ((70, 16), (64, 16), (15, 16), (16, 16), (96, 32), (70, 32), (50, 32))]
     cases_2 = [((n, bs), engine_repeat(n, bs)) for n, bs in ((64, 16), (70, 16), (16, 16), (17, 16), (100, 32), (96, 32))]
     print(f"{len(cases_1) + len(cases_2)} engine runs ready for the checks")
     """),
@@ -279,7 +279,8 @@ CELLS = [
                     "answer_1 = lambda shared, block_size: shared // block_size  # blocks, not tokens",
                     "answer_1 = lambda shared, block_size: (shared // block_size + 1) * block_size  # the last block is only partly shared",
                     "answer_1 = lambda shared, block_size: -(-shared // block_size) * block_size  # rounds a partly shared block up",
-                    "answer_1 = lambda shared, block_size: ((shared - 1) // block_size) * block_size  # the last-token rule applies to a whole prompt hit, not here"]),
+                    "answer_1 = lambda shared, block_size: ((shared - 1) // block_size) * block_size  # the last-token rule applies to a whole prompt hit, not here",
+                    "answer_1 = lambda shared, block_size: (shared // 16) * 16  # the block size is an argument: 50 shared tokens fill one 32-token block"]),
     *exercise(2, """
         The exact same `n`-token prompt is sent twice. Write `answer_2(n, block_size)`: how many tokens of the second request are
         served from the cache? (For `n = 64`, `block_size = 16` it is not 64.) The check compares it with the engine's runs above for several `n`, some a

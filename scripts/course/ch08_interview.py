@@ -78,8 +78,8 @@ QA = [
      "The step cost model (`StepCostModel.allreduce_count_and_bytes`, what the engine's real collectives per step must equal)"),
     ("Why is FlashAttention fast when it does the same FLOPs?",
      "IO. Standard attention writes the n x n score and probability matrices to HBM and reads them back; FlashAttention tiles Q, K and V "
-     "through on-chip SRAM with an online softmax (a running max and a running sum, rescaled as tiles arrive), so HBM sees Q, K, V and O "
-     "once. It is exact, not an approximation (Dao et al., 2022).",
+     "through on-chip SRAM with an online softmax (a running max and a running sum, rescaled as tiles arrive), so HBM sees Q and O once "
+     "and K and V once per tile of queries (shared by the query heads of a GQA group). It is exact, not an approximation (Dao et al., 2022).",
      "Chapter 11 (the kernels, bytes counted)"),
     ("Speculative decoding: how does the acceptance rate turn into a speed-up?",
      "With k proposals each accepted with probability a, one verify step yields (1 - a^(k+1)) / (1 - a) tokens on average (Leviathan et al., "
@@ -202,12 +202,19 @@ NUMBERS = [
                and per_layer["a 2,048-token prefill"] == 2 * 2048 * S.hidden_size * 2)])
     """,
     """
-    n_att, d_head = 8192, S.head_dim
-    dense_io = 2 * (2 * n_att * d_head + 2 * n_att * d_head + 4 * n_att * n_att)   # Q, O, K, V once; S and P written and read (bf16)
-    flash_io = 2 * (2 * n_att * d_head + 2 * n_att * d_head)                       # Q, O, K, V once (tiles in SRAM)
-    conclude(f"One head, 8,192 tokens, bf16: standard attention moves **{dense_io / 1e6:,.0f} MB** of HBM traffic, FlashAttention "
-             f"**{flash_io / 1e6:.1f} MB** ({dense_io / flash_io:.0f}x less; chapter 11 counts the same bytes on toy kernels).",
-             [("the n x n term dominates", 4 * n_att * n_att > 10 * 4 * n_att * d_head), ("flash moves over 10x less", dense_io > 10 * flash_io)])
+    from minengine.course.attention_traffic import dense_bytes, flash_bytes   # chapter 11's counts, checked there on toy kernels
+
+    n_att, q_tile, group = 8192, 128, S.num_heads // S.num_kv_heads
+    dense_io = S.num_heads * dense_bytes(n_att, n_att, S.head_dim)                                   # every query head: S and P in HBM
+    flash_io = S.num_kv_heads * flash_bytes(n_att, n_att, S.head_dim, q_tile=q_tile, group=group)    # K/V tiles shared by a GQA group
+    unpacked_io = S.num_heads * flash_bytes(n_att, n_att, S.head_dim, q_tile=q_tile)                 # each query head reads its own K/V
+    conclude(f"One layer of Llama-3-8B, a prefill of {n_att:,} tokens, bf16: standard attention moves **{dense_io / 1e9:.1f} GB** of HBM traffic, "
+             f"FlashAttention with {q_tile}-query tiles **{flash_io / 1e9:.2f} GB** when each K/V tile serves the {group} query heads of its KV head "
+             f"(**{dense_io / flash_io:.1f}x less**), {unpacked_io / 1e9:.2f} GB without that GQA packing ({dense_io / unpacked_io:.1f}x less): "
+             "chapter 11's `dense_bytes` and `flash_bytes`, the counts its toy kernels check, with K/V re-read for every query tile.",
+             [("the n x n term dominates the dense traffic", S.num_heads * 2 * 4 * n_att * n_att > 0.9 * dense_io),
+              ("flash moves over 10x less with GQA packing", dense_io > 10 * flash_io),
+              ("GQA packing divides the K/V re-reads", unpacked_io > flash_io)])
     """,
     """
     def expected_tokens(a, k):

@@ -247,7 +247,8 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
 
     ## The bytes of each kernel, at Llama-3-8B sizes, on the H100 roofline
     The counts above, as formulas at full size: one layer of Llama-3-8B (32 query heads, 8 KV heads, `d = 128`, bf16),
-    a prefill of `n` tokens from position 0. The formulas are the toys' own counts (checked on the toy shapes below).
+    a prefill of `n` tokens from position 0. The formulas (`minengine/course/attention_traffic.py`: `dense_bytes`, `gather_bytes`,
+    `flash_bytes`, `attention_flops`) are the toys' own counts (checked on the toy shapes below).
     Two tiled kernels: the textbook tile of 128 queries whose K/V tile serves the 4 query heads of its KV head
     (FlashAttention-2/-3 style, GQA packed), and a tile of **one** query of one head, which is what the engine's
     Triton kernel runs (one program per query token and head, `layers/triton_attention.py`). Bytes are counted at HBM
@@ -256,34 +257,15 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     any kernel could do.
     """),
     code("""
+    # The formulas live in the course package, so chapter 8 quotes the same bytes: read them there.
+    from minengine.course.attention_traffic import attention_flops, dense_bytes, flash_bytes, gather_bytes
+
     H100 = get_hardware("h100")
     SHAPE = LLAMA_3_8B
     HQ, HKV, D = SHAPE.num_heads, SHAPE.num_kv_heads, SHAPE.head_dim
     G = HQ // HKV
     ROOFLINE = (f"roofline bound: {H100.name} datasheet peaks ({H100.peak_flops_16bit / 1e12:.0f} TFLOP/s, "
                 f"{H100.memory_bandwidth / 1e12:.2f} TB/s), {SHAPE.name} attention shapes, bf16")
-
-
-    def dense_bytes(n, c, d, b=2):
-        \"\"\"Dense attention of n queries over c keys, one head: Q, K, V, O once; S and P each written and read.\"\"\"
-        return b * (2 * n * d + 2 * c * d + 4 * n * c)
-
-
-    def gather_bytes(c, d, b=2, block_size=BS):
-        \"\"\"Gathering K and V of one KV head: whole blocks read, a contiguous copy written.\"\"\"
-        return 2 * b * d * (math.ceil(c / block_size) * block_size + c)
-
-
-    def flash_bytes(n, c, d, q_tile, group=1, b=2, block_size=BS):
-        \"\"\"Tiled attention, one KV head: Q and O of its `group` query heads once, and for each tile of q_tile query
-        positions the K/V blocks up to the tile's last position (read once for the group).\"\"\"
-        kv = sum(min(c, math.ceil((c - n + min(t0 + q_tile, n)) / block_size) * block_size) for t0 in range(0, n, q_tile))
-        return b * (2 * n * d * group + 2 * d * kv)
-
-
-    def attention_flops(n, c, d, heads):
-        \"\"\"4 d FLOPs per causal (query, key) pair and head: 2 d for the score, 2 d for the weighted value.\"\"\"
-        return 4 * d * heads * (n * (c - n) + n * (n + 1) // 2)
 
 
     toy_checks = {"dense": (dense_bytes(n, c, d), dense_hbm.total), "gather + dense": (gather_bytes(c, d) + dense_bytes(n, c, d), gather_hbm.total),

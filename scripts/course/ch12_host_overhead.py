@@ -274,19 +274,33 @@ print("CPU attention:", cpu_attention.status().message)
 
 
     small, big = device_s["Qwen2.5-0.5B"], device_s["Llama-3-8B"]
-    verdict_8b = (f"launch-bound too at B = {', '.join(map(str, bound['Llama-3-8B']))}" if bound["Llama-3-8B"]
-                  else "not launch-bound on this CPU (its kernels outlast the launches)")
+    GPU_HOST_LAUNCH_S = 5e-6   # "a few microseconds" per launch on a GPU host (NVIDIA, *Getting Started with CUDA Graphs*)
+    bound_gpu_host = {name: [b for b in BATCHES if kernels_of[name] * GPU_HOST_LAUNCH_S > dev[b]] for name, dev in device_s.items()}
+    flip_8b = {b: big[b] / kernels_of["Llama-3-8B"] for b in (b_lo, b_hi)}   # the launch cost at which launching equals the kernels
+
+
+    def batches(bs):
+        return f"B = {', '.join(map(str, bs))}" if bs else "no batch"
+
+
     conclude(f"An eager decode step launches **{kernels_of['Qwen2.5-0.5B']} kernels** for Qwen2.5-0.5B and {kernels_of['Llama-3-8B']} for Llama-3-8B; "
              f"at this CPU's {per_kernel_s * 1e6:.0f} µs per kernel that is **{launch_of['Qwen2.5-0.5B'] * 1e3:.1f} ms** and "
              f"{launch_of['Llama-3-8B'] * 1e3:.1f} ms of launching. The modelled H100 runs the small model's kernels at B = {b_lo} in "
-             f"**{small[b_lo] * 1e3:.2f} ms**: its step is launch-bound at B = {', '.join(map(str, bound['Qwen2.5-0.5B']))}, the GPU idle "
-             f"**{idle('Qwen2.5-0.5B', b_lo):.0%}** of a batch-{b_lo} step. Llama-3-8B's kernels take {big[b_lo] * 1e3:.1f} ms at B = {b_lo}: it is "
-             f"{verdict_8b}, and its GPU idles {idle('Llama-3-8B', b_lo):.0%} of the step. Device time grows only {big[b_hi] / big[b_lo]:.1f}x from "
+             f"**{small[b_lo] * 1e3:.2f} ms**: with this CPU's launches its step is launch-bound at {batches(bound['Qwen2.5-0.5B'])}, the GPU idle "
+             f"**{idle('Qwen2.5-0.5B', b_lo):.0%}** of a batch-{b_lo} step. Llama-3-8B's kernels take {big[b_lo] * 1e3:.1f} ms at B = {b_lo}: with "
+             f"this CPU's launches it is launch-bound at {batches(bound['Llama-3-8B'])}, its GPU idle {idle('Llama-3-8B', b_lo):.0%} of the step. "
+             f"A GPU host launches in a few µs: at **{GPU_HOST_LAUNCH_S * 1e6:.0f} µs** per launch Qwen2.5-0.5B is launch-bound at "
+             f"{batches(bound_gpu_host['Qwen2.5-0.5B'])} and **Llama-3-8B at {batches(bound_gpu_host['Llama-3-8B'])}**. Llama-3-8B's verdict flips "
+             f"at **{flip_8b[b_lo] * 1e6:.1f} µs** per launch at B = {b_lo} ({flip_8b[b_hi] * 1e6:.1f} µs at B = {b_hi}): launch-bound above it, "
+             f"device-bound below. Device time grows only {big[b_hi] / big[b_lo]:.1f}x from "
              f"B = {b_lo} to {b_hi} (decode is memory-bound: the weights are read once for the batch); the engine's own schedule + inputs + "
              f"outputs grow from {measured[b_lo]['host'] * 1e3:.2f} to {measured[b_hi]['host'] * 1e3:.1f} ms.",
              [("the small model is launch-bound at the smallest batch", b_lo in bound["Qwen2.5-0.5B"]),
               ("its GPU idles most of a batch-1 eager step", idle("Qwen2.5-0.5B", b_lo) > 0.5),
               ("the sentence about Llama-3-8B says what the numbers say", (b_lo in bound["Llama-3-8B"]) == (launch_of["Llama-3-8B"] > big[b_lo])),
+              ("the flip point separates the two launch costs' verdicts at each end",
+               all((b in bound["Llama-3-8B"]) == (per_kernel_s > flip_8b[b]) and (b in bound_gpu_host["Llama-3-8B"]) == (GPU_HOST_LAUNCH_S > flip_8b[b])
+                   for b in (b_lo, b_hi))),
               ("device time grows far less than the batch", big[b_hi] / big[b_lo] < b_hi / b_lo / 10),
               ("the engine's own host time grows with the batch", measured[b_hi]["host"] > measured[b_lo]["host"]),
               ("a 4,096-token prefill's kernels run hundreds of microseconds each on average",

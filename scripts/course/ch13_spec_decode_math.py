@@ -305,17 +305,18 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
     *exercise(1, """
         Write `answer_1(alpha, k)`: the expected tokens a verify step yields when each of `k` proposals is accepted with
         probability `alpha` until the first rejection. The check computes it from the distribution of the number accepted
-        (`j` with probability `alpha^j (1 - alpha)` for `j < k`, `alpha^k` for `j = k`) on several `(alpha, k)`, rounded to 6 decimals.
+        (`j` with probability `alpha^j (1 - alpha)` for `j < k`, `alpha^k` for `j = k`) on several `(alpha, k)`, `alpha = 1` (a draft the target always accepts) among them, rounded to 6 decimals.
         """, "The step yields at least i + 1 tokens when the first i proposals are accepted.", "answer_1",
-        "answer_1 = lambda alpha, k: (1 - alpha ** (k + 1)) / (1 - alpha)",
+        "answer_1 = lambda alpha, k: sum(alpha ** i for i in range(k + 1))  # the closed form (1 - alpha^(k+1)) / (1 - alpha) divides by zero at alpha = 1",
         """
         def from_distribution(alpha, k):
             probs = [alpha ** j * (1 - alpha) for j in range(k)] + [alpha ** k]
             return round(sum(p * (j + 1) for j, p in enumerate(probs)), 6)
 
         rounded = answer_1 if not callable(answer_1) else (lambda a, k: round(answer_1(a, k), 6))
-        check_function("Exercise 1: tokens per verify step", rounded, [((a, k), from_distribution(a, k)) for a, k in ((0.5, 4), (0.8, 1), (0.9, 8), (0.3, 3), (0.0, 5))])
-        """, wrong=["answer_1 = lambda alpha, k: (1 - alpha ** k) / (1 - alpha)  # forgot the target's own token after the accepted run",
+        check_function("Exercise 1: tokens per verify step", rounded, [((a, k), from_distribution(a, k)) for a, k in ((0.5, 4), (0.8, 1), (0.9, 8), (0.3, 3), (0.0, 5), (1.0, 4))])
+        """, wrong=["answer_1 = lambda alpha, k: (1 - alpha ** (k + 1)) / (1 - alpha)  # right, except at alpha = 1 (a perfect draft): 0 / 0",
+                    "answer_1 = lambda alpha, k: (1 - alpha ** k) / (1 - alpha)  # forgot the target's own token after the accepted run",
                     "answer_1 = lambda alpha, k: 1 + k * alpha  # a proposal counts only if all before it were accepted",
                     "answer_1 = lambda alpha, k: 1 / (1 - alpha)  # k proposals, not infinitely many",
                     "answer_1 = lambda alpha, k: k * alpha  # the step always yields at least one token"]),

@@ -37,9 +37,11 @@ path = data / "text" / "tinyshakespeare.txt" if data else None
 if path is not None and path.exists():
     text = path.read_text()
     held_out = text[int(len(text) * 0.9):]  # the bundled model's validation split: the last 10 %, never trained on
+    HELD_OUT = True
     TEXT_SOURCE = "Tiny Shakespeare's held-out last 10 %"
 else:
     held_out = "".join(SHAKESPEARE_OPENINGS) * 20
+    HELD_OUT = False   # famous openings: the model may well have trained on them
     TEXT_SOURCE = "the bundled Shakespeare openings (no held-out split found: set MINENGINE_DATA)"
 print("text:", TEXT_SOURCE)
 """),
@@ -205,16 +207,22 @@ print("text:", TEXT_SOURCE)
     conclusion("""
     bf16, i8, f8 = (VARIANTS[k] for k in VARIANTS)
     tps = {name: (min_tp_reference(s, 1, CONTEXT), min_tp_reference(s, 32, CONTEXT)) for name, s in VARIANTS.items()}
+    HALVING_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
+    tp_by_batch = {name: [min_tp_reference(s, b, CONTEXT) for b in HALVING_BATCHES] for name, s in VARIANTS.items()}
+    halved = all(f8_tp * 2 == bf16_tp for f8_tp, bf16_tp in zip(tp_by_batch["fp8 weights + fp8 KV"], tp_by_batch["bf16"]))
     conclude(f"In bf16 the weights alone are **{bf16.weight_bytes / 1e9:.0f} GB**, more than one H100's {H100 / 1e9:.0f} usable GB: "
              f"Llama-3-70B needs TP {tps['bf16'][0]} for one 8k request and **TP {tps['bf16'][1]}** for 32 of them, whose KV "
              f"({32 * CONTEXT * bf16.kv_bytes_per_token / 1e9:.0f} GB) alone is more than one GPU holds. int8 weights halve only the layers' "
              f"weights ({i8.weight_bytes / 1e9:.0f} GB) and leave the KV: still TP {tps['int8 weights, bf16 KV'][1]} at batch 32. "
-             f"fp8 weights and KV halve both: **TP {tps['fp8 weights + fp8 KV'][1]}**.",
+             f"fp8 weights and KV halve both: **TP {tps['fp8 weights + fp8 KV'][1]}** at batch 32, and half of bf16's GPUs at every batch "
+             f"from {HALVING_BATCHES[0]} to {HALVING_BATCHES[-1]} (powers of two; bf16 TP {', '.join(map(str, tp_by_batch['bf16']))} -> fp8 TP "
+             f"{', '.join(map(str, tp_by_batch['fp8 weights + fp8 KV']))}).",
              [("bf16 weights do not fit one GPU", bf16.weight_bytes > H100),
               ("the batch-32 KV alone exceeds one GPU", 32 * CONTEXT * bf16.kv_bytes_per_token > H100),
               ("bf16 at batch 32 needs more GPUs than at batch 1", tps["bf16"][1] > tps["bf16"][0]),
               ("int8 weights alone do not lower the batch-32 TP", tps["int8 weights, bf16 KV"][1] == tps["bf16"][1]),
-              ("fp8 weights + KV halve the GPUs at batch 32", tps["fp8 weights + fp8 KV"][1] * 2 == tps["bf16"][1])])
+              ("fp8 weights + KV halve the GPUs at batch 32", tps["fp8 weights + fp8 KV"][1] * 2 == tps["bf16"][1]),
+              ("fp8 weights + KV halve the GPUs at every batch stated", halved)])
     """),
     *exercise(1, """
     Write `min_tp(shape, batch, context)`: the smallest tensor-parallel size in `(1, 2, 4, 8)` at which a `ModelShape`
@@ -232,7 +240,7 @@ print("text:", TEXT_SOURCE)
     """,
         """
     CASES = [((s, b, c), min_tp_reference(s, b, c)) for s, b, c in [
-        (LLAMA_3_70B, 1, 8192), (LLAMA_3_70B, 32, 8192), (LLAMA_3_70B, 64, 8192), (LLAMA_3_70B, 256, 8192),
+        (LLAMA_3_70B, 1, 8192), (LLAMA_3_70B, 4, 8192), (LLAMA_3_70B, 32, 8192), (LLAMA_3_70B, 64, 8192), (LLAMA_3_70B, 256, 8192),
         (LLAMA_3_70B.with_(dtype_bytes=1), 32, 8192), (shape_for_engine(LLAMA_3_70B, "auto", "int8"), 64, 8192),
         (LLAMA_3_8B, 64, 8192), (LLAMA_3_8B, 1, 131072), (LLAMA_3_8B.with_(kv_dtype_bytes=1), 64, 8192)]]
     check_function("min_tp", min_tp, CASES, hint="KV grows with batch x context and is split over the ranks like the weights.")
@@ -256,6 +264,13 @@ print("text:", TEXT_SOURCE)
     def min_tp(shape, batch, context):  # all 80 GB usable
         for tp in (1, 2, 4, 8):
             if (shape.weight_bytes + batch * context * shape.kv_bytes_per_token) / tp <= 80e9:
+                return tp
+        return None
+    """,
+            """
+    def min_tp(shape, batch, context):  # GiB for GB: 0.9 x 80 GiB is 77.3 GB, not 72 (batch 4 at TP 2 holds 75.9 GB)
+        for tp in (1, 2, 4, 8):
+            if (shape.weight_bytes + batch * context * shape.kv_bytes_per_token) / tp <= 0.9 * 80 * 2**30:
                 return tp
         return None
     """,
@@ -287,7 +302,9 @@ print("text:", TEXT_SOURCE)
     attention paths dequantize as they read), `quantization="int8"` stores every decoder weight as int8 with a scale per
     output channel (weight-only: the matmul's inputs and outputs stay in the model's dtype). What they buy: KV blocks in
     a fixed memory budget, counted by the engine from `kv_cache_memory_bytes`. What they cost: perplexity, measured
-    from the engine's own prompt logprobs on text the model never trained on.
+    from the engine's own prompt logprobs on Tiny Shakespeare's held-out split, text the model never trained on
+    (found under `MINENGINE_DATA`; without it, the bundled Shakespeare openings, which it may have seen: the
+    conclusion says which).
     """),
     code("""
     MODES = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "fp8 KV": {"kv_cache_dtype": "fp8"},
@@ -320,7 +337,8 @@ print("text:", TEXT_SOURCE)
     conclude(f"In the same {BUDGET / 2**20:.0f} MiB the engine counts **{quant['fp8 KV']['blocks']} fp8 blocks** against "
              f"{base['blocks']} float32 ones (4 bytes to 1) and {quant['bfloat16']['blocks']} bfloat16 ones (2 to 1: what a GPU "
              f"serving bf16 gains). int8 weights do not change the blocks here: the budget is fixed (on a GPU they free weight "
-             f"memory for KV: below). Perplexity on {len(windows) * (WINDOW - 1)} tokens moved by at most **{worst:.2%}** over all modes "
+             f"memory for KV: below). Perplexity on {len(windows) * (WINDOW - 1)} tokens of {TEXT_SOURCE} "
+             f"({'never trained on' if HELD_OUT else 'text the model may have trained on'}) moved by at most **{worst:.2%}** over all modes "
              f"(float32: {base['ppl']:.3f}; fp8 KV + int8: {quant['fp8 KV + int8 weights']['ppl']:.3f}), on this tiny model: "
              "it says nothing about a large model, whose outlier features are why LLM.int8() keeps some in 16 bits (Dettmers et al., 2022).",
              [("fp8 KV: 4x float32's blocks", quant["fp8 KV"]["blocks"] == 4 * base["blocks"]),

@@ -230,3 +230,20 @@ def test_course_log_axes_label_decades_only():
     for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
         assert any("use_course_template()" in "".join(c["source"]) for c in cells[:2]), path.name  # the setup cell
+
+
+def test_attention_traffic_counts_the_bytes_chapters_8_and_11_quote():
+    from minengine.course.attention_traffic import attention_flops, dense_bytes, flash_bytes, gather_bytes
+
+    n = c = 64
+    d = 16
+    assert dense_bytes(n, c, d) == 2 * (4 * n * d + 4 * n * n)  # Q, K, V, O once; S and P written and read
+    # one tile holding every query reads each K/V block once: Q, O, K, V once, no n x n term
+    assert flash_bytes(n, c, d, q_tile=n) == 2 * 4 * n * d
+    # one query per tile re-reads the K/V blocks up to its own position (whole 16-token blocks)
+    per_query_kv = sum(-(-(t + 1) // 16) * 16 for t in range(n))
+    assert flash_bytes(n, c, d, q_tile=1) == 2 * (2 * n * d + 2 * d * per_query_kv)
+    # a GQA group of 4 shares each K/V tile: Q and O of 4 heads, the K/V once
+    assert flash_bytes(n, c, d, q_tile=n, group=4) == 2 * (2 * n * d * 4 + 2 * d * c)
+    assert gather_bytes(20, d) == 2 * 2 * d * (32 + 20)  # two whole blocks read, 20 tokens written, K and V
+    assert attention_flops(1, 10, d, heads=2) == 4 * d * 2 * 10  # a decode sees all 10 keys

@@ -23,6 +23,7 @@ from minengine.workloads import (
     CapacityProbe,
     CapacityResult,
     ServingBenchmark,
+    completed_fraction,
     find_capacity,
     find_data_dir,
     load_azure_trace,
@@ -103,15 +104,44 @@ def test_find_capacity_on_the_modelled_clock_is_deterministic_and_bracketed(rand
     assert a.bounded and a.bound == "slo" and a.capacity < a.failing_rate <= a.capacity * 1.2
     assert a.probes[0].rate == pytest.approx(a.max_throughput / 2)  # the search starts at half the maximum
     assert all(p.rate <= a.max_throughput for p in a.probes)
-    # a generous SLO: every rate up to the maximum throughput passes, and the throughput is what bounds it
+    # a generous SLO every probe meets: the engine's pace bounds the capacity, below the all-at-once throughput,
+    # because a probe at that throughput falls behind its Poisson arrivals although its latencies are within the SLO
     easy = find_capacity(SLO(ttft_s=10.0), cfg, **{**kwargs, "clock": ClockSpec("modelled", hardware="h200")})
-    assert easy.bound == "throughput" and easy.capacity == easy.max_throughput
-    assert "the engine's throughput bounds it, not the SLO" in easy.describe()
+    behind = next(p for p in easy.probes if p.rate == easy.failing_rate)
+    assert easy.bound == "throughput" and easy.capacity < easy.failing_rate <= easy.max_throughput
+    assert behind.attainment == 1.0 and not behind.sustained and behind.completed_fraction < 0.95
+    assert all(p.sustained and p.completed_fraction >= 0.95 for p in easy.probes if p.passed)
+    assert "the engine's throughput bounds it, not the SLO: at" in easy.describe()
+    assert "completions fell behind arrivals" in easy.describe()
+    # without the pace condition the search would accept the all-at-once throughput: the condition is what moved it
+    lax = find_capacity(SLO(ttft_s=10.0), cfg, **{**kwargs, "clock": ClockSpec("modelled", hardware="h200"),
+                                                  "min_completed_fraction": 1e-9})
+    assert lax.bound == "throughput" and lax.capacity == lax.max_throughput > easy.capacity
     # a probe budget too small to reach either: a lower bound, said so
     short = find_capacity(SLO(ttft_s=10.0), cfg, **{**kwargs, "start_rate": 1.0, "max_probes": 3,
                                                      "clock": ClockSpec("modelled", hardware="h200")})
     assert [p.rate for p in short.probes] == [1.0, 2.0, 4.0] and short.bound == "probes"
+    with pytest.raises(ValueError, match="min_completed_fraction"):
+        find_capacity(slo, cfg, **{**kwargs, "min_completed_fraction": 0.0})
     assert short.describe().startswith("≥ 4 req/s (no failing rate within 3 probes; maximum throughput ")
+
+
+def test_completed_fraction_counts_completions_against_arrivals_over_the_arrival_window():
+    from minengine.outputs import RequestMetrics
+
+    def run(finishes):  # request i arrives at time i and finishes at finishes[i]
+        return [RequestMetrics(arrival_time=float(i), finished_time=f) for i, f in enumerate(finishes)]
+
+    keeps_up = run([0.5 + i for i in range(8)])           # each done before the next arrives
+    assert completed_fraction(keeps_up) == 1.0
+    falls_behind = run([2.0 * i + 1 for i in range(8)])  # one completion every 2 s, one arrival every second
+    # window (0, 7]: arrivals 1..7 (7), completions at 1, 3, 5, 7 (4)
+    assert completed_fraction(falls_behind) == pytest.approx(4 / 7)
+    # the warm-up's requests are left out of the window's start, not of the completions inside it
+    assert completed_fraction(falls_behind, warmup=2) == pytest.approx(3 / 5)  # window (2, 7]: completions 3, 5, 7
+    assert completed_fraction(run([None, None])) == 0.0
+    with pytest.raises(ValueError, match="warmup"):
+        completed_fraction(keeps_up, warmup=8)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
