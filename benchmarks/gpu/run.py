@@ -213,7 +213,9 @@ def triton_check(shape: ModelShape, dtype: torch.dtype, device: str, seed: int, 
 
     gen = torch.Generator().manual_seed(seed)
     bs, heads, kv_heads, head_dim = 16, shape.num_heads, shape.num_kv_heads, shape.head_dim
-    requests = [(0, 17), (40, 1), (33, 9), (0, 1), (130, 1), (16, 16)] if tiny else \
+    # tiny (the Triton interpreter runs each (token, head) program in Python): a prefill, a decode over 3 blocks, a
+    # chunk after context that crosses a block edge, a 1-token prefill, a chunk starting on a block edge
+    requests = [(0, 3), (40, 1), (30, 3), (0, 1), (16, 2)] if tiny else \
         [(0, 300), (1000, 1), (500, 64), (0, 1), (2047, 1), (64, 128)] + [(int(x), 1) for x in
                                                                           torch.randint(1, 3000, (32,), generator=gen)]
     seq = [c + q for c, q in requests]
@@ -367,7 +369,7 @@ def main(argv: list[str] | None = None) -> dict:
     # Sizes: the real run fits in < 8 minutes on an H100; the tiny run in about a minute on a CPU.
     a.num_prompts, a.prompt_lens, a.max_new = (2, (5, 16), 3) if a.tiny else (8, (16, 200), 32)
     a.batch_sizes = [2] if a.tiny else [1, 4, 16, 32, 64, 128, 256]
-    a.decode_context, a.decode_steps = (12, 2) if a.tiny else (512, 30)
+    a.decode_context, a.decode_steps = (3, 2) if a.tiny else (512, 30)
     a.num_requests = 2 if a.tiny else 64
     a.workload_prompt_lens, a.workload_output_lens = ((6, 12), (2, 3)) if a.tiny else ((32, 512), (64, 128))
     a.static_batch_sizes = [2] if a.tiny else [16, 64]

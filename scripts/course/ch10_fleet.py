@@ -104,7 +104,7 @@ CELLS = [
         mooncake = Trace([TraceRequest(r.arrival_time, 768 + r.prompt_len, r.output_len,
                                        prefixes[rng.randrange(8)] + [rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(r.prompt_len)],
                                        f"shared-prefix-{i}")
-                          for i, r in enumerate(synthetic_trace(pick(1000, 250), rate=5.0, prompt_len=256, output_len=200,
+                          for i, r in enumerate(synthetic_trace(pick(1000, 150), rate=5.0, prompt_len=256, output_len=200,
                                                                 range_ratio=0.9, seed=1))],
                          source="synthetic: Poisson, 8 shared 768-token prefixes + 256-token questions")
     print(azure)
@@ -319,7 +319,7 @@ CELLS = [
     conclusion("""
     step_s = StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(1, 1000, 1)])).time_s
     SLOS = {"chatbot": PercentileSLO(ttft_s=0.25, tpot_s=0.1), "tight TPOT": PercentileSLO(ttft_s=0.25, tpot_s=round(1.5 * step_s, 3))}
-    window = azure[:pick(1000, 250)]
+    window = azure[:pick(1000, 120)]
     splits = pick((1, 2, 3), (2,))
     layouts = {"colocated 4": FleetConfig.colocated(4)} | {f"disaggregated {p}:{4 - p}": FleetConfig.disaggregated(p, 4 - p) for p in splits}
     goodputs = {}

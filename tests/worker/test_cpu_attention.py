@@ -241,58 +241,107 @@ def test_the_cpu_runner_starts_the_kernel_at_start_up(kernel, bundled_model, mon
     assert cpu_attention.status().state is cpu_attention.KernelState.READY  # this process has loaded it already
 
 
+# The build machinery (the flock, the cache keys, a cached build left alone) is the same for any source: these tests
+# build a one-function C++ library under the real names and directories, which compiles in about a second, so the
+# suite compiles the real kernel only where its own build is the point (test_a_build_killed_in_its_link...).
+PROBE_SOURCE = 'extern "C" int minengine_build_probe() { return 42; }\n'
+
+PROBE_BUILD_CODE = textwrap.dedent("""
+    import ctypes, sys
+    from pathlib import Path
+    from minengine.layers import cpu_kernel_build as kb
+    kb.SOURCE = Path(sys.argv[1])  # what is built, and what the cache key hashes
+    name = kb.default_name()
+    library = kb.compile_library(name, kb.cache_directory(name), on_wait=lambda: print("waiting", flush=True),
+                                 on_build=lambda: print("building", flush=True))
+    print("PROBE", ctypes.CDLL(str(library)).minengine_build_probe(), flush=True)
+""")
+
+
 @pytest.fixture(scope="module")
-def cache_built_by_two_environments(tmp_path_factory):
-    """An empty cache that three processes build the kernel into at the same moment, two in this environment and
-    one with a second environment's compiler (``second_compiler``): (cache, second compiler, [(rc, output)] * 3)."""
+def probe_source(tmp_path_factory) -> Path:
+    source = tmp_path_factory.mktemp("probe") / "probe.cpp"
+    source.write_text(PROBE_SOURCE)
+    return source
+
+
+def _probe_build(source: Path, cache: Path, extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A process that builds ``source`` under its cache key into ``cache`` (``compile_library``), saying
+    ``waiting`` / ``building`` as it goes and ``PROBE 42`` once it has loaded the library it made."""
+    env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(cache)}, **(extra_env or {}))
+    return subprocess.Popen([sys.executable, "-c", PROBE_BUILD_CODE, str(source)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, out
+
+
+@pytest.fixture(scope="module")
+def cache_built_by_two_environments(probe_source, tmp_path_factory):
+    """An empty cache that three processes build into at the same moment, two in this environment and one with a
+    second environment's compiler (``second_compiler``). The test holds this environment's build lock until both
+    of its processes say they wait, so the two surely contend; the other environment's build goes ahead meanwhile.
+    (cache, second compiler, this environment's build directory, [(rc, output)] * 3)."""
     if shutil.which("c++") is None or shutil.which("ninja") is None:
         pytest.skip("no C++ compiler or ninja: the kernel cannot be built here")
     cache = tmp_path_factory.mktemp("kernel-cache")
     wrapper = second_compiler(tmp_path_factory.mktemp("env"))
-    env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(cache)})
-    procs = [subprocess.Popen([sys.executable, "-c", BUILD_CODE], env=dict(env, **extra), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for extra in ({}, {}, {"CXX": str(wrapper)})]
-    results = []
-    for proc in procs:
-        try:
-            results.append((proc.wait(timeout=600), proc.stdout.read()))
-        finally:
-            proc.kill()
-    return cache, wrapper, results
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_kernel_build, "SOURCE", probe_source)
+        ours = cache / cpu_attention.default_name()  # the key the children compute
+    with cpu_kernel_build.build_lock(ours):
+        procs = [_probe_build(probe_source, cache, extra) for extra in ({}, {}, {"CXX": str(wrapper)})]
+        for proc in procs[:2]:  # (a warning printed at import may come first)
+            assert any(line.strip() == "waiting" for line in iter(proc.stdout.readline, "")), "it never waited"
+    return cache, wrapper, ours, [_finish(proc) for proc in procs]
 
 
 def test_two_processes_building_into_an_empty_cache_both_get_the_kernel(cache_built_by_two_environments):
-    """The flock serialises them: one compiles, the other waits, then loads the finished library."""
-    _, _, results = cache_built_by_two_environments
+    """The flock serialises them: one compiles, the other waits, then finds the finished library whole and uses
+    it without compiling."""
+    _, _, _, results = cache_built_by_two_environments
     for rc, output in results[:2]:
-        assert rc == 0 and "KERNEL True" in output, output
+        assert rc == 0 and "PROBE 42" in output, output
+    assert sum(output.count("building") for _, output in results[:2]) == 1, results[:2]
 
 
-def test_two_environments_building_at_once_keep_a_build_each(cache_built_by_two_environments):
-    """Two environments (two cache keys) building at the same moment into one cache: each gets the kernel, in its
-    own directory, linked by its own build command; and the first environment's next start loads its build
+def test_two_environments_building_at_once_keep_a_build_each(cache_built_by_two_environments, probe_source):
+    """Two environments (two cache keys) building at the same moment into one cache: each gets its library, in its
+    own directory, linked by its own build command; and the first environment's next start uses its build
     instead of compiling again (with one shared name, each would rebuild over the other's build)."""
-    cache, wrapper, results = cache_built_by_two_environments
-    assert results[2][0] == 0 and "KERNEL True" in results[2][1], results[2][1]
+    cache, wrapper, ours, results = cache_built_by_two_environments
+    assert results[2][0] == 0 and "PROBE 42" in results[2][1], results[2][1]
     builds = sorted(p.parent for p in cache.glob("*/*.so"))
-    assert len(builds) == 2, builds
+    assert len(builds) == 2 and ours in builds, builds
     commands = {(b / "build.ninja").read_text().split("cxx = ", 1)[1].split("\n", 1)[0] for b in builds}
     assert commands == {"c++", str(wrapper)}, commands
-    ours = cache / cpu_attention.default_name()
     log = (ours / ".ninja_log").read_text()
-    again = _build_in_subprocess(str(cache))
-    assert "KERNEL True" in again.stdout, again.stdout + again.stderr
+    rc, again = _finish(_probe_build(probe_source, cache))
+    assert rc == 0 and "PROBE 42" in again and "building" not in again, again
     assert (ours / ".ninja_log").read_text() == log  # nothing recompiled or relinked
 
 
-def test_a_library_cut_short_is_judged_so_at_every_length(cache_built_by_two_environments):
+@pytest.fixture(scope="module")
+def real_build(kernel) -> Path:
+    """The directory of the real kernel's cached build (the ``kernel`` fixture built or found it)."""
+    directory = cpu_attention.cache_directory(cpu_attention.default_name())
+    library = directory / f"{cpu_attention.default_name()}.so"
+    assert cpu_attention.library_is_whole(library), f"{library}: the kernel fixture left no whole build"
+    return directory
+
+
+def test_a_library_cut_short_is_judged_so_at_every_length(real_build, tmp_path):
     """Property: every truncation of a real build (a disk that filled during the link, a partial copy) is judged
     not whole, the whole file is; so is a file that is not ELF (on Linux)."""
-    cache, _, _ = cache_built_by_two_environments
-    library = cache / cpu_attention.default_name() / f"{cpu_attention.default_name()}.so"
+    library = real_build / f"{cpu_attention.default_name()}.so"
     data = library.read_bytes()
     assert cpu_attention.library_is_whole(library)
-    probe = cache / "probe.so"
+    probe = tmp_path / "probe.so"
     for size in [0, 1, 16, 51, 52, 63, 64, 65] + list(range(100, len(data), max(1, len(data) // 97))) + [len(data) - 1]:
         probe.write_bytes(data[:size])
         assert not cpu_attention.library_is_whole(probe), f"{size} of {len(data)} bytes judged whole"
@@ -301,13 +350,12 @@ def test_a_library_cut_short_is_judged_so_at_every_length(cache_built_by_two_env
         assert not cpu_attention.library_is_whole(probe)
 
 
-def test_a_build_killed_in_its_link_blocks_nothing_and_is_rebuilt(cache_built_by_two_environments, tmp_path):
+def test_a_build_killed_in_its_link_blocks_nothing_and_is_rebuilt(real_build, tmp_path):
     """A build killed midway leaves torch's ``lock`` (a plain file: torch alone would wait for it forever) and, if
     killed during the link, a library cut short, which the loader would map and die on with SIGBUS. Kill a real
     build midway (its lock must be left), give its directory a real library cut in half, then a new process must
     remove the lock, notice the cut, compile and link again and end with the kernel. One length here (each relinks,
     ~20-50 s): that every length is judged cut short is the property test above."""
-    cache, _, _ = cache_built_by_two_environments
     name = cpu_attention.default_name()
     code = "from minengine.layers import cpu_attention; cpu_attention.build()"
     env = dict(os.environ, **{cpu_attention.CACHE_ENV: str(tmp_path)})
@@ -326,7 +374,7 @@ def test_a_build_killed_in_its_link_blocks_nothing_and_is_rebuilt(cache_built_by
         proc.wait()
     assert lock.exists()  # what the dead build left behind
     library = tmp_path / name / f"{name}.so"
-    data = (cache / name / f"{name}.so").read_bytes()
+    data = (real_build / f"{name}.so").read_bytes()
     library.write_bytes(data[:len(data) // 2])
     done = _build_in_subprocess(str(tmp_path))
     assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
@@ -411,15 +459,14 @@ STUCK_CODE = textwrap.dedent("""
 """)
 
 
-def test_a_stuck_foreign_build_never_holds_up_a_start(cache_built_by_two_environments, bundled_model,
+def test_a_stuck_foreign_build_never_holds_up_a_start(real_build, bundled_model,
                                                        bundled_prompts, tmp_path):
     """A process that holds this cache key's build lock and never finishes (a start must not wait on it):
     the CLI and an engine start within seconds on the torch path, the CLI says it is waiting; when the lock is
     freed mid-run the engine takes the kernel between two steps, and every output is still transformers' greedy
     tokens (the switch is safe mid-run)."""
-    cache, _, _ = cache_built_by_two_environments
     name = cpu_attention.default_name()
-    shutil.copytree(cache / name, tmp_path / name)  # a whole build is cached: only the lock is in the way
+    shutil.copytree(real_build, tmp_path / name)  # a whole build is cached: only the lock is in the way
     holder = subprocess.Popen([sys.executable, "-c", HOLD_CODE, str(tmp_path / name / "minengine-build.lock")],
                               stdout=subprocess.PIPE, text=True)
     try:
