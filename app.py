@@ -68,7 +68,7 @@ from minengine.viz.server_pacing import (
     SERVER_CONNECT_WAIT_S,
     SERVER_WINDOW,
     SERVER_WINDOWS,
-    is_quiet,
+    note_traffic,
     redraw_interval,
 )
 from minengine.viz.step_story import step_sentence, step_sentences
@@ -616,10 +616,7 @@ def server_live_view(player: LivePlayer, lang: str, window: int) -> None:
         if live and (feed.done or (first and player.traces)):
             st.rerun()  # the whole page: the buttons follow (Disconnect off, no Pause), or the tick's interval
         # the redraw rate follows the traffic: back to the busy interval at the first new step, slower when quiet
-        now = time.monotonic()
-        if new or "server_last_new" not in st.session_state:
-            st.session_state["server_last_new"] = now
-        quiet = is_quiet(now, st.session_state["server_last_new"])
+        quiet = note_traffic(st.session_state, "server", bool(new), time.monotonic())
         if live and quiet != idle:
             st.session_state["server_idle"] = quiet
             st.rerun()  # the whole page: the fragment is registered again with the other interval

@@ -25,7 +25,7 @@ from minengine.viz.server_pacing import (
     SERVER_CONNECT_WAIT_S,
     SERVER_WINDOW,
     SERVER_WINDOWS,
-    is_quiet,
+    note_traffic,
     redraw_interval,
 )
 from minengine.viz.streamlit_session import session_alive_check
@@ -101,10 +101,7 @@ def router_live_view(players: dict[str, LivePlayer], lang: str, window: int) -> 
         ended = all(p.stream.done for p in players.values())
         if live and (ended or (first and any(p.traces for p in players.values()))):
             st.rerun()  # the whole page: Disconnect goes off, or the fragment takes the busy interval
-        now = time.monotonic()
-        if new or "router_last_new" not in st.session_state:
-            st.session_state["router_last_new"] = now
-        quiet = is_quiet(now, st.session_state["router_last_new"])
+        quiet = note_traffic(st.session_state, "router", bool(new), time.monotonic())
         if live and quiet != idle:
             st.session_state["router_idle"] = quiet
             st.rerun()  # the whole page: the fragment is registered again with the other interval
