@@ -127,8 +127,9 @@ class TensorParallelGroup:
         return x
 
     def destroy(self) -> None:
-        """Destroy the process group (``init_env_group`` calls it at exit, for the group it made; torch asks
-        for it before a process ends). ``last_work`` stays held (see ``_finish``). Collectives after it fail."""
+        """Destroy the process group, if one is initialised (torch asks for it before a process ends; a worker
+        calls it when it stops, ``init_env_group`` at exit for the group it made). ``last_work`` stays held (see
+        ``_finish``). Collectives after it fail."""
         import torch.distributed as dist
 
         if dist.is_initialized():

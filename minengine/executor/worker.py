@@ -94,10 +94,8 @@ def worker_main(rank: int, conn) -> None:
             return
         conn.send(("ready", rank, None))
         code = 0 if _serve(rank, runner, group, conn) else 1
-        import torch.distributed as dist
-
-        if dist.is_initialized() and code == 0:
-            dist.destroy_process_group()
+        if code == 0:
+            group.destroy()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
