@@ -5,8 +5,9 @@ fleet-serve``), followed live, replica beside replica.
 engine logic here: Connect asks the router for its replicas and opens one step feed each
 (``minengine.viz.router_feed.open_replica_feeds``); each feed is played by a ``LivePlayer``, as the Scheduler page's
 live-server source plays one, and redrawn at the same pace (``minengine.viz.server_pacing``). Which replica served
-each request, and each replica's counts, come from ``route_requests`` over the replicas' own steps; the block pools
-are ``minengine.viz`` builders.
+each request, and each replica's counts, come from a ``RoutingTally`` of every step the replicas sent since Connect
+(the figures keep only the window); the block pools are ``minengine.viz`` builders. Pause stops reading every
+feed at once (each server keeps its own backlog of steps, as in the live-server view).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import streamlit as st
 from minengine.viz import block_pool_figure, run_request_ids
 from minengine.viz.i18n import t
 from minengine.viz.live import LivePlayer
-from minengine.viz.router_feed import RouterError, clock_offset, open_replica_feeds, route_requests
+from minengine.viz.router_feed import RouterError, RoutingTally, clock_offset, open_replica_feeds
 from minengine.viz.router_figures import replica_label, replica_requests_figure
 from minengine.viz.server_feed import DEFAULT_URL, ServerFeed
 from minengine.viz.server_pacing import (
@@ -48,6 +49,7 @@ def connect_router(url: str, api_key: str, window: int) -> None:
         return
     st.session_state["router_connected_url"] = url.strip().rstrip("/")
     st.session_state["router_players"] = {u: LivePlayer(f, speed=0, keep=max(SERVER_WINDOWS)) for u, f in feeds.items()}
+    st.session_state["router_tally"] = RoutingTally(list(feeds))
     deadline = time.monotonic() + SERVER_CONNECT_WAIT_S
     for feed in feeds.values():
         feed.wait_history(max(0.0, deadline - time.monotonic()))
@@ -61,10 +63,34 @@ def disconnect_router() -> None:
 
 def stop_router_feeds() -> None:
     """A new connection replaces this one: stop every feed and forget them."""
-    for key in ("router_error", "router_figures", "router_idle", "router_last_new", "router_connected_url"):
+    for key in ("router_error", "router_figures", "router_idle", "router_last_new", "router_connected_url",
+                "router_tally"):
         st.session_state.pop(key, None)
     for player in st.session_state.pop("router_players", {}).values():
         player.stream.stop()
+
+
+def pause_router(players: dict[str, LivePlayer]) -> None:
+    """Pause pressed: no replica's feed is read until Resume (the figures and counts stay as they are)."""
+    for player in players.values():
+        player.pause()
+
+
+def resume_router(players: dict[str, LivePlayer]) -> None:
+    """Resume pressed: every replica's feed is read again, from where it stopped."""
+    for player in players.values():
+        player.resume()
+
+
+def tick_replicas(players: dict[str, LivePlayer]) -> int:
+    """Take every replica's new steps and count them in this session's ``RoutingTally``; how many came."""
+    tally: RoutingTally = st.session_state["router_tally"]
+    new = 0
+    for url, player in players.items():
+        steps = player.tick()
+        tally.add(url, steps, clock_offset(player.stream) or 0.0)
+        new += len(steps)
+    return new
 
 
 def feed_message(feed: ServerFeed, lang: str) -> None:
@@ -89,15 +115,21 @@ def router_live_view(players: dict[str, LivePlayer], lang: str, window: int) -> 
     """The replicas, redrawn by a fragment at the live-server view's pace (``server_pacing``) with the steps that
     arrived meanwhile."""
     live = not all(p.stream.done for p in players.values())
+    paused = any(p.paused for p in players.values())
+    if live:
+        if paused:
+            st.button(t("live_resume", lang), key="router_resume", on_click=resume_router, args=(players,),
+                      type="primary")
+        else:
+            st.button(t("live_pause", lang), key="router_pause", on_click=pause_router, args=(players,))
     idle = st.session_state.get("router_idle", False)
-    if live and not any(p.traces for p in players.values()):
-        for player in players.values():  # steps that came on Connect (the history replays) are drawn at once
-            player.tick()
+    if live and not paused and not any(p.traces for p in players.values()):
+        tick_replicas(players)  # steps that came on Connect (the history replays) are drawn at once
     first = not any(p.traces for p in players.values())
 
-    @st.fragment(run_every=redraw_interval(not first, idle) if live else None)
+    @st.fragment(run_every=redraw_interval(not first, idle) if live and not paused else None)
     def frame() -> None:
-        new = sum(len(p.tick()) for p in players.values())
+        new = tick_replicas(players)
         ended = all(p.stream.done for p in players.values())
         if live and (ended or (first and any(p.traces for p in players.values()))):
             st.rerun()  # the whole page: Disconnect goes off, or the fragment takes the busy interval
@@ -114,7 +146,7 @@ def draw_router(players: dict[str, LivePlayer], lang: str, window: int) -> None:
     """Each replica's state and block pool side by side, then requests per replica and the recent requests."""
     traces = {u: p.traces[-window:] for u, p in players.items()}
     offsets = {u: off for u, p in players.items() if (off := clock_offset(p.stream)) is not None}
-    routing = route_requests(traces, offsets)
+    routing = st.session_state["router_tally"].routing()
     urls = list(players)
     for row in range(0, len(urls), REPLICAS_PER_ROW):
         for col, url in zip(st.columns(min(len(urls), REPLICAS_PER_ROW)), urls[row:row + REPLICAS_PER_ROW]):
@@ -130,7 +162,7 @@ def draw_router(players: dict[str, LivePlayer], lang: str, window: int) -> None:
                  t("router_col_tokens", lang): r.num_tokens, t("router_col_finished", lang): r.finished}
                 for r in reversed(routing.routes[-RECENT_REQUESTS:])]
         st.dataframe(rows, key="router_routes", hide_index=True)
-    st.caption(t("router_caption", lang).format(window=window))
+    st.caption(t("router_caption", lang).format(steps=sum(c.steps for c in routing.replicas.values())))
 
 
 def replica_panel(url: str, player: LivePlayer, traces: list, counts, lang: str, index: int) -> None:
@@ -143,8 +175,8 @@ def replica_panel(url: str, player: LivePlayer, traces: list, counts, lang: str,
             st.caption(t("server_waiting", lang).format(url=url, model=(feed.info or {}).get("model", "?")))
         return
     last = traces[-1]
-    state = {"connected": t("server_state_connected", lang), "stopped": t("server_state_stopped", lang),
-             "failed": t("server_state_failed", lang)}.get(feed.state, "")
+    state = {"connected": t("live_paused", lang) if player.paused else t("server_state_connected", lang),
+             "stopped": t("server_state_stopped", lang), "failed": t("server_state_failed", lang)}.get(feed.state, "")
     st.caption(t("router_replica_status", lang).format(
         state=state, step=last.step, running=last.num_running, waiting=last.num_waiting, used=counts.used_blocks,
         total=counts.total_blocks, requests=counts.requests, hit=counts.prefix_hit_tokens,

@@ -612,10 +612,10 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "router_col_first_seen": ("first scheduled (s ago)", "首次调度（几秒前）"),
     "router_col_tokens": ("tokens scheduled", "已调度词元"),
     "router_col_finished": ("finished", "已完成"),
-    "router_caption": ("Counted over the steps on screen: the latest {window} of each replica. Each replica's "
-                       "pool is its own step's blocks, drawn as in the live-server view.",
-                       "按屏幕上的步骤统计：每个副本最近 {window} 步。每个副本的块池是它自己那一步的块，"
-                       "画法与实时服务器视图相同。"),
+    "router_caption": ("Counted over every step since Connect ({steps:,} steps from the replicas); the pools show "
+                       "each replica's latest step, drawn as in the live-server view.",
+                       "按连接以来的全部步骤统计（各副本共 {steps:,} 步）；块池显示每个副本最近一步的块，画法与"
+                       "实时服务器视图相同。"),
     "model_missing": ("The bundled model is not at {path}. Run scripts/train_tiny_model.py or set MINENGINE_MODEL.",
                       "内置模型不在 {path}。请运行 scripts/train_tiny_model.py 或设置 MINENGINE_MODEL。"),
 }

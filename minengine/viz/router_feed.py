@@ -152,35 +152,67 @@ def route_requests(traces_by_replica: Mapping[str, Sequence[StepTrace]],
         replica and the replicas' ``requests`` sum to ``len(routes)``.
     """
     offsets = clock_offsets_s or {}
-    first: dict[str, RequestRoute] = {}
+    tally = RoutingTally(list(traces_by_replica))
     for replica, traces in traces_by_replica.items():
-        offset = offsets.get(replica, 0.0)
-        seen: dict[str, dict] = {}
+        tally.add(replica, traces, offsets.get(replica, 0.0))
+    return tally.routing()
+
+
+class RoutingTally:
+    """``route_requests`` kept up to date step batch by step batch: a live page keeps only a window of each
+    replica's steps for its figures, while its counts cover every step since it connected.
+
+    Args:
+        replicas: the replicas' names (URLs), in the order ``routing`` lists them.
+    """
+
+    def __init__(self, replicas: Sequence[str]):
+        self._seen: dict[str, dict[str, dict]] = {r: {} for r in replicas}  # replica -> request id -> its row
+        self._steps = dict.fromkeys(replicas, 0)
+        self._queried = dict.fromkeys(replicas, 0)
+        self._hit = dict.fromkeys(replicas, 0)
+        self._last: dict[str, StepTrace | None] = dict.fromkeys(replicas)
+
+    def add(self, replica: str, traces: Sequence[StepTrace], clock_offset_s: float = 0.0) -> None:
+        """Count ``replica``'s next steps (oldest first), their times moved by ``clock_offset_s`` seconds.
+
+        Raises:
+            KeyError: a replica not given at construction.
+        """
+        seen = self._seen[replica]
         for tr in traces:
             tokens = {}
             for c in tr.chunks:
                 tokens[c.request_id] = tokens.get(c.request_id, 0) + c.num_tokens
             for rid in _request_ids(tr):
-                row = seen.setdefault(rid, {"first_step": tr.step, "first_time_s": tr.start_time + offset,
+                row = seen.setdefault(rid, {"first_step": tr.step, "first_time_s": tr.start_time + clock_offset_s,
                                             "num_tokens": 0, "finished": False})
                 row["num_tokens"] += tokens.pop(rid, 0)
             for rid in tr.finished_ids:
                 seen[rid]["finished"] = True
-        for rid, row in seen.items():
-            route = RequestRoute(rid, replica, **row)
-            if rid not in first or route.first_time_s < first[rid].first_time_s:
-                first[rid] = route
-    routes = sorted(first.values(), key=lambda r: r.first_time_s)
-    replicas = {}
-    for replica, traces in traces_by_replica.items():
-        last = traces[-1] if traces else None
-        replicas[replica] = ReplicaCounts(
-            steps=len(traces), requests=sum(r.replica == replica for r in routes),
-            prefix_queried_tokens=sum(tr.prefix_queried_tokens for tr in traces),
-            prefix_hit_tokens=sum(tr.prefix_hit_tokens for tr in traces),
-            used_blocks=None if last is None else last.num_used_blocks,
-            total_blocks=None if last is None else last.num_total_blocks)
-    return FleetRouting(routes, replicas)
+            self._queried[replica] += tr.prefix_queried_tokens
+            self._hit[replica] += tr.prefix_hit_tokens
+        self._steps[replica] += len(traces)
+        if traces:
+            self._last[replica] = traces[-1]
+
+    def routing(self) -> FleetRouting:
+        """Every request counted so far with its replica (the one that saw it first), and each replica's counts."""
+        first: dict[str, RequestRoute] = {}
+        for replica, seen in self._seen.items():
+            for rid, row in seen.items():
+                route = RequestRoute(rid, replica, **row)
+                if rid not in first or route.first_time_s < first[rid].first_time_s:
+                    first[rid] = route
+        routes = sorted(first.values(), key=lambda r: r.first_time_s)
+        replicas = {}
+        for replica, last in self._last.items():
+            replicas[replica] = ReplicaCounts(
+                steps=self._steps[replica], requests=sum(r.replica == replica for r in routes),
+                prefix_queried_tokens=self._queried[replica], prefix_hit_tokens=self._hit[replica],
+                used_blocks=None if last is None else last.num_used_blocks,
+                total_blocks=None if last is None else last.num_total_blocks)
+        return FleetRouting(routes, replicas)
 
 
 def clock_offset(feed: ServerFeed) -> float | None:

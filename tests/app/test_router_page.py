@@ -155,6 +155,22 @@ def test_the_page_draws_both_replicas_and_where_each_request_went(fleet, page):
         assert where in [u.removeprefix("http://") for u in fleet.replicas]
     assert {rows[r] for r in rows if any(r.startswith(short_request_id(i)) for i in ids)} == \
         {u.removeprefix("http://") for u in fleet.replicas}  # round robin: one each
+    steps = sum(len(p.traces) for p in at.session_state["router_players"].values())
+    assert f"every step since Connect ({steps:,} steps" in at.caption[-1].value
+    at.button(key="router_pause").click().run()
+    assert all(p.paused for p in at.session_state["router_players"].values())
+    more = fleet.send([4])
+    time.sleep(1.5)
+    at.run()
+    assert not [r for r in at.dataframe[0].value["request"] if str(r).startswith(short_request_id(more[0]))]
+    at.button(key="router_resume").click().run()
+    for _ in range(20):
+        if [r for r in at.dataframe[0].value["request"] if str(r).startswith(short_request_id(more[0]))]:
+            break
+        time.sleep(0.3)
+        at.run()
+    else:
+        raise AssertionError("the request sent while paused never showed after Resume")
     at.sidebar.radio(key="router_lang").set_value("zh").run()
     assert not at.exception and [m.value for m in at.markdown if m.value.startswith("**副本 ")]
 

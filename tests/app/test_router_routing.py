@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minengine.metrics.trace import ScheduledChunk, StepTrace
-from minengine.viz.router_feed import RouterError, list_workers, route_requests
+from minengine.viz.router_feed import RouterError, RoutingTally, list_workers, route_requests
 from tests.server_helpers import free_socket
 
 IDS = ["a", "b", "c", "d", "e"]  # few ids, so some show up on two replicas (a client reusing one)
@@ -57,6 +57,24 @@ def test_every_request_has_exactly_one_replica_and_the_counts_add_up(replicas, o
         assert c.used_blocks == (trs[-1].num_used_blocks if trs else None)
     times = [r.first_time_s for r in routing.routes]
     assert times == sorted(times)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(steps_strategy, min_size=1, max_size=3), st.data())
+def test_a_tally_fed_step_batches_counts_what_route_requests_counts_over_every_step(replicas, data):
+    """The Router page counts every step since Connect, fed a few steps per redraw, while it keeps only a window."""
+    traces = {f"http://r{i}:1": [step(n, 0.1 * n, s, f, hit, used) for n, (s, f, hit, used) in enumerate(steps)]
+              for i, steps in enumerate(replicas)}
+    tally = RoutingTally(list(traces))
+    cursor = dict.fromkeys(traces, 0)
+    while any(cursor[u] < len(trs) for u, trs in traces.items()):  # replicas' batches interleaved at random
+        url = data.draw(st.sampled_from([u for u in traces if cursor[u] < len(traces[u])]))
+        n = data.draw(st.integers(1, len(traces[url]) - cursor[url]))
+        tally.add(url, traces[url][cursor[url]:cursor[url] + n])
+        cursor[url] += n
+    assert tally.routing() == route_requests(traces)
+    with pytest.raises(KeyError):
+        tally.add("http://elsewhere:1", [])
 
 
 def test_a_request_seen_on_two_replicas_goes_to_the_earlier_one_on_the_shared_clock():
