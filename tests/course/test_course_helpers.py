@@ -149,6 +149,20 @@ def test_check_function_with_a_tolerance_checks_every_case(capsys):
         check_function("f", abs, cases, rel_tol=-1)
 
 
+def test_check_function_names_a_long_argument_by_its_size(capsys):
+    """A run's ``request_metrics`` as an argument: a FAIL names it by type and size, not by pages of repr; short
+    arguments are shown as they are."""
+    from minengine.course import check_function
+
+    metrics = {f"r{i}": 0.001 * i for i in range(40)}
+    cases = [(([1, 2], 3), 3), ((metrics, 2), len(metrics))]
+    assert not check_function("f", lambda xs, slo: len(xs), cases)  # forgot the second argument
+    assert not check_function("f", lambda xs, slo: 3, cases)  # a constant right on the first case only
+    out = capsys.readouterr().out
+    assert "wrong for ([1, 2], 3): got 2" in out and "wrong for (<dict of 40 items>, 2): got 3" in out
+    assert "r39" not in out and out.count("FAIL") == 2
+
+
 # A stand-in for ``python -m minengine serve``: sleeps, optionally prints and exits, then answers /health.
 _FAKE_SERVER = """
 import http.server, sys, time
