@@ -20,7 +20,7 @@ CELLS = [
     md("""
     **Before anything imports Triton**: the engine's Triton kernel runs on this CPU through Triton's *interpreter*, and
     Triton decides between compiling and interpreting once, when it is first imported. So the first cell sets
-    `TRITON_INTERPRET=1` before the setup imports anything (minengine imports Triton only at the first kernel call). On a
+    `TRITON_INTERPRET=1` before the setup imports anything (minengine imports Triton at the first kernel call, not before). On a
     machine with a CUDA GPU, leave the variable out to run the compiled kernel.
     """),
     code("""
@@ -98,7 +98,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     ## Toy 2: keys through a block table
     In a paged cache (chapter 2) the keys sit in blocks scattered over a pool. The simplest kernel **gathers** them into a
     contiguous copy first, then runs the dense kernel: the engine's torch path does this (`layers/attention.py`,
-    `_gather`), and it costs one more read and one more write of K and V (checked: The bytes of each kernel). A paged kernel reads each block **in place**
+    `_gather`), and it costs one more read and one more write of K and V (checked: the gather only adds bytes). A paged kernel reads each block **in place**
     through the table instead (vLLM's kernels, the engine's C++ and Triton kernels).
     """),
     code("""
@@ -561,13 +561,10 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
         The tiled kernel computed each softmax from pieces, one block at a time. Why is the result the exact softmax (to
         rounding), and not an approximation like sparse or low-rank attention?
         """, """
-        Softmax is `exp(s_j - M) / sum_i exp(s_i - M)` for any constant `M`; the max is used only so the exponentials do not
-        overflow. The running state keeps `l` and `acc` relative to the max seen so far, and when a larger max arrives it
+        Softmax is `exp(s_j - M) / sum_i exp(s_i - M)` for any constant `M`; the max is there so the exponentials do not overflow. The running state keeps `l` and `acc` relative to the max seen so far, and when a larger max arrives it
         multiplies both by `exp(m_old - m_new)`, which turns sums relative to the old max into sums relative to the new one
-        exactly (checked: Toy 3: tiled attention). After the last block, `acc / l` is the same ratio the one-shot softmax computes. Nothing is dropped or
-        estimated; only the order of additions changes, so results differ by floating-point rounding (1e-15 in float64
-        here). Approximate methods (sparse, low-rank) change *which* scores count; FlashAttention changes only *where* they
-        are kept.
+        exactly (checked: the running sum was rescaled when the max rose). After the last block, `acc / l` is the same ratio the one-shot softmax computes. Nothing is dropped or
+        estimated; only the order of additions changes, so results differ by floating-point rounding (checked: flash equals dense to float64 rounding). Approximate methods (sparse, low-rank) change *which* scores count; FlashAttention changes *where* they are kept, not which (checked: flash equals dense to float64 rounding).
         """),
     *question("what if a kernel kept the scores instead, as the engine's C++ kernel does?", """
         The C++ kernel makes two passes (keys, then values) and keeps a row of scores in scratch, with no online rescaling.
@@ -583,16 +580,16 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
         Split-K gave a large gain at batch 1. Would it help a batch of 256 requests with 4k-token contexts?
         """, """
         Hardly. A batch of 256 already has 256 x 8 KV heads = 2,048 programs for 132 SMs, so the bandwidth is already
-        saturated without splitting; more splits add partial results to write and merge and one more kernel launch (checked: Decode: the same bytes). The
+        saturated without splitting; more splits add partial results to write and merge and one more kernel launch (checked: a batch of 64 needs no split). The
         bytes (each request's K/V, read once) are the same either way. FlashDecoding targets few requests with long
         contexts, where too few programs leave most SMs idle.
         """),
     *summary([
         "Dense attention writes and reads back the n x c scores and probabilities: Θ(n²) HBM bytes, memory-bound for long prompts.",
-        "A paged cache can be read by gathering the blocks into a copy (more bytes) or in place through the block table (vLLM's kernels, the engine's C++ and Triton kernels) (checked: The bytes of each kernel).",
+        "A paged cache can be read by gathering the blocks into a copy (more bytes) or in place through the block table (vLLM's kernels, the engine's C++ and Triton kernels) (checked: the gather only adds bytes).",
         "FlashAttention tiles the queries and streams the key blocks through SRAM with a running max and a running sum: the exact softmax, without the score matrix in HBM; tiles of many queries (and the heads of a GQA group) make it compute-bound.",
-        "A decode reads each key once whatever the kernel; at small batch and long context FlashDecoding splits the keys over more programs to fill the SMs, and merges the partials with the same rescaling (checked: Decode: the same bytes).",
-        "The modelled clock charges attention as a flash-style kernel: K/V read once per step, which dominates a decode step at long context.",
+        "A decode reads each key once whatever the kernel; at small batch and long context FlashDecoding splits the keys over more programs to fill the SMs, and merges the partials with the same rescaling (checked: splitting fills the SMs and cuts the time).",
+        "The modelled clock charges attention as a flash-style kernel: K/V read once per step, which dominates a decode step at long context (checked: at 32k attention is most of the step).",
     ]),
     *glossary([
         ("FlashAttention", "FlashAttention（闪存注意力）", "tiled exact attention with an online softmax; the scores never reach HBM"),
