@@ -192,7 +192,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     fig.add_vline(x=512, line_dash="dash", annotation_text="512")
     titled(fig, f"Chunk size sweep ({SWEEP_LEN:,}-token prompt, 10 decoding requests)")
     fig.update_layout(xaxis=dict(title="chunk size (tokens)", type="log"), yaxis=dict(title="worst decode ITL (ms)"),
-                      yaxis2=dict(title="long prompt TTFT (ms)", overlaying="y", side="right"),
+                      yaxis2=dict(title="long prompt TTFT (ms)", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
     for size, (itl, ttft) in sweep.items():

@@ -108,7 +108,7 @@ from minengine.workloads.traces import Trace
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["good_rate"] for r in rows], name="good-request rate (req/s)", mode="lines+markers"),
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["ttft_p99"] * 1000 for r in rows], name="P99 TTFT (ms)", yaxis="y2", mode="lines+markers")])
     titled(fig, "Throughput, good-request rate and tail TTFT vs arrival rate")
-    fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right"),
+    fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
     heavy = sweep[rates[-1]]

@@ -285,7 +285,7 @@ def ms(work):
                      go.Scatter(x=budgets, y=[r["total_tok_s"] for r in budget_rows.values()], name="total tok/s", yaxis="y2", mode="lines+markers")])
     titled(fig, "Token budget: tail latency vs throughput")
     fig.update_layout(xaxis=dict(title="max_num_batched_tokens (tokens)", type="log"),
-                      yaxis_title="P99 ITL (ms)", yaxis2=dict(title="total tokens/s", overlaying="y", side="right"),
+                      yaxis_title="P99 ITL (ms)", yaxis2=dict(title="total tokens/s", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
     largest = budget_rows[budgets[-1]]["engine"]

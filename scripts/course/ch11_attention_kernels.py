@@ -191,7 +191,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     titled(fig, "FlashAttention's running max and sum for one decode row, block by block",
            clock_label="no clock: float64 arithmetic (labels: the factor exp(m - m_new) applied to the old sum)")
     fig.update_layout(xaxis_title="key block visited", yaxis_title="running max m",
-                      yaxis2=dict(title="running sum l", overlaying="y", side="right"),
+                      yaxis2=dict(title="running sum l", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0))
     fig.show()
     """),
@@ -288,8 +288,11 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
 
     lengths = pick([512, 1024, 2048, 4096, 8192, 16384, 32768], [512, 2048, 8192, 32768])
     table_bytes = {n_: kernels(n_) for n_ in lengths}
+    # dense and gather + dense nearly coincide on a log axis: dense drawn first, wide and faint; the gather on top, dashed
+    styles = {"dense (S, P in HBM)": dict(line=dict(width=8, color="rgba(31, 119, 180, 0.4)"), marker=dict(size=12)),
+              "gather + dense": dict(line=dict(width=2, dash="dash", color="#d62728"), marker=dict(symbol="x", size=7))}
     fig = go.Figure([go.Scatter(x=lengths, y=[roofline_s(attention_flops(n_, n_, D, HQ), table_bytes[n_][name]) * 1e3 for n_ in lengths],
-                                name=name, mode="lines+markers") for name in table_bytes[lengths[0]]])
+                                name=name, mode="lines+markers", **styles.get(name, {})) for name in table_bytes[lengths[0]]])
     fig.add_trace(go.Scatter(x=lengths, y=[attention_flops(n_, n_, D, HQ) / H100.peak_flops_16bit * 1e3 for n_ in lengths],
                              name="compute roof alone (FLOPs / peak)", mode="lines", line=dict(dash="dot", color="black")))
     titled(fig, "One layer's attention for a prefill of n tokens: the roofline time of each kernel", clock_label=ROOFLINE)

@@ -363,7 +363,7 @@ print("CPU attention:", cpu_attention.status().message)
     fig = go.Figure([go.Bar(x=list(waste), y=list(waste.values()), name="padded rows"),
                      go.Scatter(x=list(pad_cost_us), y=list(pad_cost_us.values()), name="device time of the padding (µs)", yaxis="y2", mode="lines")])
     titled(fig, "Padding a decode batch to the next capture size", clock_label=device.label + " (kernels only), 1,024-token contexts")
-    fig.update_layout(xaxis_title="decode batch B", yaxis_title="padded rows", yaxis2=dict(title="µs added", overlaying="y", side="right"),
+    fig.update_layout(xaxis_title="decode batch B", yaxis_title="padded rows", yaxis2=dict(title="µs added", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0))
     fig.show()
     """),

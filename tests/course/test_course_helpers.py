@@ -239,11 +239,29 @@ def test_course_log_axes_label_decades_only():
         fig.update_layout(xaxis={"type": "log"}, yaxis2={"type": "log", "overlaying": "y"})
         axes = fig.to_dict()["layout"]["template"]["layout"]
         assert axes["xaxis"]["minorloglabels"] == axes["yaxis"]["minorloglabels"] == "none"
+
     finally:
         pio.templates.default = before
     for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
         assert any("use_course_template()" in "".join(c["source"]) for c in cells[:2]), path.name  # the setup cell
+
+
+def test_course_right_axes_tick_at_round_values():
+    """A right axis (``overlaying="y"``) ticks, by plotly.js's default (``tickmode="sync"``, plotly.js 3+), on the
+    left axis's grid lines at whatever values fall there (249, 406, 563, ...): every overlaid axis of a chapter asks
+    for automatic round ticks and draws no grid of its own."""
+    import json
+    from pathlib import Path
+
+    found = 0
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            src = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+            for line in (ln for ln in src.splitlines() if 'overlaying="y"' in ln):
+                found += 1
+                assert 'tickmode="auto"' in line and "showgrid=False" in line, (path.name, line)
+    assert found >= 5  # chapters 4, 7, 8, 11 and 12 have one
 
 
 def test_attention_traffic_counts_the_bytes_chapters_8_and_11_quote():
