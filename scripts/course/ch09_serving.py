@@ -367,7 +367,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         """, """
         A zombie request keeps its sequence slot and its KV blocks (its whole context stays in the pool) and takes a token
         of every step's budget, for output whose client has gone. Under load the pool fills with zombies: new requests wait or get
-        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy (checked: ch06 · the small pool forces preemptions and the roomy one none; ch07 · the tail TTFT has grown). Aborting frees the slot and
+        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy (checked: ch06 · the small pool forces preemptions and the roomy one none; ch07 · the tail TTFT has grown; ch07 · fewer than 90 % met the SLO at the top rate). Aborting frees the slot and
         the blocks between two steps, as the step feed showed.
         """),
     *question("what if /metrics showed KV usage near 1 and a growing waiting queue?", """
