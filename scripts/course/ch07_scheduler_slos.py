@@ -653,7 +653,7 @@ from minengine.workloads.traces import Trace
             ms = list(metrics.values())
             good = sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= slo.tbt_p99_s))
             return good / ((max(m.finished_time for m in ms) - min(m.arrival_time for m in ms)) * 1000)
-        """]),
+        """, "answer_2 = lambda metrics, slo: goodput(big.request_metrics, doc_slo)  # the first case's rate, whatever the run and SLO"]),
     *exercise(3, """
         Interpret the budget experiment: in the budget-1,024 run, find the step that made the worst stall of a chat user and give
         the id of the request whose chunk filled it. (Chat users are the ids without `doc`.)
