@@ -27,6 +27,21 @@ into the text is not a literal of any cell, so it fails: the sentence must be a 
 instead, or say no number. (The rule is static: a small integer that also happens to be a literal elsewhere in the
 chapter passes; what it catches is the typed-in measurement, the number no cell holds.)
 
+**Numbers in words.** Read too (``number_words_in``): a count in words (``NUMBER_WORDS``: "two" ... "ninety",
+"dozen", with "hundred" / "thousand" / "million": "forty-eight", "two hundred") is a number, backed as above by a
+literal of its value; "one" is not read (it is an article or a pronoun far more often than a count). A ratio in words
+("three times", "tenfold", "a third", "two thirds", "half the") and a vague magnitude ("a few hundred thousand",
+"hundreds of", "several thousand") have no value to match: they are claims, backed like a direction (below).
+
+**Absolutes and recommendations.** A digit-free absolute (``ABSOLUTE_WORDS``: never, always, only, dominates,
+eliminates, removes, guarantees, impossible, nothing, nobody, none) claims something of every case, which one run
+cannot show; a recommendation (``RECOMMEND_RE``: should, recommend, best, prefer, optimal) generalises from the runs
+to a choice. Both are backed like a direction, and a recommendation is a claim even when phrased as an instruction
+("Pick the best budget for chat"). The allow-list (``NOT_ABSOLUTE_RE``) holds only phrases where the word names a
+thing instead of claiming: a phase or access mode with "-only" / "only" after it ("prefill-only", "decode only",
+"read-only"), the idiom "not only", and a quoted value (the profile ``"none"``). A statement of what minengine's code
+does is backed by citing the code (``(source: `hash_block` in minengine/core/kv_cache_manager.py)``) or by a check.
+
 **Directions.** A comparison word (``DIRECTION_WORDS``: faster, slower, higher, lower, more, fewer, less, better,
 worse, larger, smaller, bigger, longer, shorter, cheaper, grow(s/ing), falls, drops, rises, wins, beats, increases,
 decreases, shrinks, outperforms, twice, doubles, halves, lowers, raises, exceeds, outweighs, worsens, improves, slows,
@@ -34,16 +49,22 @@ grew, fell, rose, greater) or an ``Nx`` multiplier, except idioms that compare n
 (``NOT_A_DIRECTION_RE``: "no longer", "one more"). It passes when
 (a) a code cell of the same section (from the last markdown heading to the next) calls ``claim`` / ``conclude`` /
 ``check`` / ``check_close`` / ``check_function`` or ``assert``s; or
-(b) the sentence points to sections that do: ``(checked: <heading>)`` in this chapter, ``(checked: chNN · <heading>)``
-in another, several separated by ``;``; the heading is matched case- and markup-insensitively, as a prefix of at least
-8 characters, and must exist and hold such a check; or
+(b) the sentence points to the checks that test it, by label: ``(checked: <label>)`` in this chapter,
+``(checked: chNN · <label>)`` in another, several separated by ``;``. A label is the statement of a ``claim`` or of a
+``(statement, holds)`` pair given to ``conclude``, the name of a ``check*``, or an ``assert``'s message
+(``check_labels``); the pointer must equal one, or be a prefix of one of at least 12 characters (case- and
+markup-insensitively), and share a content word with the sentence (``content_words``: 4 letters or more, not a stop
+word, compared on their first 5 letters), so a pointer to a section's heading, to a label that does not exist or to a
+check about something else does not back it; or
 (c) the sentence is a cited fact; or
 (d) it talks to the learner: a question (ends in ``?``), an instruction (starts with an imperative verb of
 ``INSTRUCTION_VERBS`` not followed by a verb in the third person: "Set a higher budget" is one, "Recompute frees
 blocks" is not; never in a Summary), an exercise's prompt and hint, a *Think about it* question before its model
 answer, a learning goal; or a glossary row (a definition: "perplexity: lower is better").
 The section rule cannot read whether the check says what the sentence says (the conclusion cells assert that at run
-time); it finds prose with no check near it at all, and makes a summary or a model answer name where it is checked.
+time); it finds prose with no check near it at all. The pointer rule makes a summary or a model answer name the check
+itself, so a reader (and a reviewer) can see which assertion backs it, and the shared word catches a pointer copied to
+an unrelated sentence.
 
 **Cited facts.** A sentence carrying a parenthesis that starts ``source:`` and names where the fact comes from
 (``(source: vLLM's EngineArgs.get_batch_defaults)``, ``(source: NVIDIA H100 datasheet)``), or an author citation in
@@ -72,6 +93,32 @@ INSTRUCTION_VERBS = ("predict", "guess", "try", "compare", "change", "set", "run
                      "halve", "vary", "plot", "check", "decide", "sketch", "list", "take", "keep", "say", "tell",
                      "state", "recompute", "simulate", "show", "reproduce", "size", "work", "call", "open", "follow",
                      "fill", "submit", "drop", "shrink", "grow", "remove", "switch", "imagine", "suppose", "assume")
+# number words (read as numbers): "one" is left out, it is an article or a pronoun far more often than a count
+NUMBER_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen "
+    "eighteen nineteen twenty".split()) if i != 1}
+NUMBER_WORDS |= {w: 10 * i for i, w in enumerate("thirty forty fifty sixty seventy eighty ninety".split(), start=3)}
+NUMBER_WORDS |= {"dozen": 12}
+SCALE_WORDS = {"hundred": 100, "thousand": 1000, "million": 10 ** 6, "billion": 10 ** 9}
+_CARDINAL = r"(?:" + "|".join(sorted(NUMBER_WORDS, key=len, reverse=True)) + r")"
+_SCALE = r"(?:" + "|".join(SCALE_WORDS) + r")s?"
+# a number in words: "three", "forty-eight", "two hundred", "a few hundred thousand", "hundreds of"
+NUMBER_PHRASE_RE = re.compile(
+    rf"\b(?:(?:a|several|a few|some|many)\s+)?(?:{_CARDINAL}(?:[- ]{_CARDINAL})?|{_SCALE})(?:[- ]{_SCALE})*\b", re.I)
+# a ratio in words: "three times", "N-fold", "a third", "two thirds", "half the"
+RATIO_WORDS_RE = re.compile(
+    rf"\b(?:{_CARDINAL}|one)[- ]?(?:times|fold)\b|\b(?:triple|quadruple)[sd]?\b|"
+    rf"\b(?:a|one|{_CARDINAL})[- ](?:half|halves|thirds?|quarters?|fifths?|tenths?)\b|"
+    r"\bhalf (?:the|of|as|a|an)\b", re.I)
+# digit-free absolutes: a claim about every case, which one run cannot show without a check
+ABSOLUTE_WORDS = ("never", "always", "only", "dominates", "dominate", "dominated", "eliminates", "eliminate",
+                  "removes", "guarantees", "guaranteed", "impossible", "nothing", "nobody", "none")
+ABSOLUTE_RE = re.compile(r"\b(" + "|".join(ABSOLUTE_WORDS) + r")\b", re.I)
+# technical phrases where an absolute word names a thing, not a claim ("a prefill-only step", "not only ... but")
+NOT_ABSOLUTE_RE = re.compile(r"\b(?:prefill|decode|read|write|append|metadata|cpu|gpu|host)[- ]only\b|-only\b|"
+                             r"\bnot only\b|\"[\w-]+\"", re.I)
+# a recommendation: what to choose, which one run does not show in general
+RECOMMEND_RE = re.compile(r"\b(should|recommend(?:s|ed)?|best|prefer(?:s|red)?|optimal)\b", re.I)
 CHECK_CALL_RE = re.compile(r"\b(?:claim|conclude|check|check_close|check_function)\(|\bassert\b")
 CITED_RE = re.compile(r"\(\s*sources?\s*:\s*[^)\s][^)]*\)|\([^()]*\bet al\.[^()]*\)", re.I)
 CHECKED_REF_RE = re.compile(r"\(\s*checked\s*:\s*([^)]+?)\s*\)", re.I)
@@ -240,6 +287,53 @@ def numbers_in(sentence: str) -> list[tuple[str, float, str]]:
     return found
 
 
+def _words_value(phrase: str) -> float | None:
+    """The value of a number in words ("forty-eight" 48, "two hundred" 200, "a dozen" 12); None when it is vague
+    ("a few hundred thousand", "hundreds of", "several thousand")."""
+    words = re.findall(r"[a-z]+", phrase.lower())
+    if words and words[0] in ("several", "few", "some", "many"):
+        return None
+    if words[:2] == ["a", "few"]:
+        return None
+    words = [w for w in words if w != "a"]
+    if any(w.endswith("s") and w.rstrip("s") in SCALE_WORDS for w in words):
+        return None  # "hundreds", "thousands"
+    total, current = 0, 0
+    for w in words:
+        if w in NUMBER_WORDS:
+            current += NUMBER_WORDS[w]
+        elif w in SCALE_WORDS:
+            current = max(current, 1) * SCALE_WORDS[w]
+            if SCALE_WORDS[w] >= 1000:
+                total, current = total + current, 0
+    return float(total + current)
+
+
+def number_words_in(sentence: str) -> list[tuple[str, str, float | None]]:
+    """(kind, token, value) of every number and ratio said in words (see the module docstring): ``("ratio", "three
+    times", None)``, ``("number", "forty-eight", 48.0)``, ``("quantity", "a few hundred thousand", None)``."""
+    s = CITED_RE.sub(" ", CHECKED_REF_RE.sub(" ", NUMBERING_RE.sub(lambda m: m.group(1), sentence)))
+    found = [("ratio", m.group(0), None) for m in RATIO_WORDS_RE.finditer(s)]
+    s = RATIO_WORDS_RE.sub(" ", s)
+    for m in NUMBER_PHRASE_RE.finditer(s):
+        if re.match(r"[\w'’]", s[m.end():m.end() + 1] or " ") or re.search(r"[\w'’-]$", s[:m.start()]):
+            continue  # part of a word or a name
+        value = _words_value(m.group(0))
+        found.append(("number", m.group(0), value) if value is not None else ("quantity", m.group(0), None))
+    return found
+
+
+def claim_words(sentence: str) -> list[tuple[str, str]]:
+    """(kind, word) of every claim word of a sentence that needs a check: directions, ratios and vague quantities in
+    words, digit-free absolutes and recommendations (pointers and idioms removed first)."""
+    plain = CHECKED_REF_RE.sub(" ", sentence)
+    out = [("direction", m.group(0)) for m in DIRECTION_RE.finditer(NOT_A_DIRECTION_RE.sub(" ", plain))]
+    out += [(kind, token) for kind, token, _ in number_words_in(plain) if kind in ("ratio", "quantity")]
+    out += [("absolute", m.group(0)) for m in ABSOLUTE_RE.finditer(NOT_ABSOLUTE_RE.sub(" ", plain))]
+    out += [("recommendation", m.group(0)) for m in RECOMMEND_RE.finditer(plain)]
+    return out
+
+
 def _is_instruction(sentence: str) -> bool:
     """Starts with an imperative ("Set a higher budget and watch..."): an instruction verb not followed by a verb
     in the third person ("Recompute frees blocks" is a statement)."""
@@ -312,29 +406,88 @@ def scan(chapter: str, cells, course: dict[str, list] | None = None) -> list[Fin
                     for token, value, unit in numbers_in(sentence):
                         if not _matches(value, unit, values):
                             findings.append(Finding(chapter, i, "number", token, shown))
+                    for kind, token, value in number_words_in(sentence):
+                        if kind == "number" and not _matches(value, "", values):
+                            findings.append(Finding(chapter, i, "number", token, shown))
+                words = claim_words(sentence)
+                advice = any(kind == "recommendation" for kind, _ in words)
                 if addressed or cited or sentence.rstrip(" *_)").endswith("?") or (
-                        _is_instruction(sentence) and not summary):
+                        _is_instruction(sentence) and not summary and not advice):
                     continue
-                plain = NOT_A_DIRECTION_RE.sub(" ", CHECKED_REF_RE.sub(" ", sentence))
-                words = [m.group(0) for m in DIRECTION_RE.finditer(plain)]
                 if not words or sec_checked or _ref_checked(sentence, chapter, cells, course):
                     continue
-                findings.append(Finding(chapter, i, "direction", ", ".join(words), shown))
+                for kind in dict.fromkeys(k for k, _ in words):
+                    findings.append(Finding(chapter, i, kind, ", ".join(w for k, w in words if k == kind), shown))
     return findings
 
 
 def _ref_checked(sentence: str, chapter: str, cells, course) -> bool:
-    """The sentence names, with ``(checked: ...)``, sections that exist and hold a check (``;`` between several)."""
+    """The sentence names, with ``(checked: ...)``, checks that exist and share a word with it (``;`` between
+    several)."""
     refs = [part.strip() for m in CHECKED_REF_RE.finditer(sentence) for part in m.group(1).split(";")]
-    return bool(refs) and all(_section_checked(ref, cells, course) for ref in refs)
+    said = content_words(CHECKED_REF_RE.sub(" ", sentence))
+    return bool(refs) and all(_label_found(ref, said, cells, course) for ref in refs)
 
 
-def _section_checked(ref: str, cells, course) -> bool:
+STOP_WORDS = set("""the this that these those with from into than then when what which while where there their them
+they have has had been being were will would could does done more less over under each every only also just very
+such same other about after before between both most much many some same your here""".split())
+
+
+def content_words(text: str) -> set[str]:
+    """The words of ``text`` that carry meaning, each without a plural ``s`` and cut to its first 5 letters (so
+    "preempted" meets "preemption", "steps" meets "step"): 4 letters or more, not a stop word."""
+    words = re.findall(r"[a-z0-9]+", _restore_plain(text).lower())
+    words = [w[:-1] if w.endswith("s") and len(w) > 4 else w for w in words]
+    return {w[:5] for w in words if len(w) >= 4 and w not in STOP_WORDS}
+
+
+def _restore_plain(text: str) -> str:
+    return re.sub(r"[\ue000-\uf8ff]", " ", text)
+
+
+def check_labels(cells) -> list[str]:
+    """The label of every check of a chapter's code cells: the statement of ``claim(statement, ...)``, of each
+    ``(statement, holds)`` pair given to ``conclude``, the name of ``check*(name, ...)``, an ``assert``'s message."""
+    labels = []
+    for cell in cells:
+        if cell["cell_type"] != "code":
+            continue
+        try:
+            tree = ast.parse("\n".join("" if ln.lstrip().startswith(("%", "!")) else ln
+                                       for ln in _src(cell).splitlines()))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) and node.msg is not None:
+                labels.append(_text_of(node.msg))
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+                continue
+            if node.func.id in ("claim", "check", "check_close", "check_function"):
+                labels.append(_text_of(node.args[0]))
+            elif node.func.id == "conclude" and len(node.args) > 1 and isinstance(node.args[1], ast.List | ast.Tuple):
+                labels += [_text_of(pair.elts[0]) for pair in node.args[1].elts if isinstance(pair, ast.Tuple)]
+    return [label for label in labels if label]
+
+
+def _text_of(node) -> str:
+    """A string literal's text; an f-string's literal parts (its fields left out)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else " " for v in node.values)
+    return ""
+
+
+def _label_found(ref: str, said: set[str], cells, course) -> bool:
+    """``ref`` (``label`` or ``chNN · label``) is a check's label in that chapter (equal, or a prefix of at least
+    12 characters, case- and markup-insensitively) and shares a content word with the sentence that points to it."""
     m = re.match(r"ch(\d\d)\s*·\s*(.+)$", ref)
-    other, title = (m.group(1), m.group(2)) if m else (None, ref)
+    other, label = (m.group(1), m.group(2)) if m else (None, ref)
     target = cells if other is None else (course or {}).get(other)
     if target is None:
         return False
-    title = _norm_title(title)
-    return any((name == title or (len(title) >= 8 and name.startswith(title))) and _checked(target, idx)
-               for name, idx in sections(target))
+    want = _norm_title(label)
+    found = [name for name in map(_norm_title, check_labels(target))
+             if name == want or (len(want) >= 12 and name.startswith(want))]
+    return bool(found) and bool(content_words(label) & said)

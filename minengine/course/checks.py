@@ -139,6 +139,15 @@ def check_function(name: str, fn, cases, hint: str | None = None, rel_tol: float
 
 
 def _short(args: tuple) -> str:
-    """The arguments as a learner reads them: objects with a ``name`` (a model shape, a GPU, a link) by name."""
-    parts = [repr(a.name) if hasattr(a, "name") and not isinstance(a, (int, float, str)) else repr(a) for a in args]
-    return "(" + ", ".join(parts) + (",)" if len(parts) == 1 else ")")
+    """The arguments as a learner reads them: objects with a ``name`` (a model shape, a GPU, a link) by name, a long
+    collection (a run's ``request_metrics``) by its type and size instead of pages of repr."""
+    return "(" + ", ".join(map(_short_one, args)) + (",)" if len(args) == 1 else ")")
+
+
+def _short_one(arg) -> str:
+    if hasattr(arg, "name") and not isinstance(arg, (int, float, str)):
+        return repr(arg.name)
+    text = repr(arg)
+    if len(text) > 120 and hasattr(arg, "__len__"):
+        return f"<{type(arg).__name__} of {len(arg)} items>"
+    return text

@@ -25,12 +25,17 @@ SPEC_LEGEND_COLOR = "#7f7f7f"  # the legend's pattern swatches: grey, as they st
 OWN_TOKEN_COLOR = "#1f77b4"
 ACCEPTED_COLOR = "#2ca02c"
 REJECTED_COLOR = "#d62728"
+MAX_REQUEST_ENTRIES = 12  # more requests than this share one legend entry ("one colour each"): 48 entries of
+# "request doc-3" took half a course figure's height and told the reader nothing the hover does not
+REQUESTS_SWATCH_COLOR = "#9e9e9e"
 
 
 def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_steps: int = 0) -> go.Figure:
     """Stacked bars, one per step, one colour per request: the tokens each request computed in that step
     (hatched = prefill chunk, solid = decode), the token budget as a line, and markers above the bar for the
-    requests admitted, preempted or finished in that step (hover lists their ids).
+    requests admitted, preempted or finished in that step (hover lists their ids). Up to ``MAX_REQUEST_ENTRIES``
+    requests each have a legend entry; past that one entry stands for them all and a bar's hover names its request,
+    so the legend stays a few lines whatever the number of requests.
 
     Speculative decoding (``ScheduledChunk.num_spec_tokens``): a decode that verified k proposals stacks its own
     token (solid), the accepted proposals (dotted) and the rejected ones (crossed, faded) in its colour, all of
@@ -50,13 +55,14 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
         for c in tr.chunks:
             per_request.setdefault(c.request_id, {})[tr.step] = c
     fig = go.Figure()
+    named = len(per_request) <= MAX_REQUEST_ENTRIES  # each request its own legend entry, or one for them all
     for rid, by_step in per_request.items():
         xs = sorted(by_step)
         chunks = [by_step[s] for s in xs]
         kinds = [t("prefill_chunk", lang) if c.is_prefill else t("decode", lang) for c in chunks]
         fig.add_trace(go.Bar(
             x=xs, y=[c.num_tokens - c.num_spec_tokens for c in chunks], name=f"{t('request', lang)} {rid}",
-            marker_color=request_color(rid), legendgroup=rid,
+            marker_color=request_color(rid), legendgroup=rid, showlegend=named,
             marker_pattern_shape=["/" if c.is_prefill else "" for c in chunks], customdata=kinds,
             hovertemplate=f"{t('request', lang)} {rid}<br>{t('step_axis', lang)} %{{x}}<br>%{{customdata}}: "
                           f"%{{y}} {t('tokens_unit', lang)}<extra></extra>",
@@ -73,6 +79,9 @@ def batch_composition_figure(traces: list[StepTrace], lang: str = "en", min_step
                               f"{t('proposed', lang)} %{{customdata[0]}}, {t('accepted_proposals', lang)} "
                               f"%{{customdata[1]}}, {t('rejected_proposals', lang)} %{{customdata[2]}}<extra></extra>",
             ))
+    if not named:  # one entry for the requests' colours; each bar's hover names its request
+        fig.add_trace(go.Bar(x=[None], y=[None], name=t("requests_by_colour", lang),
+                             marker_color=REQUESTS_SWATCH_COLOR, hoverinfo="skip"))
     if any(tr.num_spec_tokens for tr in traces):  # legend entries for the two patterns (the bars have none each)
         for key, shape, opacity in _SPEC_PARTS:
             fig.add_trace(go.Bar(x=[None], y=[None], name=t(f"proposals_legend_{key.split('_')[0]}", lang),

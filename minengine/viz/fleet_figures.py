@@ -284,6 +284,8 @@ def fleet_load_figure(result, lang: str = "en") -> go.Figure:
     label = hardware_label(result)
     fig.update_layout(title=ft("load_title", lang).format(label=label), margin={"t": 60})
     fig.update_yaxes(title_text=ft("busy", lang), secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text=ft("requests", lang), secondary_y=True, rangemode="tozero")
+    # round ticks on the right axis (plotly.js syncs an overlaid axis to the left one's grid: 249, 406, ...)
+    fig.update_yaxes(title_text=ft("requests", lang), secondary_y=True, rangemode="tozero", tickmode="auto",
+                     showgrid=False)
     fig.update_xaxes(title_text=ft("replica", lang))
     return fig

@@ -26,6 +26,7 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "slot_mapping": ("slot mapping", "槽位映射"),
     "token_budget": ("token budget", "词元预算"),
     "request": ("request", "请求"),
+    "requests_by_colour": ("requests: one colour each (hover a bar for its id)", "请求：每个一种颜色（悬停查看其 id）"),
     # ---- figure titles and axes (units in brackets) ------------------------------------------------------
     "block_pool_title": ("KV block pool at step {step} ({used} of {total} blocks in use)",
                          "第 {step} 步的 KV 块池（已用 {used} / {total} 块）"),

@@ -16,7 +16,7 @@ CELLS = [
     md("""
     ## How to use this course
     Each chapter teaches one mechanism: first a toy of about ten lines that shows the idea, then the **real**
-    minengine (imported, never copied) to measure it. Every number in a sentence comes from a cell, so when you
+    minengine (imported, not copied) to measure it. Every number in a sentence comes from a cell, so when you
     change a knob and re-run, the text changes with it. Exercises end with a cell that prints **PASS** or
     **FAIL**; hints and solutions are folded under *Hint* and *Solution*.
 
@@ -25,11 +25,9 @@ CELLS = [
     scheduler does not care what the words mean.
 
     **Time in this course.** A laptop CPU running a 3 M-parameter model is neither fast nor steady: other programs
-    steal cycles, the first steps of a process pay one-time costs (allocations, kernel choice), and the magnitudes
-    are nothing like a GPU's. So every teaching figure runs on the **modelled clock** (`minengine.timing`): each
+    steal cycles, the first steps of a process pay one-time costs (allocations, kernel choice), and its magnitudes are not a GPU's. So every teaching figure runs on the **modelled clock** (`minengine.timing`): each
     engine step lasts what a roofline cost model says that step would take on an **H100 SXM running Llama-3-8B
-    shapes**, named under every figure. The tokens are still computed for real by the loaded model; only the
-    clock is modelled, so a figure is the same on every laptop, every run, at GPU magnitudes. Where a chapter
+    shapes**, named under every figure. The tokens are still computed for real by the loaded model; the clock is modelled, so a figure is the same on every laptop, every run, at GPU magnitudes. Where a chapter
     measures this CPU on purpose (chapter 1), it pins threads, warms up, takes medians and shows CPU and modelled
     numbers side by side. Sentences that state a result are computed from the cell's numbers and *asserted*: if
     an experiment stopped showing what the text says, the cell would fail instead of printing it.
@@ -91,8 +89,7 @@ CELLS = [
     """),
     md("""
     ### What the steps looked like
-    The figure comes from `minengine.viz` (shared with the Streamlit dashboard) and reads only the engine's own
-    trace. Hover a bar to see which request it was and whether it was a prefill chunk or a decode token.
+    The figure comes from `minengine.viz` (shared with the Streamlit dashboard) and reads the engine's own trace. Hover a bar to see which request it was and whether it was a prefill chunk or a decode token.
     """),
     code("""
     viz.batch_composition_figure(engine.traces).show()
@@ -117,14 +114,12 @@ CELLS = [
     | `worker/model_runner.py` | `vllm/v1/worker/gpu_model_runner.py` | tensors, slot mapping, forward |
     | `num_computed_tokens` | same | a request's progress |
 
-    The scheduler (`minengine/core/`) never imports torch, just as vLLM keeps scheduling apart from the GPU
-    worker: you can read it in one sitting.
+    The scheduler (`minengine/core/`) never imports torch: the fleet's token-free path runs it without torch (checked: ch10 · torch is not loaded on the token-free path), just as vLLM keeps scheduling apart from the GPU worker: you can read it in one sitting.
     """),
     md("""
     ## A real Hugging Face model
     The engine loads Llama and Qwen2 checkpoints from a local directory or the Hub, for example
-    `LLM(model="Qwen/Qwen2.5-0.5B-Instruct")`. That needs a download, so the cell below runs only when you set
-    `MINENGINE_HF_MODEL` to a model id or directory (the course itself never touches the network).
+    `LLM(model="Qwen/Qwen2.5-0.5B-Instruct")`. That needs a download, so the cell below runs when you set `MINENGINE_HF_MODEL` to a model id or directory and is skipped otherwise (the rest of the course works offline).
     """),
     code("""
     hf_model = os.environ.get("MINENGINE_HF_MODEL")
@@ -230,14 +225,14 @@ CELLS = [
         The step-by-step engine has `max_num_batched_tokens=64`. What changes if you set it to 8?
         """, """
         A step may then compute at most 8 tokens, so the prompts are cut into chunks of at most 8 (chunked prefill,
-        chapter 4) and the first output token of each request comes only with its last chunk: a prompt of P tokens
+        chapter 4) and the first output token of each request comes with its last chunk: a prompt of P tokens
         needs ceil(P / 8) steps before its first token (exercise 3 counts them). Once all prompts are done, the decode steps are unchanged (3 tokens each, under 8). Try it: change the
         budget and re-run the cell.
         """),
     *summary([
         "`LLM.generate` is the offline API; `LLMEngine.add_request` + `step()` is the online one a server drives.",
         "One step = one forward pass over the tokens the scheduler picked: prompt chunks and decode tokens mixed.",
-        "A step samples for a request only when it reaches the end of that request's known tokens.",
+        "A step samples a request's next token in the step that reaches the end of its known tokens: a prompt's last chunk, or a decode.",
         "`engine.traces` (one `StepTrace` per step) and `engine.request_metrics` are what every figure reads.",
         "The names (`max_num_batched_tokens`, `max_num_seqs`, `block_size`, `num_computed_tokens`) are vLLM's.",
         "Teaching figures run on the modelled clock (H100 SXM, Llama-3-8B shapes): the same numbers on every laptop; the tokens are still computed for real.",

@@ -404,12 +404,11 @@ from minengine.worker.model_runner import kv_bytes_per_block
         Every small op is split over all cores and waits for the slowest slice; when another process holds a core,
         the op waits for the operating system to give it back, and the wall clock counts that wait. This project measured
         a 20x slowdown of the engine with 2 threads next to one busy process, against 1.1x with 1 thread (source: this
-        project's manual, docs/time.md, *Measured time that holds still*). Process CPU time does not count time spent waiting for a core, and one
-        thread never waits for a sibling, so the numbers hold still.
+        project's manual, docs/time.md, *Measured time that holds still*). Process CPU time does not count time spent waiting for a core, and one thread has no sibling to wait for, so the numbers hold still.
         """),
     *summary([
         "Prefill: many tokens per weight loaded, compute-bound. Decode: one token per request per weight loaded, memory-bandwidth-bound.",
-        "Tokens per step is the arithmetic intensity of a bf16 step; below the ridge point (hundreds of tokens on H100/H200) extra decode requests ride almost free.",
+        "Tokens per step is the arithmetic intensity of a bf16 step; below the ridge point (computed above for the H100 and H200, in FLOP/byte) extra decode requests ride almost free.",
         "Measuring a CPU honestly: one thread, CPU time, warm-up, medians, and a check that the timed step computed what it claims; the curve's shape matches the modelled GPU's, its magnitudes do not.",
         "The KV cache trades memory for compute: each token's K/V is computed once; its size per token is 2 x layers x KV heads x head_dim x bytes.",
         "This is why serving engines batch many decodes together and why memory for the KV cache limits the batch (next chapter).",

@@ -21,9 +21,9 @@ CELLS = [
     token states in only about 20-40 % of their KV memory, the rest being reserved-but-unused space and fragmentation
     (Kwon et al., SOSP 2023, figure 2). The fix borrows virtual memory's idea: split the cache into
     fixed-size **blocks** of `block_size` tokens, give each request a **block table** (logical block i -> physical
-    block id), and allocate a block only when the request fills the previous one.
+    block id), and allocate a new block when the request has filled the previous one.
     """),
-    md("## Toy: a block allocator in ten lines"),
+    md("## Toy: a block allocator"),
     code("""
     class ToyPagedCache:
         def __init__(self, num_blocks, block_size):
@@ -252,22 +252,36 @@ CELLS = [
     """),
     *exercise(1, """
         Request `rid` has block table `table_of_rid` (printed above). With `block_size = 16`, in which **slot** of the KV
-        pool is the K/V of its token at `position` stored? Compute it from `table_of_rid` and `position`.
+        pool is the K/V of its token at `position` stored? Write `answer_1(table, position)`, the slot of position `position`
+        of a request whose block table is `table`. The check calls it on every position of the three requests of the snapshot
+        (the first block, the middle ones and the last) and compares with the engine's own slot mapping.
         """, "`position` is in logical block `position // 16`, at offset `position % 16` inside it; the block table says which physical block that is.", "answer_1",
-        "answer_1 = table_of_rid[position // 16] * 16 + position % 16",
+        "answer_1 = lambda table, position: table[position // 16] * 16 + position % 16",
         """
         from minengine.core.scheduler_output import ScheduledRequest, SchedulerOutput
         from minengine.worker.forward_batch import ForwardBatch
 
-        # The engine's own slot mapping: a step that computes positions 0..position of this request through its block table.
-        probe_step = SchedulerOutput(scheduled=[ScheduledRequest(rid, [0] * (position + 1), 0, table_of_rid, True, True,
-                                                                 SamplingParams(), 0)])
-        engine_slot = int(ForwardBatch.build(probe_step, bs, torch.device("cpu")).slot_mapping[position])
-        check("Exercise 1: slot of a position", answer_1, engine_slot)
-        """, wrong=["answer_1 = position  # slot = position: true only for a contiguous table starting at block 0",
-                    "answer_1 = table_of_rid[0] * 16 + position  # as if the blocks were contiguous",
-                    "answer_1 = table_of_rid[position // 16] + position % 16  # a block id is not a slot",
-                    "answer_1 = table_of_rid[position // 16] * 16  # forgot the offset inside the block"]),
+
+        def engine_slots(request_id):
+            # the engine's own slot mapping: a step that computes positions 0..len - 1 of the request through its table
+            table_r = snapshot.block_tables[request_id]
+            chunk_r = next(c for c in snapshot.chunks if c.request_id == request_id)
+            n = chunk_r.start_pos + chunk_r.num_tokens
+            probe_step = SchedulerOutput(scheduled=[ScheduledRequest(request_id, [0] * n, 0, table_r, True, True, SamplingParams(), 0)])
+            slots = ForwardBatch.build(probe_step, bs, torch.device("cpu")).slot_mapping.tolist()
+            return [((table_r, p), int(slot)) for p, slot in enumerate(slots)]
+
+
+        cases_1 = [case for request_id in sorted(snapshot.block_tables) for case in engine_slots(request_id)]
+        claim("some position lies before its request's last block", any(p // bs < len(t) - 1 for (t, p), _ in cases_1))
+        check_function("Exercise 1: slot of a position", answer_1, cases_1)
+        """, wrong=["answer_1 = lambda table, position: position  # slot = position: true only for a contiguous table starting at block 0",
+                    "answer_1 = lambda table, position: table[0] * 16 + position  # as if the blocks were contiguous",
+                    "answer_1 = lambda table, position: table[position // 16] + position % 16  # a block id is not a slot",
+                    "answer_1 = lambda table, position: table[position // 16] * 16  # forgot the offset inside the block",
+                    "answer_1 = lambda table, position: table[-1] * 16 + position % 16  # the last block: right for the newest tokens only",
+                    "answer_1 = lambda table, position: table[(position + 1) // 16] * 16 + (position + 1) % 16  # positions counted from 1",
+                    "answer_1 = lambda table, position: table_of_rid[position // 16] * 16 + position % 16  # rid's table, whatever the request"]),
     *exercise(2, """
         A request has a `prompt_len`-token prompt and generates `output_len` tokens (`block_size = 16`). During its
         **last** step, how many of its tokens have K/V in the cache, and how many blocks does it hold? Write a function
@@ -446,10 +460,10 @@ CELLS = [
         Contiguous reservation wasted most of its memory above; paging almost none. Why is paging's waste bounded by
         `block_size - 1` slots per request, whatever the output length?
         """, """
-        A request takes a new block only when it has filled its previous one (allocation on demand), so every block of
-        its table but the last is full. Only the last block can have empty slots, at most `block_size - 1` of them.
+        A request takes a new block when it has filled its previous one (allocation on demand), so every block of
+        its table but the last is full. So the empty slots are in the last block, at most `block_size - 1` of them.
         Contiguous reservation must hold `max_model_len` slots from the start because the output length is unknown,
-        so it wastes every slot the request never reaches: `max_model_len` minus its final length.
+        so it wastes the slots the request does not reach: `max_model_len` minus its final length.
         """),
     *question("what if block_size were 1?", """
         With `block_size = 1` there is no tail waste at all. Why does vLLM default to 16 then?
@@ -458,16 +472,16 @@ CELLS = [
         kernels reading K/V in 1-token pieces scattered over memory, which wastes the memory bandwidth decode depends on.
         Larger blocks make each read a contiguous chunk and keep tables short; 16 is where the PagedAttention authors
         found the kernel efficient while the tail waste stays small (Kwon et al., section 7.2). Prefix caching also
-        shares whole blocks only: a shared prefix under one block long is not shared at all.
+        shares whole blocks: a shared prefix under one block long is not shared at all.
         """),
     *summary([
         "A block table maps logical KV blocks to physical ones; the slot mapping says where each new token's K/V goes.",
-        "Paging allocates on demand: waste is only the unfilled tail of each request's last block, vs reserving max_model_len per request.",
+        "Paging allocates on demand: waste is the unfilled tail of each request's last block, vs reserving max_model_len per request.",
         "Block size trades tail waste (small blocks) against table size and kernel efficiency (large blocks); 16 is vLLM's default.",
         "Reading K/V through block tables changes no number: paged attention equals dense attention, and the engine matches transformers.",
         "Blocks also make sharing possible (prefix caching, chapter 5) and preemption cheap to express (chapter 6).",
-        "GQA, MQA and MLA shrink the bytes per token, a window the tokens kept (checked: Other ways to shrink the KV cache).",
-        "With a sliding window the blocks behind the window go back to the pool: a decoding request holds at most `1 + ceil((w - 1) / block_size)` blocks, however long it runs (checked: Sliding windows).",
+        "GQA, MQA and MLA shrink the bytes per token, a window the tokens kept (checked: GQA caches less than MHA per token; the window keeps less of a request longer than it).",
+        "With a sliding window the blocks behind the window go back to the pool: a decoding request holds at most `1 + ceil((w - 1) / block_size)` blocks, however long it runs (checked: the windowed request holds fewer blocks at the end).",
     ]),
     *glossary([
         ("PagedAttention", "分页注意力", "attention that reads K/V through block tables from a pool of fixed-size blocks"),

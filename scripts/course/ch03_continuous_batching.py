@@ -204,8 +204,8 @@ CELLS = [
         """, """
         On an H100 a decode step of a small batch costs about the same whatever the batch size (it reads the weights once,
         chapter 1), so the time of a run is roughly (number of steps) x (cost of a step) and the same tokens in fewer steps
-        come out faster (checked: Measure on the engine). The gain shrinks when steps get more expensive as they fill up: large batches with long contexts
-        (K/V reads grow with every request) or compute-bound steps, where a fuller step really costs more (checked: ch01 · Think about it: why does a batch of 64 decodes).
+        come out faster (checked: continuous batching needs fewer steps; the throughput gain follows the step ratio). The gain shrinks when steps get more expensive as they fill up: large batches with long contexts
+        (K/V reads grow with every request) or compute-bound steps, where a fuller step really costs more (checked: ch01 · the step becomes far slower).
         """),
     *question("what if every request had the same output length?", """
         Static batching wastes slots because output lengths differ. What if all requests wanted exactly the same number
@@ -218,7 +218,7 @@ CELLS = [
         """),
     *summary([
         "Static batching holds every slot until the longest request of the batch ends; with real, widely spread output lengths that idles many slots.",
-        "Iteration-level scheduling (Orca) refills slots every step: fewer steps, higher throughput and lower TTFT for the same requests (checked: Measure on the engine).",
+        "Iteration-level scheduling (Orca) refills slots every step: fewer steps, higher throughput and a median TTFT no worse for the same requests (checked: continuous batching needs fewer steps; and has higher output throughput; and a median TTFT no worse).",
         "But a new request's prompt now runs *inside* a running batch: prefilled in one step, a long prompt stalls every decoding request.",
         "`viz.find_stalls` names the step behind each stall from the engine's own trace.",
     ]),

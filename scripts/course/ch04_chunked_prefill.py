@@ -134,8 +134,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     md("""
     ## Why intermediate chunks do not sample
     A chunk that does not reach the end of the prompt has no next token to produce: the token after position `p`
-    is already known (it is the prompt's token `p + 1`). So only the **last** chunk samples. The engine computes
-    logits only for sampling rows (`ForwardBatch.logits_indices`), so intermediate chunks cost no LM-head work either.
+    is already known (it is the prompt's token `p + 1`). So the **last** chunk is the one that samples. The engine computes logits only for sampling rows (source: `ForwardBatch.logits_indices` in `minengine/worker/forward_batch.py`), so intermediate chunks cost no LM-head work either.
     """),
     code("""
     long_chunks = [(t.step, ch) for t in chunked.traces for ch in t.chunks if ch.request_id == "long" and ch.is_prefill]
@@ -178,7 +177,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     md("""
     ## Chunk-size sweep: overhead vs smoothness
     Smaller chunks keep each step short (smooth decodes), but the prompt needs more steps, each paying the step's fixed
-    costs, so it finishes later (checked: vLLM's defaults). Sarathi-Serve picks the chunk from the TBT SLO the deployment must meet.
+    costs, so it finishes later (checked: 512-token chunks cost far less TTFT than the smallest). Sarathi-Serve picks the chunk from the TBT SLO the deployment must meet.
     """),
     code("""
     SWEEP_LEN = pick(8000, 4000)
@@ -193,7 +192,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     fig.add_vline(x=512, line_dash="dash", annotation_text="512")
     titled(fig, f"Chunk size sweep ({SWEEP_LEN:,}-token prompt, 10 decoding requests)")
     fig.update_layout(xaxis=dict(title="chunk size (tokens)", type="log"), yaxis=dict(title="worst decode ITL (ms)"),
-                      yaxis2=dict(title="long prompt TTFT (ms)", overlaying="y", side="right"),
+                      yaxis2=dict(title="long prompt TTFT (ms)", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
     for size, (itl, ttft) in sweep.items():
@@ -430,7 +429,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         Each chunk also re-reads the K/V of the chunks before it for its attention. With 64-token chunks a chunk is far
         below the ridge point: every step is memory-bound, over 40 % as long as a 512-token step but doing an
         eighth of the work, so the prompt needs eight times as many steps and its TTFT grows past 1.5x the best
-        chunk's (checked: vLLM's defaults).
+        chunk's (checked: the smallest chunks cost at least 1.5x the best TTFT).
         """),
     *question("what if every running request had a 32,000-token context?", """
         The roofs figure used decodes with 1,000 tokens of context. Would mixing a chunk with 64 decodes still save
@@ -462,7 +461,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     """),
     *summary([
         "Chunked prefill splits a long prompt over several steps under the token budget, so decodes keep a steady pace (no generation stall); the long prompt pays some TTFT for it.",
-        "Chunks only add: the block table grows chunk by chunk and the KV of earlier chunks stays in place (checked: KV continuity across chunks).",
+        "Chunks only add: the block table grows chunk by chunk and the KV of earlier chunks stays in place (checked: each chunk's table starts with the previous table).",
         "A prefill chunk is compute-bound and decodes are memory-bound: in one step the decodes' rows ride on the chunk's GEMMs (one weight read for both); their attention and host time are still paid.",
         "Chunks below the ridge point waste steps; at least 512 tokens on an H100, then benchmark. vLLM's defaults: 8,192 (server) / 16,384 (offline) on H100-class GPUs, 2,048 / 8,192 elsewhere.",
         "The policy orders the budget: decode-first protects ITL, prefill-first favours TTFT, balanced rations both; Dynamic SplitFuse holds each forward at its own target below the budget.",

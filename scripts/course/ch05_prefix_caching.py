@@ -17,7 +17,7 @@ CELLS = [
     ## Toy: name a block by everything before it
     A full block's K/V depends on its own tokens **and all tokens before it** (attention looks back). So a block is
     named by a chained hash: `hash(parent_hash, tokens of this block)`. Equal hashes then mean equal K/V, and a new
-    request can take a cached block instead of recomputing it. A partially filled last block is never cached.
+    request can take a cached block instead of recomputing it. A partially filled last block gets no hash, so it is not cached (source: `hash_block` and its callers in `minengine/core/kv_cache_manager.py`).
     """),
     code("""
     def block_hashes(tokens, block_size=4):
@@ -237,7 +237,7 @@ CELLS = [
     """),
     md("""
     ## Exercises
-    The cell below runs the engine for the cases exercises 1 and 2 check (once, so a check costs nothing to re-run):
+    The cell below runs the engine for the cases exercises 1 and 2 check (once, so re-running a check does not run the engine again):
     """),
     code("""
     base = [(3 * k) % 2000 + 3 for k in range(100)]
@@ -318,16 +318,15 @@ CELLS = [
         The four requests above shared their first blocks because they started with the same system prompt. What if each
         prompt were `question + system_prompt` instead?
         """, """
-        Nothing would hit. A block's hash chains everything before it (its K/V depends on every earlier token through
-        attention), so once the first block differs, every later block differs too, even if its own tokens are identical.
+        Nothing would hit: a block's hash chains everything before it (its K/V depends on every earlier token through attention), so once the first block differs, every later block differs too, even if its own tokens are identical (source: `hash_block` in `minengine/core/kv_cache_manager.py` hashes a block with its parent's hash).
         That is why chat templates put the shared system prompt first, and why RAG systems place shared documents before
         per-user text when they can.
         """),
     *summary([
         "A full block is named by a chained hash of its tokens and every token before it; equal hash means equal K/V.",
         "Sharing is counted in ref counts; freed blocks keep their hash in the free queue and are evicted least recently used first.",
-        "Multi-turn chat re-sends the whole conversation: with prefix caching turn 2 mostly hits, and its TTFT drops (checked: Multi-turn chat).",
-        "TTFT falls as the hit rate grows (checked: Hit rate vs TTFT); the last prompt token is always recomputed so there are logits to sample.",
+        "Multi-turn chat re-sends the whole conversation: with prefix caching turn 2 mostly hits, and its TTFT drops (checked: caching serves most of turn 2 from the cache; and lowers turn 2's TTFT).",
+        "TTFT falls as the hit rate grows (checked: more hits, lower TTFT); the last prompt token is always recomputed so there are logits to sample.",
     ]),
     *glossary([
         ("prefix caching", "前缀缓存", "reusing the K/V of a prompt prefix computed before"),

@@ -267,11 +267,12 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
     hold them all at full length. They are all admitted (their prompts fit), then grow until the pool is exhausted.
     """),
     code("""
-    def pressure_run(num_kv_blocks, preemption_mode="recompute", n=pick(8, 6), out_len=pick(64, 40), **extra):
+    def pressure_run(num_kv_blocks, preemption_mode="recompute", n=pick(8, 6), out_len=pick(64, 40), names=None, **extra):
         eng = modelled_engine(block_size=16, num_kv_blocks=num_kv_blocks, max_num_batched_tokens=512, preemption_mode=preemption_mode,
                               enable_prefix_caching=False, trace_block_tables=True, **extra)
+        names = names or [f"r{i}" for i in range(n)]   # request ids, in the order they are added
         for i in range(n):
-            eng.add_request(f"r{i}", {"prompt_token_ids": [(11 * i + k) % 2000 + 3 for k in range(48)]},
+            eng.add_request(names[i], {"prompt_token_ids": [(11 * i + k) % 2000 + 3 for k in range(48)]},
                             SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True))
         outs = run_to_completion(eng)
         return eng, {rid: o.outputs[0].token_ids for rid, o in outs.items()}
@@ -333,13 +334,20 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
     first come, first served is preserved. The small-pool run, replayed as a queue:
     """),
     code("""
-    queue, predicted, actual = [], [], []
-    for t in small.traces:
-        for rid in t.preempted_ids:
-            queue.insert(0, rid)                                  # appendleft
-        for rid in t.admitted_ids:
-            if rid in queue:                                      # a re-admission
-                predicted.append(queue.pop(0)); actual.append(rid)
+    def readmissions(eng):
+        \"\"\"(predicted, actual): each re-admission of ``eng``'s run as a queue with victims at the front predicts it, and
+        as the trace records it.\"\"\"
+        queue, predicted, actual = [], [], []
+        for t in eng.traces:
+            for rid in t.preempted_ids:
+                queue.insert(0, rid)                              # appendleft
+            for rid in t.admitted_ids:
+                if rid in queue:                                  # a re-admission
+                    predicted.append(queue.pop(0)); actual.append(rid)
+        return predicted, actual
+
+
+    predicted, actual = readmissions(small)
     victims = [rid for t in small.traces for rid in t.preempted_ids]
     print("preempted, in order:  ", victims)
     print("re-admitted, in order:", actual)
@@ -698,14 +706,28 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         """, wrong=["answer_2 = small.traces[0].admitted_ids[0]  # the oldest is the one that keeps its progress",
                     "answer_2 = max(small.request_metrics, key=lambda r: small.request_metrics[r].num_prompt_tokens)  # not the longest"]),
     *exercise(3, """
-        In the small-pool run the first three victims, in the order they were preempted, are `first_wave`. In which order were
-        they re-admitted? Answer a list of their ids, predicted from how `StepBuilder.preempt` re-queues (not read from the trace).
+        In the small-pool run the first three victims, in the order they were preempted, are `first_wave`. In which order are
+        they re-admitted? Write `answer_3(wave)`: given the first three victims of a run in the order they were preempted, the
+        list of their ids in the order they come back, predicted from how `StepBuilder.preempt` re-queues (not read from the
+        trace). The check calls it on the small-pool run and on the same run with its requests named so that the id order is
+        not the admission order, and compares with the trace.
         """, "Each victim goes to the front of the waiting queue, and admission takes the front.", "answer_3",
-        "answer_3 = list(reversed(first_wave))",
+        "answer_3 = lambda wave: list(reversed(wave))",
         """
-        check("Exercise 3: re-admission order", answer_3, [rid for rid in actual if rid in first_wave][:3])
-        """, wrong=["answer_3 = list(first_wave)  # a victim re-queued at the tail would come back first-in-first-out",
-                    "answer_3 = [first_wave[0], first_wave[2], first_wave[1]]"]),
+        def first_wave_and_order(eng):
+            wave = [rid for t in eng.traces for rid in t.preempted_ids][:3]
+            return wave, [rid for rid in readmissions(eng)[1] if rid in wave][:3]
+
+
+        scrambled = pressure_run(SMALL_POOL, names=[f"q{(5 * i + 3) % 8}" for i in range(pick(8, 6))])[0]  # added as q3, q0, q5, ...
+        cases_3 = [((wave,), order) for wave, order in map(first_wave_and_order, (small, scrambled))]
+        claim("on one run the id order is not the re-admission order", any(sorted(order) != order for _, order in cases_3))
+        check_function("Exercise 3: re-admission order", answer_3, cases_3)
+        """, wrong=["answer_3 = lambda wave: list(wave)  # a victim re-queued at the tail would come back first-in-first-out",
+                    "answer_3 = lambda wave: [wave[0], wave[2], wave[1]]",
+                    "answer_3 = lambda wave: sorted(wave)  # id order: the admission order only when ids were given in that order",
+                    "answer_3 = lambda wave: list(reversed(first_wave))  # the small run's answer, whatever the run",
+                    "answer_3 = lambda wave: wave[-1:] + wave[:-1]  # only the last victim jumps the queue"]),
     *exercise(4, """
         A decode carries `k` guesses and the model accepts the first `accepted` of them. By how much does the request's
         `num_computed_tokens` advance in that step? Write `advance(k, accepted)`; the check compares it with what the engine
@@ -730,7 +752,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         """, """
         A guess is kept only if it equals the token the model itself picks at that position, computed in the same forward
         with exactly the K/V it would have had (the guesses before it were accepted, so the context is the true one); the first
-        mismatch is replaced by the model's own token and everything after it is dropped. So the accepted tokens are the greedy
+        mismatch is replaced by the model's own token and everything after it is dropped (checked: speculation advanced by 1 + accepted guesses). So the accepted tokens are the greedy
         tokens. With sampling, a guess is kept with the probability the model gives it (rejection sampling, Leviathan et al.
         2023; for a guess from an n-gram, which has no probabilities of its own, that is: keep it if the sampled token equals
         it), so the output *distribution* is unchanged, though one seeded run need not give the same text.
@@ -739,8 +761,7 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         Prompt lookup copies what followed the last n-gram earlier in the request. What does speculation cost on text with no
         repeated n-grams, and when would it make a busy server slower?
         """, """
-        With no earlier occurrence there is no proposal, so nothing is scheduled beyond the decode's token and the cost is the
-        n-gram lookup only. With matches that are usually wrong, each guess takes a token of the step budget and a KV slot and
+        With no earlier occurrence there is no proposal, so the decode carries no guesses and the extra cost is the n-gram lookup. With matches that are usually wrong, each guess takes a token of the step budget and a KV slot and
         is then thrown away; when the batch is large enough that decode steps approach the compute roof (chapter 1's ridge),
         those extra tokens cost real time, and the token budget they take delays other requests' prefill chunks. That is why
         engines turn speculation down at high load.
@@ -765,11 +786,11 @@ from minengine.viz.state_machine import REQUEST_TRANSITIONS, state_machine_figur
         back newest-first, which restores their original arrival order.
         """),
     *summary([
-        "A step runs only what fits the token budget, the sequence slots and the free KV blocks: a scheduler that checks only tokens runs out of KV mid-step, one that checks only blocks builds oversized steps and gets stuck without preemption.",
+        "A step runs only what fits the token budget, the sequence slots and the free KV blocks: a scheduler that checks only tokens runs out of KV mid-step, one that checks only blocks builds oversized steps and gets stuck without preemption (checked: checking only tokens runs out of KV memory; checking only KV builds steps above the token budget; and gets stuck without preemption).",
         "The step is a short loop (running first, chunk to the budget, allocate or preempt, admit from the head); vLLM's `Scheduler.schedule` is the same five moves, minengine's `StepBuilder` + `Scheduler.update_from_output`.",
         "Requests move WAITING -> RUNNING -> FINISHED_*, and RUNNING -> PREEMPTED or SWAPPED (waiting again) -> RUNNING; abort and timeout end any unfinished state.",
         "The victim is the newest running request not yet scheduled this step; it is re-queued at the head, so victims come back last-preempted-first, in their original order.",
-        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output, and on the modelled H100 swap's lead grows with the victim's context (checked: Recompute vs swap). The admission probe shrinks a new chunk to the free blocks (checked: The admission probe).",
+        "Recompute frees blocks and prefills again (compute); swap copies blocks out and back (bandwidth, CPU memory); neither changes the output, and on the modelled H100 swap's lead grows with the victim's context (checked: the lead grows with the context). The admission probe shrinks a new chunk to the free blocks (checked: with a smaller first chunk).",
         "A request's progress is one number, `num_computed_tokens`, against its tokens: chunked prefill takes pending tokens a budget at a time, a prefix hit sets the number without computing, a decode has one pending token, recompute resets it, and speculative decoding adds guessed tokens that advance it by 1 + the accepted ones.",
     ]),
     *glossary([

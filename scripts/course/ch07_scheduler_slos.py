@@ -108,7 +108,7 @@ from minengine.workloads.traces import Trace
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["good_rate"] for r in rows], name="good-request rate (req/s)", mode="lines+markers"),
                      go.Scatter(x=[r["rate"] for r in rows], y=[r["ttft_p99"] * 1000 for r in rows], name="P99 TTFT (ms)", yaxis="y2", mode="lines+markers")])
     titled(fig, "Throughput, good-request rate and tail TTFT vs arrival rate")
-    fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right"),
+    fig.update_layout(xaxis_title="arrival rate (requests/s)", yaxis_title="requests/s", yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
     heavy = sweep[rates[-1]]
@@ -591,15 +591,17 @@ from minengine.workloads.traces import Trace
     claim("the exercise's SLO separates the right answer from the usual mistakes", fails_ttft > 0 and fails_tbt_only > 0 and fails_ttft + fails_tbt_only < len(big.request_metrics))
     """),
     *exercise(2, """
-        Write `answer_2(slo)`: the good-request rate of the budget-1,024 document run (`big`) under an SLO with a TTFT bound
-        `slo.ttft_s` and a P99 TBT bound `slo.tbt_p99_s` (what `goodput()` computes): requests that met every bound, per second of
-        the run (first arrival -> last finish). A request meets the TBT bound when the P99 of its own gaps (`percentile(m.itls, 99)`)
-        is within it; a request with no ITLs has no TBT to check. The check calls it with `doc_slo` and with SLOs whose TBT bound lies
-        between some requests' P99 gap and their largest gap.
-        """, "Count the requests with ttft <= slo.ttft_s and (no itls or P99 of its itls <= slo.tbt_p99_s); divide by the duration.", "answer_2",
+        Write `answer_2(metrics, slo)`: the good-request rate of a run whose `request_metrics` are `metrics` (a dict, request id ->
+        metrics) under an SLO with a TTFT bound `slo.ttft_s` and a P99 TBT bound `slo.tbt_p99_s` (what `goodput()` computes):
+        requests that met every bound, per second of the run (first arrival -> last finish). A request meets the TBT bound when
+        the P99 of its own gaps (`percentile(m.itls, 99)`) is within it; a request with no ITLs (one output token) has no TBT to
+        check. The check calls it on the budget-1,024 document run (`big`) with `doc_slo` and with SLOs whose TBT bound lies
+        between some requests' P99 gap and their largest gap, and on a short run of the same documents in which one request asks
+        for one token.
+        """, "Count the requests with ttft <= slo.ttft_s and (no itls or P99 of its itls <= slo.tbt_p99_s); divide by the duration in seconds.", "answer_2",
         """
-        def answer_2(slo):
-            ms = list(big.request_metrics.values())
+        def answer_2(metrics, slo):
+            ms = list(metrics.values())
             good = sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= slo.tbt_p99_s))
             return good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """,
@@ -609,31 +611,49 @@ from minengine.workloads.traces import Trace
         no_ttft_bound = 2 * max(m.ttft for m in big.request_metrics.values())
         slos = [doc_slo, SLO(ttft_s=doc_slo.ttft_s, tbt_p99_s=between[len(between) // 2]), SLO(ttft_s=no_ttft_bound, tbt_p99_s=between[0]),
                 SLO(ttft_s=no_ttft_bound, tbt_p99_s=between[-1])]
-        check_function("Exercise 2: good-request rate", answer_2, [(s_, goodput(big.request_metrics, s_)) for s_ in slos], rel_tol=1e-9)
+        # the same documents, the first request asking for one token: it has a TTFT and no ITL
+        short = replay_trace(doc_trace[:8].with_requests([dataclasses.replace(r, output_len=1 if i == 0 else r.output_len) for i, r in enumerate(doc_trace[:8])]),
+                             clock=TEACHING_CLOCK, model=COURSE_MODEL, max_num_batched_tokens=1024, max_model_len=4096, trace_block_tables=False)
+        one_token = [m for m in short.request_metrics.values() if not m.itls]
+        short_slo = SLO(ttft_s=2 * max(m.ttft for m in short.request_metrics.values()),
+                        tbt_p99_s=statistics.median(percentile(m.itls, 99) for m in short.request_metrics.values() if m.itls))
+        claim("the short run has a request with no ITL", len(one_token) == 1)
+        cases_2 = [((big.request_metrics, s_), goodput(big.request_metrics, s_)) for s_ in slos]
+        check_function("Exercise 2: good-request rate", answer_2, cases_2 + [((short.request_metrics, short_slo), goodput(short.request_metrics, short_slo))], rel_tol=1e-9)
         """, wrong=["""
-        def answer_2(slo):   # the largest gap where the P99 is asked
-            ms = list(big.request_metrics.values())
+        def answer_2(metrics, slo):   # the largest gap where the P99 is asked
+            ms = list(metrics.values())
             good = sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or max(m.itls) <= slo.tbt_p99_s))
             return good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """, """
-        def answer_2(slo):   # the P99 of every request's gaps pooled, not each request's own
-            ms = list(big.request_metrics.values())
+        def answer_2(metrics, slo):   # the P99 of every request's gaps pooled, not each request's own
+            ms = list(metrics.values())
             pooled = percentile([x for m in ms for x in m.itls], 99)
             good = sum(1 for m in ms if m.ttft <= slo.ttft_s and pooled <= slo.tbt_p99_s)
             return good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """, """
-        def answer_2(slo):   # throughput counts unhappy users too
-            ms = list(big.request_metrics.values())
+        def answer_2(metrics, slo):   # throughput counts unhappy users too
+            ms = list(metrics.values())
             return len(ms) / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """, """
-        def answer_2(slo):   # forgot the TBT bound
-            ms = list(big.request_metrics.values())
+        def answer_2(metrics, slo):   # forgot the TBT bound
+            ms = list(metrics.values())
             return sum(1 for m in ms if m.ttft <= slo.ttft_s) / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
         """, """
-        def answer_2(slo):   # a fraction (the SLO attainment), not a rate
-            ms = list(big.request_metrics.values())
+        def answer_2(metrics, slo):   # a fraction (the SLO attainment), not a rate
+            ms = list(metrics.values())
             return sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= slo.tbt_p99_s)) / len(ms)
-        """]),
+        """, """
+        def answer_2(metrics, slo):   # a request with no ITLs fails (the P99 of no gaps is NaN, and NaN <= x is False)
+            ms = list(metrics.values())
+            good = sum(1 for m in ms if m.ttft <= slo.ttft_s and percentile(m.itls, 99) <= slo.tbt_p99_s)
+            return good / (max(m.finished_time for m in ms) - min(m.arrival_time for m in ms))
+        """, """
+        def answer_2(metrics, slo):   # per millisecond, not per second
+            ms = list(metrics.values())
+            good = sum(1 for m in ms if m.ttft <= slo.ttft_s and (not m.itls or percentile(m.itls, 99) <= slo.tbt_p99_s))
+            return good / ((max(m.finished_time for m in ms) - min(m.arrival_time for m in ms)) * 1000)
+        """, "answer_2 = lambda metrics, slo: goodput(big.request_metrics, doc_slo)  # the first case's rate, whatever the run and SLO"]),
     *exercise(3, """
         Interpret the budget experiment: in the budget-1,024 run, find the step that made the worst stall of a chat user and give
         the id of the request whose chunk filled it. (Chat users are the ids without `doc`.)
@@ -656,11 +676,10 @@ from minengine.workloads.traces import Trace
         SLO, at the top one the P99 TTFT had grown by half or more and fewer than 90 % met it. Why can utilization not tell the two apart? What would you watch to see the second coming?
         """, """
         Near saturation, work arrives about as fast as it can be done, so any burst has to wait: the queue grows, and
-        queueing delay (counted in TTFT) grows with it (checked: SLOs, goodput and capacity). Queueing theory says how
+        queueing delay (counted in TTFT) grows with it (checked: the queue grew: more waiting, longer queueing). Queueing theory says how
         fast: the mean wait of an M/G/1 queue grows like 1 / (1 - utilization), without bound as the arrival rate
         approaches the service rate (source: the Pollaczek-Khinchine formula; Kleinrock, *Queueing Systems*, volume 1,
-        1975). Utilization only says the engine is never idle, and it stops at 100 % while the arrival rate goes on past
-        what the engine completes; it says nothing about who waits. Watch the waiting queue length and time in queue, TTFT P99 and SLO
+        1975). Utilization says whether the engine is idle, and it stops at 100 % while the arrival rate goes on past what the engine completes (checked: the top rate is just as busy; at the top rate arrivals outrun completions, more than at the ceiling); it does not say who waits. Watch the waiting queue length and time in queue, TTFT P99 and SLO
         attainment (the good-request rate over the throughput); they move when utilization no longer can (it is already ~100 %).
         """),
     *question("what if you raised the budget and the slots together?", """
@@ -668,19 +687,17 @@ from minengine.workloads.traces import Trace
         cost, and when could it backfire?
         """, """
         Every running request holds its whole context in KV blocks of the pool. With enough memory, more slots let more
-        decodes share each weight read (chapter 1), and the bigger budget then raises throughput (checked: Total tok/s
-        went up). With too little memory, the extra requests are admitted and then preempted when they grow (checked:
-        ch06 · Running out of KV memory): recompute preemption re-prefills them, which costs compute, stalls the decodes
+        decodes share each weight read (chapter 1), and the bigger budget then raises the total tok/s (checked: total tok/s went up). With too little memory, the extra requests are admitted and then preempted when they grow (checked: ch06 · the small pool forces preemptions and the roomy one none): recompute preemption re-prefills them, which costs compute, stalls the decodes
         and can eat the throughput gain. Check the
         KV usage and the preemption count after the change.
         """),
     *summary([
         "TTFT (queueing + prefill), TPOT (decode pace) and ITL/TBT (every gap) are judged at P99, not on average.",
         "Goodput (DistServe) is the highest request rate at which the SLO attainment target holds; one run's good-request rate (minengine's `goodput()`, vLLM's \"Request goodput\") is its requests per second within the SLO; capacity (Sarathi-Serve) also bounds the queueing delay.",
-        "Busy time reaches 100 % while the SLO still holds: a fully busy engine may meet its SLO or fall far behind, its queue and TTFT growing (checked: SLOs, goodput and capacity). Watch the queue and the SLO attainment.",
-        "When throughput rises and P99 TPOT worsens: step composition, stalls and their causes, slots (`max_num_seqs`), preemptions, fairness (who gained, who paid), output backlog, workload mix (checked: Total tok/s went up).",
+        "Busy time reaches 100 % while the SLO still holds: a fully busy engine may meet its SLO or fall far behind, its queue and TTFT growing (checked: the top rate is just as busy; the tail TTFT has grown; the queue grew: more waiting). Watch the queue and the SLO attainment.",
+        "When total tok/s rises and P99 TPOT worsens: step composition, stalls and their causes, slots (`max_num_seqs`), preemptions, fairness (who gained, who paid), output backlog, workload mix (checked: total tok/s went up; P99 TPOT got worse).",
         "Policies serve businesses: decode-first for real-time chat, prefill-first for RAG / batch, priority for a paying tenant, round-robin against one prompt starving another.",
-        "Predictive scheduling: shortest-predicted-first lowers mean latency by as much as the predictor ranks requests correctly (checked: Predictive scheduling); a perfect ranking gives shortest-job-first.",
+        "Predictive scheduling: shortest-predicted-first lowers mean latency by as much as the predictor ranks requests correctly (checked: the oracle beats first come, first served; so does a predictor off by x1.65); a perfect ranking gives shortest-job-first.",
         "Abort frees blocks at once; deadlines turn into 'timeout' finishes.",
     ]),
     *glossary([

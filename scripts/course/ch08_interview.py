@@ -285,7 +285,7 @@ def ms(work):
                      go.Scatter(x=budgets, y=[r["total_tok_s"] for r in budget_rows.values()], name="total tok/s", yaxis="y2", mode="lines+markers")])
     titled(fig, "Token budget: tail latency vs throughput")
     fig.update_layout(xaxis=dict(title="max_num_batched_tokens (tokens)", type="log"),
-                      yaxis_title="P99 ITL (ms)", yaxis2=dict(title="total tokens/s", overlaying="y", side="right"),
+                      yaxis_title="P99 ITL (ms)", yaxis2=dict(title="total tokens/s", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))   # below the plot, clear of the right axis
     fig.show()
     largest = budget_rows[budgets[-1]]["engine"]
@@ -389,13 +389,13 @@ def ms(work):
         """, wrong=["answer_3 = (48 // 16) * 16  # forgets that the last token is recomputed to sample",
                     "answer_3 = 48 - 1  # hits come in whole blocks"]),
     *summary([
-        "Continuous batching removes idle slots; chunked prefill removes the stalls long prompts cause in a continuous batch.",
+        "Continuous batching refills idle slots every step; chunked prefill bounds the stalls long prompts cause in a continuous batch (checked: ch03 · continuous batching needs fewer steps; ch04 · the worst decode gap grows with the chunk).",
         "The token budget is chosen from the TBT SLO (chunks of 512+ tokens, then benchmark; check the slots first); the block size from waste vs efficiency; recompute vs swap from compute vs bandwidth.",
         "A scheduler checks both budgets and preempts; the policy follows the business (chat: decode-first, batch: prefill-first, tenants: priority).",
         "Prefix caching = chained block hashes + ref counts + LRU; disaggregation separates the compute-bound and memory-bound phases.",
         "Alert on what users feel (P99 TTFT, P99 ITL, SLO attainment) and on what predicts it (queue, KV usage, preemptions).",
-        "A bigger token budget buys throughput only while the prefills set the run's length; past that it buys only tail: pick the most throughput within the SLO (checked: Live: choose a token budget).",
-        "GPU side: KV = 2 x layers x KV heads x head_dim x bytes per token (Llama-3-8B: 128 KiB in bf16); TP all-reduces 2 x tokens x hidden x 2 bytes per layer; FlashAttention removes the n x n HBM traffic; speculation yields (1 - a^(k+1)) / (1 - a) tokens per verify, worth less at large batch (checked: ch13 · When does it pay?).",
+        "A bigger token budget buys throughput only while the prefills set the run's length; past that it buys only tail: pick the most throughput within the SLO (checked: past the knee throughput stays within the stated spread; no budget tried beats the pick on both throughput and tail).",
+        "GPU side: KV = 2 x layers x KV heads x head_dim x bytes per token (Llama-3-8B: 128 KiB in bf16); TP all-reduces 2 x tokens x hidden x 2 bytes per layer; FlashAttention removes the n x n HBM traffic; speculation yields (1 - a^(k+1)) / (1 - a) tokens per verify, worth less at large batch (checked: ch13 · the break-even alpha rises with the batch; ch11 · flash moves fewer bytes than dense).",
     ]),
     *glossary([
         ("continuous batching", "连续批处理", "rebuild the batch every step"),

@@ -31,10 +31,9 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     ## Start the server
     Every production engine is met through a server. `python -m minengine serve` is minengine's (vLLM: `vllm serve
     MODEL`): FastAPI routes under `/v1` (OpenAI's API), `/metrics` (Prometheus), `/v1/engine/steps` (every step as it
-    happens), and one engine loop that owns the `LLMEngine`; the HTTP handlers only enqueue requests and await their
-    tokens. Here it runs as a real subprocess on a free port, with the bundled model and a small KV pool so the numbers
+    happens), and one engine loop that owns the `LLMEngine`; the HTTP handlers enqueue requests and await their tokens. Here it runs as a real subprocess on a free port, with the bundled model and a small KV pool so the numbers
     are easy to follow. This chapter's times are **wall-clock** times of this machine (a server lives in real time),
-    so its sentences state counts and blocks, never speeds.
+    so its sentences state counts and blocks, not speeds.
 
     Starting takes a few seconds on an idle machine and can take minutes on a busy one (the server loads the model and
     may first build the C++ attention kernel): the cell prints its progress every 20 s, and if the server exits or has
@@ -367,9 +366,8 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         kept decoding for clients that had left?
         """, """
         A zombie request keeps its sequence slot and its KV blocks (its whole context stays in the pool) and takes a token
-        of every step's budget, for output nobody reads. Under load the pool fills with zombies: new requests wait or get
-        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy (checked: ch06 · Running
-        out of KV memory; ch07 · SLOs, goodput and capacity). Aborting frees the slot and
+        of every step's budget, for output whose client has gone. Under load the pool fills with zombies: new requests wait or get
+        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy (checked: ch06 · the small pool forces preemptions and the roomy one none; ch07 · the tail TTFT has grown; ch07 · fewer than 90 % met the SLO at the top rate). Aborting frees the slot and
         the blocks between two steps, as the step feed showed.
         """),
     *question("what if /metrics showed KV usage near 1 and a growing waiting queue?", """
@@ -377,7 +375,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         `vllm:num_preemptions_total` is rising. What is happening, and what would you change?
         """, """
         Memory is the bottleneck: the running requests' contexts fill the KV pool, new requests cannot be admitted, and
-        running ones are preempted when they grow (checked: ch06 · Running out of KV memory): recompute preemption then
+        running ones are preempted when they grow (checked: ch06 · the small pool forces preemptions and the roomy one none): recompute preemption then
         re-prefills them, wasting compute. What helps: add KV memory (raise `gpu_memory_utilization`, or use tensor
         parallelism to spread the weights), cap the concurrent sequences (`max_num_seqs`) so the admitted ones finish,
         cache prefixes if prompts share them, cap `max_model_len`, or add replicas. Check TTFT P99 and goodput to see how much users feel it.

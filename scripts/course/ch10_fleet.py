@@ -494,12 +494,11 @@ CELLS = [
     *question("why can a fleet simulation drop the tokens but not the scheduler?", """
         Which of a request's numbers change when its output tokens are different but its lengths are the same?
         """, """
-        None of the timing ones. A step's cost depends on how many tokens it computes and over which contexts (the
+        None of the timing ones: the fleet, which drops the tokens, gives every request the metrics the token-computing replay gives (checked: every request's metrics are identical in the fleet and in replay). A step's cost depends on how many tokens it computes and over which contexts (the
         cost model's FLOPs and bytes), and which requests are in the step is decided by the scheduler from lengths,
-        budgets and free KV blocks. With `ignore_eos` and `max_tokens` fixed by the trace, the token values never reach
-        either. The scheduler is the opposite: chunking, admission, preemption and prefix hits decide every step's
+        budgets and free KV blocks. With `ignore_eos` and `max_tokens` fixed by the trace, the token values reach neither. The scheduler is the opposite: chunking, admission, preemption and prefix hits decide every step's
         batch, so a simulator with a different scheduler simulates a different engine (Vidur re-implements vLLM's and
-        must keep it in step). Reusing the engine's own scheduler removes that gap.
+        must keep it in step). Reusing the engine's own scheduler removes that gap: each request's metrics equal the replay's (checked: every request's metrics are identical in the fleet and in replay).
         """),
     *question("what if the link between prefill and decode were 10x slower?", """
         At what point does disaggregation stop paying, and what would you change first?
@@ -525,8 +524,8 @@ CELLS = [
         "A fleet simulation needs the scheduler, the KV cache and a step-time model, not the tokens: `TokenFreeRunner` + `ModelledClock` turn minengine's own engine into a replica.",
         "A router sees the replicas that can hold a request and their load; SGLang's and Mooncake's cache-aware routing sends a request where its prefix is cached unless the load is imbalanced. Compare routers by prefix-hit rate, TTFT and load imbalance.",
         "A fleet KV store (Mooncake) keeps every replica's prompt blocks in the nodes' DRAM/SSD under the engine's block hashes; a replica loads a stored prefix when the load ends before recomputing it would, and the loaded blocks become an ordinary local prefix hit. Compare the hit share with the trace's infinite-cache ideal.",
-        "Fetching beats recomputing when KV bytes per token / link bandwidth < FLOPs per token / achieved FLOP/s: the break-even bandwidth is KV bytes per token over compute seconds per token, and a longer context (more attention FLOPs per token) lowers it (checked: One KV cache for the whole fleet).",
-        "Disaggregation moves prompt_len x KV bytes per token (128 KiB per token for Llama-3-8B) per request, milliseconds over InfiniBand; it removes prefill-decode interference.",
+        "Fetching beats recomputing when KV bytes per token / link bandwidth < FLOPs per token / achieved FLOP/s: the break-even bandwidth is KV bytes per token over compute seconds per token, and a longer context (more attention FLOPs per token) lowers it (checked: a longer context makes recomputing dearer; InfiniBand is faster than the break-even bandwidth).",
+        "Disaggregation moves prompt_len x KV bytes per token (128 KiB per token for Llama-3-8B) per request, milliseconds over InfiniBand; it removes prefill-decode interference (Zhong et al., OSDI 2024).",
         "Goodput (DistServe: the highest request rate at which the SLO attainment target holds; here P90 TTFT and P90 TPOT within their bounds) is the figure of merit for colocated vs disaggregated fleets: compare at equal GPUs, for each SLO, and search the P:D split.",
         "Capacity planning is a search over simulated fleets: the fewest GPUs whose run meets the SLO at the planned rate.",
     ]),

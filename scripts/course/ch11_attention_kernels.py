@@ -20,7 +20,7 @@ CELLS = [
     md("""
     **Before anything imports Triton**: the engine's Triton kernel runs on this CPU through Triton's *interpreter*, and
     Triton decides between compiling and interpreting once, when it is first imported. So the first cell sets
-    `TRITON_INTERPRET=1` before the setup imports anything (minengine imports Triton only at the first kernel call). On a
+    `TRITON_INTERPRET=1` before the setup imports anything (minengine imports Triton at the first kernel call, not before). On a
     machine with a CUDA GPU, leave the variable out to run the compiled kernel.
     """),
     code("""
@@ -98,7 +98,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     ## Toy 2: keys through a block table
     In a paged cache (chapter 2) the keys sit in blocks scattered over a pool. The simplest kernel **gathers** them into a
     contiguous copy first, then runs the dense kernel: the engine's torch path does this (`layers/attention.py`,
-    `_gather`), and it costs one more read and one more write of K and V (checked: The bytes of each kernel). A paged kernel reads each block **in place**
+    `_gather`), and it costs one more read and one more write of K and V (checked: the gather only adds bytes). A paged kernel reads each block **in place**
     through the table instead (vLLM's kernels, the engine's C++ and Triton kernels).
     """),
     code("""
@@ -191,7 +191,7 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
     titled(fig, "FlashAttention's running max and sum for one decode row, block by block",
            clock_label="no clock: float64 arithmetic (labels: the factor exp(m - m_new) applied to the old sum)")
     fig.update_layout(xaxis_title="key block visited", yaxis_title="running max m",
-                      yaxis2=dict(title="running sum l", overlaying="y", side="right"),
+                      yaxis2=dict(title="running sum l", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0))
     fig.show()
     """),
@@ -288,8 +288,11 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
 
     lengths = pick([512, 1024, 2048, 4096, 8192, 16384, 32768], [512, 2048, 8192, 32768])
     table_bytes = {n_: kernels(n_) for n_ in lengths}
+    # dense and gather + dense nearly coincide on a log axis: dense drawn first, wide and faint; the gather on top, dashed
+    styles = {"dense (S, P in HBM)": dict(line=dict(width=8, color="rgba(31, 119, 180, 0.4)"), marker=dict(size=12)),
+              "gather + dense": dict(line=dict(width=2, dash="dash", color="#d62728"), marker=dict(symbol="x", size=7))}
     fig = go.Figure([go.Scatter(x=lengths, y=[roofline_s(attention_flops(n_, n_, D, HQ), table_bytes[n_][name]) * 1e3 for n_ in lengths],
-                                name=name, mode="lines+markers") for name in table_bytes[lengths[0]]])
+                                name=name, mode="lines+markers", **styles.get(name, {})) for name in table_bytes[lengths[0]]])
     fig.add_trace(go.Scatter(x=lengths, y=[attention_flops(n_, n_, D, HQ) / H100.peak_flops_16bit * 1e3 for n_ in lengths],
                              name="compute roof alone (FLOPs / peak)", mode="lines", line=dict(dash="dot", color="black")))
     titled(fig, "One layer's attention for a prefill of n tokens: the roofline time of each kernel", clock_label=ROOFLINE)
@@ -561,13 +564,10 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
         The tiled kernel computed each softmax from pieces, one block at a time. Why is the result the exact softmax (to
         rounding), and not an approximation like sparse or low-rank attention?
         """, """
-        Softmax is `exp(s_j - M) / sum_i exp(s_i - M)` for any constant `M`; the max is used only so the exponentials do not
-        overflow. The running state keeps `l` and `acc` relative to the max seen so far, and when a larger max arrives it
+        Softmax is `exp(s_j - M) / sum_i exp(s_i - M)` for any constant `M`; the max is there so the exponentials do not overflow. The running state keeps `l` and `acc` relative to the max seen so far, and when a larger max arrives it
         multiplies both by `exp(m_old - m_new)`, which turns sums relative to the old max into sums relative to the new one
-        exactly (checked: Toy 3: tiled attention). After the last block, `acc / l` is the same ratio the one-shot softmax computes. Nothing is dropped or
-        estimated; only the order of additions changes, so results differ by floating-point rounding (1e-15 in float64
-        here). Approximate methods (sparse, low-rank) change *which* scores count; FlashAttention changes only *where* they
-        are kept.
+        exactly (checked: the running sum was rescaled when the max rose). After the last block, `acc / l` is the same ratio the one-shot softmax computes. Nothing is dropped or
+        estimated; only the order of additions changes, so results differ by floating-point rounding (checked: flash equals dense to float64 rounding). Approximate methods (sparse, low-rank) change *which* scores count; FlashAttention changes *where* they are kept, not which (checked: flash equals dense to float64 rounding).
         """),
     *question("what if a kernel kept the scores instead, as the engine's C++ kernel does?", """
         The C++ kernel makes two passes (keys, then values) and keeps a row of scores in scratch, with no online rescaling.
@@ -583,16 +583,16 @@ F64 = torch.float64   # the toys compute in float64, so "exact" means equal to a
         Split-K gave a large gain at batch 1. Would it help a batch of 256 requests with 4k-token contexts?
         """, """
         Hardly. A batch of 256 already has 256 x 8 KV heads = 2,048 programs for 132 SMs, so the bandwidth is already
-        saturated without splitting; more splits add partial results to write and merge and one more kernel launch (checked: Decode: the same bytes). The
+        saturated without splitting; more splits add partial results to write and merge and one more kernel launch (checked: a batch of 64 needs no split). The
         bytes (each request's K/V, read once) are the same either way. FlashDecoding targets few requests with long
         contexts, where too few programs leave most SMs idle.
         """),
     *summary([
         "Dense attention writes and reads back the n x c scores and probabilities: Θ(n²) HBM bytes, memory-bound for long prompts.",
-        "A paged cache can be read by gathering the blocks into a copy (more bytes) or in place through the block table (vLLM's kernels, the engine's C++ and Triton kernels) (checked: The bytes of each kernel).",
+        "A paged cache can be read by gathering the blocks into a copy (more bytes) or in place through the block table (vLLM's kernels, the engine's C++ and Triton kernels) (checked: the gather only adds bytes).",
         "FlashAttention tiles the queries and streams the key blocks through SRAM with a running max and a running sum: the exact softmax, without the score matrix in HBM; tiles of many queries (and the heads of a GQA group) make it compute-bound.",
-        "A decode reads each key once whatever the kernel; at small batch and long context FlashDecoding splits the keys over more programs to fill the SMs, and merges the partials with the same rescaling (checked: Decode: the same bytes).",
-        "The modelled clock charges attention as a flash-style kernel: K/V read once per step, which dominates a decode step at long context.",
+        "A decode reads each key once whatever the kernel; at small batch and long context FlashDecoding splits the keys over more programs to fill the SMs, and merges the partials with the same rescaling (checked: splitting fills the SMs and cuts the time).",
+        "The modelled clock charges attention as a flash-style kernel: K/V read once per step, which dominates a decode step at long context (checked: at 32k attention is most of the step).",
     ]),
     *glossary([
         ("FlashAttention", "FlashAttention（闪存注意力）", "tiled exact attention with an online softmax; the scores never reach HBM"),

@@ -19,7 +19,7 @@ CELLS = [
     md("""
     **Before anything imports Triton**: the last experiment runs the engine's decode-graph path on this CPU, with the
     Triton attention kernel through Triton's interpreter, which Triton picks once, at its first import. So the first cell
-    sets `TRITON_INTERPRET=1` before the setup imports anything (minengine imports Triton only when a kernel first runs).
+    sets `TRITON_INTERPRET=1` before the setup imports anything (minengine imports Triton when a kernel first runs, not before).
     """),
     code("""
     import os
@@ -58,8 +58,7 @@ print("CPU attention:", cpu_attention.status().message)
 
         step ≈ schedule + prepare inputs + max(launch all kernels, run all kernels) + process outputs
 
-    and when launching takes longer than running, the step is **launch-bound**: the GPU idles between kernels (checked:
-    Host vs device at batch 1 to 256). A
+    and when launching takes longer than running, the step is **launch-bound**: the GPU idles between kernels (checked: the small model is launch-bound at the smallest batch; its GPU idles most of a batch-1 eager step). A
     **CUDA graph** records the launches of a step once and replays them with one call, so the middle term becomes the
     kernels' time.
 
@@ -162,7 +161,7 @@ print("CPU attention:", cpu_attention.status().message)
     """),
     md("""
     ## Count the kernels one decode step launches
-    On a GPU every aten operation that is not a view (a view only relabels memory) is at least one kernel launch. A
+    On a GPU every aten operation that is not a view (a view relabels memory without a kernel) is at least one kernel launch. A
     `TorchDispatchMode` sees every aten op the engine's `ModelRunner.execute` runs for one decode step of one request:
     the whole step, and the first decoder layer alone. The bundled model has 4 layers, Llama-3-8B 32 of the same
     code.
@@ -364,7 +363,7 @@ print("CPU attention:", cpu_attention.status().message)
     fig = go.Figure([go.Bar(x=list(waste), y=list(waste.values()), name="padded rows"),
                      go.Scatter(x=list(pad_cost_us), y=list(pad_cost_us.values()), name="device time of the padding (µs)", yaxis="y2", mode="lines")])
     titled(fig, "Padding a decode batch to the next capture size", clock_label=device.label + " (kernels only), 1,024-token contexts")
-    fig.update_layout(xaxis_title="decode batch B", yaxis_title="padded rows", yaxis2=dict(title="µs added", overlaying="y", side="right"),
+    fig.update_layout(xaxis_title="decode batch B", yaxis_title="padded rows", yaxis2=dict(title="µs added", overlaying="y", side="right", tickmode="auto", showgrid=False),
                       legend=dict(orientation="h", yanchor="top", y=-0.2, xanchor="left", x=0))
     fig.show()
     """),
@@ -545,16 +544,14 @@ print("CPU attention:", cpu_attention.status().message)
     *question("why do engines capture graphs for decode but not for long prefills?", """
         The engine (like vLLM's default) replays decode-only steps and runs prefill steps eagerly. Why is that a good split?
         """, """
-        A prefill step of thousands of tokens runs kernels of hundreds of microseconds each on average (checked: Host vs
-        device at batch 1 to 256), while a launch takes a few microseconds of a GPU host's time (source: NVIDIA's
+        A prefill step of thousands of tokens runs kernels of hundreds of microseconds each on average (checked: a 4,096-token prefill's kernels run hundreds of microseconds each on average), while a launch takes a few microseconds of a GPU host's time (source: NVIDIA's
         blog *Getting Started with CUDA Graphs*), so the host is ahead anyway and a graph buys almost nothing. Prefill shapes also vary with
         every chunk and prompt length, so capturing them would need many graphs or heavy padding. Decode steps are the
-        opposite: small, fixed-shape (one token per request), with kernels of a few microseconds each, exactly where launches
-        dominate.
+        opposite: small, fixed-shape (one token per request), with kernels of a few microseconds each, exactly where launches dominate (checked: the small model is launch-bound at the smallest batch).
         """),
     *summary([
         "A step is host work (schedule, inputs, launches, outputs) plus device work; in a synchronous engine the GPU waits for the host parts.",
-        "An eager decode step launches hundreds of small kernels; at small batch launching them can take longer than running them: launch-bound (checked: Host vs device at batch 1 to 256).",
+        "An eager decode step launches hundreds of small kernels; at small batch launching them can take longer than running them: launch-bound (checked: the small model is launch-bound at the smallest batch).",
         "A CUDA graph replays a step's launches with one call, on static buffers: inputs are copied in and the batch is padded to a captured size.",
         "Padding to the capture ladder wastes some rows but little device time, since decode is memory-bound; the engine's padded path changes no token.",
         "The modelled clock charges host time per engine profile: \"vllm\" (a Python engine with graphs: 1.2 ms + 0.1 ms per request), \"cuda-graph\" (an overlapped C++ runtime), \"none\".",

@@ -86,7 +86,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
     (`num_spec_tokens`) and how many the model accepted (`num_accepted_tokens`). Three workloads on the bundled model,
     `k = 4`, n-grams of 1 to 3 tokens:
     - **copy**: a Tiny Shakespeare passage followed by its own first 16 tokens, greedy (the model goes on copying what it read);
-    - **random, greedy**: prompts of random token ids (nothing to copy, but a tiny model's greedy text repeats itself);
+    - **random, greedy**: prompts of random token ids (no repeated n-gram to copy, but a tiny model's greedy text repeats itself);
     - **random, sampled**: the same prompts at temperature 1 (seeded): the text barely repeats.
     """),
     code("""
@@ -359,10 +359,9 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
         the tokens per step?
         """, """
         The formula's α is the chance that a proposal is accepted *given that it is reached*, i.e. that all proposals before
-        it were accepted. Verification stops at the first rejection, so proposals after it are never judged, yet the rate
+        it were accepted. Verification stops at the first rejection, so proposals after it are not judged, yet the rate
         counts them in its denominator as if they had been rejected. With k = 4 a draft rejected at its first proposal adds
-        4 to the denominator and 0 to the numerator, while the formula's model saw only one failure. So the rate is always
-        below α (unless no draft stops early), and the formula fed with it predicts too few tokens.
+        4 to the denominator and 0 to the numerator, while the formula's model saw one failure. So the rate is always below α (unless no draft stops early) (checked: the acceptance rate is below the estimated alpha everywhere), and the formula fed with it predicts too few tokens.
         """),
     *question("what if the proposer were a draft model costing c of a target forward?", """
         The n-gram proposer costs nothing on the GPU. How does the break-even change with a small draft model whose forward
@@ -373,14 +372,14 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
         `(1 - α^(k+1)) / ((1 - α)(k c + 1))`. With c = 0.05 and k = 4 the draft adds 20 % to every step, so α must be
         noticeably higher to pay, and the best k is smaller: each extra proposal now has a price even when the target's
         step is memory-bound (Leviathan et al., ICML 2023). At large batch the break-even α rises with the batch
-        (checked: When does it pay?), and the draft's cost comes on top.
+        (checked: the break-even alpha rises with the batch), and the draft's cost comes on top.
         """),
     *question("why does speculation stop paying at large batch, even with a perfect proposer?", """
         Suppose α = 1. Is speculation still free at batch 512?
         """, """
         With α = 1 every step yields k + 1 tokens, so the work per generated token is the same as without speculation: the
         step just computes k + 1 tokens per request at once. At small batch that still wins, because one weight read serves
-        k + 1 tokens instead of one (decode is memory-bound) (checked: On the engine). At large batch the step is already compute-bound: k + 1 times
+        k + 1 tokens instead of one (decode is memory-bound) (checked: speculation pays on the small, repetitive batch). At large batch the step is already compute-bound: k + 1 times
         the tokens costs close to k + 1 times the time, so even perfect proposals give little, and any rejection costs. That
         is why serving systems switch speculation off, or shorten k, as the load grows (source: vLLM's
         `speculative_disable_by_batch_size` engine argument).
@@ -388,9 +387,9 @@ from minengine.workloads import SHAKESPEARE_OPENINGS, find_data_dir
     *summary([
         "Verification keeps proposals up to the first rejection and adds one token of the target's own: 1 to k + 1 tokens per forward.",
         "With each proposal accepted with probability α independently, a verify step yields (1 - α^(k+1)) / (1 - α) tokens on average (Leviathan et al. 2023); returns diminish with k.",
-        "Estimate α from the reached proposals (successes over successes plus first failures); the reported acceptance rate (accepted / proposed) is lower and is not the formula's α (checked: Which α?).",
+        "Estimate α from the reached proposals (successes over successes plus first failures); the reported acceptance rate (accepted / proposed) is lower and is not the formula's α (checked: the acceptance rate is below the estimated alpha everywhere).",
         "Measured n-gram acceptance is bursty (the i.i.d. model is an approximation), yet the formula with the estimated α predicts the tokens per drafted decode closely.",
-        "Speculation pays when verifying 1 + k tokens costs about as much as one (small batch, memory-bound); at large batch the break-even α rises and low acceptance makes it slower (checked: When does it pay?; On the engine).",
+        "Speculation pays when verifying 1 + k tokens costs about as much as one (small batch, memory-bound); at large batch the break-even α rises and low acceptance makes it slower (checked: the break-even alpha rises with the batch; it costs time on the large batch with rare acceptance).",
     ]),
     *glossary([
         ("speculative decoding", "投机解码", "guess several tokens, verify them in one forward, keep the accepted ones"),

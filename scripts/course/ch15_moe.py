@@ -33,10 +33,10 @@ from minengine.timing.moe_cost import alltoall_bytes
     md("""
     ## A mixture-of-experts checkpoint, built here
     In a MoE layer the MLP is replaced by a **router** (one linear layer, hidden → one logit per expert) and `E`
-    **experts** (each a SwiGLU MLP). Every token goes through only the `k` experts with the largest router logits,
+    **experts** (each a SwiGLU MLP). Every token goes through the `k` experts with the largest router logits (checked: one token hits exactly k),
     and its output is their outputs weighted by the gate weights. The engine runs Mixtral and Qwen3-MoE checkpoints
     (`models/moe.py`); here we build a small random-weight Qwen3-MoE with transformers, `save_pretrained` it, and
-    serve it. The weights are random, so the tokens mean nothing, but the router is a real router: its choices are
+    serve it. The weights are random, so the tokens carry no meaning, but the router is a real router: its choices are
     what we count.
     """),
     code("""
@@ -194,7 +194,7 @@ from minengine.timing.moe_cost import alltoall_bytes
     """),
     *question("why not just count active parameters to size the GPUs?",
               "Qwen3-30B-A3B computes with about 3 B parameters per token. Why can it not be served on a GPU sized for a 3 B dense model?",
-              "Every expert can be chosen by the next token, so all of them must be in GPU memory (or be copied in from host memory over PCIe inside the step). Memory follows the total parameters; only the FLOPs per token follow the active ones. What the active count does buy is compute, and at small batches the bytes read per step (checked: Active and total parameters; MoE on the modelled clock)."),
+              "Every expert can be chosen by the next token, so all of them must be in GPU memory (or be copied in from host memory over PCIe inside the step). Memory follows the total parameters; the FLOPs per token follow the active ones (checked: active is a small share). What the active count does buy is compute, and at small batches the bytes read per step (checked: active is a small share; batch 1 reads the active weights)."),
     md("""
     ## MoE on the modelled clock: decode reads the experts it hits
     A decode step is memory-bound: its time is about the bytes it reads. A dense model reads all its weights whatever
@@ -398,17 +398,17 @@ from minengine.timing.moe_cost import alltoall_bytes
     """),
     *question("what if the batch grows: does MoE still save?",
               "At batch 1 Mixtral reads its active weights; at 64 decodes it reads all of them. What does that mean for the tokens per second per GPU of a large-batch MoE deployment against a dense model of the same active size?",
-              "Once every expert is hit, the step reads the whole model like a dense model of the total size, so in the memory-bound regime a large batch is priced like a dense model of the total size, not of the active size; the saving that remains is compute (FLOPs follow the active parameters), which matters once a step is compute-bound, as in prefill. That is why MoE deployments spread experts over many GPUs (EP): each GPU then reads only its experts (checked: MoE on the modelled clock; Expert parallelism)."),
+              "Once every expert is hit, the step reads the whole model like a dense model of the total size, so in the memory-bound regime a large batch is priced like a dense model of the total size, not of the active size; the saving that remains is compute (FLOPs follow the active parameters), which matters once a step is compute-bound, as in prefill. That is why MoE deployments spread experts over many GPUs (EP): each GPU then reads only its experts (checked: batch 64 reads every expert)."),
     *question("why does the busiest rank set the step, and what can be done?",
               "Under EP every rank runs its own experts, then all wait in the combine all-to-all. Why is the step as slow as the busiest rank, and what do serving systems do about it?",
-              "The combine cannot finish until every rank has sent back its experts' outputs, and the next layer needs them all, so the ranks run in lock-step and the slowest one sets the time (checked: Expert parallelism). Training adds an auxiliary load-balancing loss so the router spreads tokens; at serving time DeepSeek-V3's EPLB places extra copies of the hottest experts on other GPUs and splits their tokens, and capacity factors cap the tokens an expert accepts (dropping or re-routing the rest, which changes outputs, so inference engines avoid it)."),
+              "The combine cannot finish until every rank has sent back its experts' outputs, and the next layer needs them all, so the ranks run in lock-step and the slowest one sets the time: unbalanced routing is never faster than balanced routing (checked: unbalanced routing is never faster than balanced). Training adds an auxiliary load-balancing loss so the router spreads tokens; at serving time DeepSeek-V3's EPLB places extra copies of the hottest experts on other GPUs and splits their tokens, and capacity factors cap the tokens an expert accepts (dropping or re-routing the rest, which changes outputs, so inference engines avoid it)."),
     *summary([
-        "A MoE layer routes each token to k of E experts; the router's choices, read with forward hooks on the engine's own model, add up to tokens x k in every step and layer (checked: Tokens per expert).",
-        "Routing is unbalanced, more so within a step than over a run (checked: Imbalance).",
-        "A step hits between k and min(E, T k) experts, all of them once the step is large; the uniform expectation is E (1 - (1 - k/E)^T) (checked: How many experts does a step hit?).",
-        "Memory follows total parameters, FLOPs per token the active ones (checked: Active and total parameters).",
-        "A decode step reads the experts its tokens hit: the active weights at batch 1, the whole model from 64 decodes on the modelled H100 (checked: MoE on the modelled clock).",
-        "Expert parallelism moves tokens by a dispatch and a combine all-to-all, whose bytes per rank fall slower than 1/n, and waits for the busiest rank (checked: Expert parallelism).",
+        "A MoE layer routes each token to k of E experts; the router's choices, read with forward hooks on the engine's own model, add up to tokens x k in every step and layer (checked: every layer of every step: sum of loads = tokens x k).",
+        "Routing is unbalanced, more so within a step than over a run (checked: single steps are at least as unbalanced as the whole run).",
+        "A step hits between k and min(E, T k) experts, all of them once the step is large; the uniform expectation is E (1 - (1 - k/E)^T) (checked: big steps hit every expert).",
+        "Memory follows total parameters, FLOPs per token the active ones (checked: active is a small share).",
+        "A decode step reads the experts its tokens hit: the active weights at batch 1, the whole model from 64 decodes on the modelled H100 (checked: batch 1 reads the active weights; batch 64 reads every expert).",
+        "Expert parallelism moves tokens by a dispatch and a combine all-to-all, whose bytes per rank fall slower than 1/n, and waits for the busiest rank, so unbalanced routing costs time (checked: bytes per rank fall with more ranks; but slower than 1/n; unbalanced routing is never faster than balanced).",
     ]),
     *glossary([
         ("mixture of experts (MoE)", "混合专家", "a layer whose MLP is E experts, k of which run per token, chosen by a router"),

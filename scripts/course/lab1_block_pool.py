@@ -29,6 +29,7 @@ CELLS = [
     for i, start in enumerate((40, 60, 80)):
         engine.add_request(f"req{i}", {"prompt_token_ids": system + prompt_ids((start, 6))}, params)
     run_to_completion(engine)
+    assert len(engine.request_metrics) == 3 and len(system) == 3 * 4, "three requests, three shared blocks"
     pool = engine.kv_cache_manager.pool   # the engine's own BlockPool (yours, once the lab is installed)
 
     # The free queue's order, read through the pool's public interface: a copy hands out every free block, head first.

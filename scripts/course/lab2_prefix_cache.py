@@ -37,6 +37,7 @@ CELLS = [
 
 
     first = chain(prompts["first"])
+    assert len(prompts) == 3 and chain(prompts["repeats three blocks"]) == first[:3], "the third repeats three blocks"
     expected = {}
     for name, tokens in prompts.items():
         hashes = chain(tokens)
@@ -61,7 +62,7 @@ CELLS = [
              [("the engine's hits are the chained hashes' longest prefix", cached == {**expected, "first": 0}),
               ("the repeated prompt recomputes its last block", cached["repeats three blocks"] == len(prompts["repeats three blocks"]) - BLOCK)])
     """),
-    *your_file("prefix_cache", "You write `hash_block` (a digest of the parent hash and the block's token ids), `extend_block_hashes` (hash the full blocks not hashed yet, never the partial last one) and `longest_cached_prefix` (look the hashes up in order, stop at the first miss, leave the last token to compute)."),
+    *your_file("prefix_cache", "You write `hash_block` (a digest of the parent hash and the block's token ids), `extend_block_hashes` (hash the full blocks not hashed yet, not the partial last one) and `longest_cached_prefix` (look the hashes up in order, stop at the first miss, leave the last token to compute)."),
     *grade_it("prefix_cache"),
     *engine_on_your_part(
         "prefix_cache", 'WORKLOADS["prefix_hits"]',
@@ -74,7 +75,7 @@ CELLS = [
         "the pool where blocks your lookup found are shared, then the requests' latencies"),
     *summary([
         "A full block's hash is chained on the block before it, so a block of the same tokens at another position gets another hash.",
-        "A prompt's cached prefix stops at the first block whose hash is not in the index, and never covers the prompt's last token.",
+        "A prompt's cached prefix stops at the first block whose hash is not in the index, and does not cover the prompt's last token (checked: the repeated prompt recomputes its last block).",
         "The grader checks the hash and the lookup case by case, random prompts against the reference, then the whole engine on your functions against transformers.",
     ]),
 ]

@@ -48,7 +48,7 @@ CELLS = [
              [("every step within the budget", all(t.num_scheduled_tokens <= budget for t in engine.traces)),
               ("every chunk within the threshold", longest <= threshold)])
     """),
-    *your_file("chunked_prefill", "You write `prefill_chunk` (the tokens a prompt may run this step), `blocks_needed` (the KV blocks a chunk adds), `admission_chunk` (a new prompt's first chunk, only when its blocks fit) and `fill_step` (decodes, then running prompts' chunks, then admissions, under the budget)."),
+    *your_file("chunked_prefill", "You write `prefill_chunk` (the tokens a prompt may run this step), `blocks_needed` (the KV blocks a chunk adds), `admission_chunk` (a new prompt's first chunk, when its blocks fit) and `fill_step` (decodes, then running prompts' chunks, then admissions, under the budget)."),
     *grade_it("chunked_prefill"),
     *engine_on_your_part(
         "chunked_prefill", 'WORKLOADS["chunked_prefill"]',
@@ -62,7 +62,7 @@ CELLS = [
         "each step's composition, then the queues"),
     *summary([
         "A step serves the decodes first, then running prompts' chunks capped by the threshold, then new prompts whose first chunk's blocks fit, all under the token budget.",
-        "A new prompt is admitted only when the KV blocks of its first chunk are free: admission is where the token budget and the KV budget meet.",
+        "A new prompt is admitted when the KV blocks of its first chunk are free: admission is where the token budget and the KV budget meet.",
         "The grader checks each function case by case, a model-free scheduler against the reference step by step, then the whole engine on your step builder against transformers.",
     ]),
 ]

@@ -59,6 +59,6 @@ CELLS = [
     *summary([
         "A policy decides each step's order, the next admission and the victim; the engine keeps the budgets and the KV bookkeeping.",
         "It is graded on the fraction of requests meeting both the TTFT and the TPOT bound on a held trace, against decode-first on the same modelled clock, not on equality with an answer.",
-        "The grader checks single steps, random traces on a small pool (within budget, never empty, victims among the candidates), the attainment, then the whole engine on your policy against transformers.",
+        "The grader checks single steps, random traces on a small pool (within budget, not empty, victims among the candidates), the attainment, then the whole engine on your policy against transformers.",
     ]),
 ]

@@ -57,7 +57,7 @@ CELLS = [
         "the block tables your functions gathered through, then each step's chunks"),
     *summary([
         "Position p of a request lives in block block_table[p // block_size] at offset p % block_size; the gather puts the request's K/V back in position order and cuts the last block at the sequence length.",
-        "A chunk after cached context sees every context position and, among its own rows, only the earlier ones: the causal mask is offset by the context's length.",
+        "A chunk after cached context sees every context position and, among its own rows, those up to itself: the causal mask is offset by the context's length.",
         "The grader checks each function against float64 reference attention case by case, random steps with shuffled blocks, then the whole engine on your read against transformers.",
     ]),
 ]

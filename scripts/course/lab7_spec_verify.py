@@ -60,7 +60,7 @@ CELLS = [
         "the proposals accepted and rejected, then each step's tokens"),
     *summary([
         "Prompt lookup proposes from the request's own text, so repeated text is where proposals agree with the model.",
-        "Greedy verification keeps the agreeing prefix plus the model's own token, so the output is the model's own, token for token, only in fewer steps when proposals agree (checked: The part: propose, verify).",
+        "Greedy verification keeps the agreeing prefix plus the model's own token, so the output is the model's own, token for token, only in fewer steps when proposals agree (checked: accepted proposals save steps).",
         "The grader checks each function case by case, random proposals against the reference, then the whole engine on your speculative decoding against transformers.",
     ]),
 ]

@@ -94,7 +94,7 @@ def grade_it(lab: str) -> list:
     return [
         md(f"""
         ## Grade it
-        The grader runs three stages, each only when the ones before it passed: **unit** (the contract, case by
+        The grader runs its stages in order, each after the ones before it passed: **unit** (the contract, case by
         case), **property** (hypothesis drives random workloads through your part and the reference side by side)
         and **end to end** (the real engine built on your part must give transformers' greedy tokens, and every KV
         block must be free at the end). A failure says what broke in words. On the skeleton it says what to

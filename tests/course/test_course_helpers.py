@@ -149,6 +149,20 @@ def test_check_function_with_a_tolerance_checks_every_case(capsys):
         check_function("f", abs, cases, rel_tol=-1)
 
 
+def test_check_function_names_a_long_argument_by_its_size(capsys):
+    """A run's ``request_metrics`` as an argument: a FAIL names it by type and size, not by pages of repr; short
+    arguments are shown as they are."""
+    from minengine.course import check_function
+
+    metrics = {f"r{i}": 0.001 * i for i in range(40)}
+    cases = [(([1, 2], 3), 3), ((metrics, 2), len(metrics))]
+    assert not check_function("f", lambda xs, slo: len(xs), cases)  # forgot the second argument
+    assert not check_function("f", lambda xs, slo: 3, cases)  # a constant right on the first case only
+    out = capsys.readouterr().out
+    assert "wrong for ([1, 2], 3): got 2" in out and "wrong for (<dict of 40 items>, 2): got 3" in out
+    assert "r39" not in out and out.count("FAIL") == 2
+
+
 # A stand-in for ``python -m minengine serve``: sleeps, optionally prints and exits, then answers /health.
 _FAKE_SERVER = """
 import http.server, sys, time
@@ -225,11 +239,29 @@ def test_course_log_axes_label_decades_only():
         fig.update_layout(xaxis={"type": "log"}, yaxis2={"type": "log", "overlaying": "y"})
         axes = fig.to_dict()["layout"]["template"]["layout"]
         assert axes["xaxis"]["minorloglabels"] == axes["yaxis"]["minorloglabels"] == "none"
+
     finally:
         pio.templates.default = before
     for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         cells = [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
         assert any("use_course_template()" in "".join(c["source"]) for c in cells[:2]), path.name  # the setup cell
+
+
+def test_course_right_axes_tick_at_round_values():
+    """A right axis (``overlaying="y"``) ticks, by plotly.js's default (``tickmode="sync"``, plotly.js 3+), on the
+    left axis's grid lines at whatever values fall there (249, 406, 563, ...): every overlaid axis of a chapter asks
+    for automatic round ticks and draws no grid of its own."""
+    import json
+    from pathlib import Path
+
+    found = 0
+    for path in sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text())["cells"]:
+            src = "".join(cell["source"]) if cell["cell_type"] == "code" else ""
+            for line in (ln for ln in src.splitlines() if 'overlaying="y"' in ln):
+                found += 1
+                assert 'tickmode="auto"' in line and "showgrid=False" in line, (path.name, line)
+    assert found >= 5  # chapters 4, 7, 8, 11 and 12 have one
 
 
 def test_attention_traffic_counts_the_bytes_chapters_8_and_11_quote():

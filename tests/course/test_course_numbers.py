@@ -3,10 +3,12 @@
 Static, executes nothing: reads the committed notebooks (equal to their sources: ``test_notebooks.py`` checks it)
 and scans every markdown cell with ``tests/course_prose.py``, whose docstring gives the rules (what counts as a
 number or a direction, what is skipped and why, what backs each: a literal of a code cell, a check in the same
-section, a ``(checked: section)`` pointer, or a cited fact marked ``(source: ...)``). ``EXCEPTIONS`` lists the few
-things the rules cannot see, each with its reason. The other tests show the scanner can fail: a synthetic chapter
-with an unbacked number and an unbacked direction fails; the same backed by a code cell, a check or a citation
-passes; and any number typed into prose that no code cell holds is flagged (hypothesis).
+section, a ``(checked: label)`` pointer to the check itself, or a cited fact marked ``(source: ...)``). ``EXCEPTIONS``
+lists the few things the rules cannot see, each with its reason. The other tests show the scanner can fail: a
+synthetic chapter with an unbacked number and an unbacked direction fails; the same backed by a code cell, a check or a
+citation passes; numbers in words, digit-free absolutes, a recommendation and a pointer to a section, a missing label
+or an unrelated check are each flagged; and any number typed into prose that no code cell holds is flagged
+(hypothesis).
 """
 
 from __future__ import annotations
@@ -84,13 +86,15 @@ def test_backed_by_a_code_cell_or_a_citation_passes():
     assert scan("99", [SETUP, md(PROSE), checked]) == []
     cited = PROSE.replace("higher.", "higher (source: Yu et al., *Orca*, OSDI 2022, figure 12).")
     assert scan("99", [SETUP, md(cited)]) == []
-    # a check in another section does not back the sentence; a pointer to it does, and it must exist
-    other = [SETUP, md(PROSE.replace("37", "12")), md("## Elsewhere"), code("assert 1 + 1 == 2")]
+    # a check in another section does not back the sentence; a pointer to its label does, and it must exist
+    other = [SETUP, md(PROSE.replace("37", "12")), md("## Elsewhere"),
+             code("claim('batching gives a higher throughput', 2 > 1)")]
     assert kinds(scan("99", other)) == {("direction", "higher")}
-    other[1] = md(PROSE.replace("37", "12").replace("higher.", "higher (checked: Elsewhere)."))
+    other[1] = md(PROSE.replace("37", "12").replace("higher.", "higher (checked: batching gives a higher throughput)."))
     assert scan("99", other) == []
-    other[1] = md(PROSE.replace("37", "12").replace("higher.", "higher (checked: Nowhere at all)."))
-    assert kinds(scan("99", other)) == {("direction", "higher")}
+    for pointer in ("Elsewhere", "Nowhere at all"):  # a section's heading is not a check; a missing label is none
+        other[1] = md(PROSE.replace("37", "12").replace("higher.", f"higher (checked: {pointer})."))
+        assert kinds(scan("99", other)) == {("direction", "higher")}
 
 
 def test_questions_instructions_and_names_are_not_claims():
@@ -103,6 +107,65 @@ def test_questions_instructions_and_names_are_not_claims():
     cells = [md("## R\nAbout 65 % of 8,000 tokens, 3x, in 10 ms."),
              code("share = 0.65\nn = 8_000\nratio = 3\nt = 10e-3"), code("assert ratio > 1")]
     assert {0.65, 8000.0, 3.0, 0.01} <= values and scan("99", cells) == []
+
+
+def test_number_words_are_read():
+    """A number said in words is a number: a ratio ("three times", "a third") or a vague magnitude ("a few hundred
+    thousand") needs a check like a direction; a count in words ("forty-eight") must be a literal of the chapter."""
+    found = scan("99", [SETUP, md("## A\nThe run took three times as long, a third of its steps were prefills and "
+                                  "a few hundred thousand tokens went by.")])
+    assert kinds(found) == {("ratio", "three times, a third"), ("quantity", "a few hundred thousand")}
+    assert kinds(scan("99", [SETUP, md("## A\nThe run had forty-eight requests and twelve slots.")])) == {
+        ("number", "forty-eight")}  # twelve is the literal 12 of SETUP
+    assert scan("99", [code("n = 48"), md("## A\nThe run had forty-eight requests and one budget.")]) == []
+    checked = [SETUP, md("## A\nThe run took three times as long."), code("claim('three times as long', 3 > 2)")]
+    assert scan("99", checked) == []
+
+
+@pytest.mark.parametrize("sentence, word", [
+    ("Chunked prefill dominates every other policy.", "dominates"),
+    ("A victim is never re-admitted after a newcomer.", "never"),
+    ("Only the last chunk samples.", "Only"),
+    ("Prefix caching removes the prefill of a shared prompt.", "removes"),
+])
+def test_digit_free_absolutes_are_claims(sentence, word):
+    """An absolute with no digit in it is a claim about every case: it needs a check like a direction."""
+    assert kinds(scan("99", [SETUP, md(f"## A\n{sentence}")])) == {("absolute", word)}
+    assert scan("99", [SETUP, md(f"## A\n{sentence}"), code("claim('it holds', 1 < 2)")]) == []
+    assert scan("99", [SETUP, md(f"## A\n{sentence.rstrip('.')} (source: vLLM's scheduler.py).")]) == []
+
+
+def test_technical_phrases_with_an_absolute_word_are_names():
+    """The allow-list is phrases where the word names a thing: a prefill-only step, "not only", a quoted value."""
+    cells = [SETUP, md('## A\nA prefill-only step and a decode only step run; the profile "none" adds no host time, '
+                       "not only in fast mode but in full mode.")]
+    assert scan("99", cells) == []
+
+
+def test_a_recommendation_from_one_run_is_a_claim():
+    """"should", "best", "recommend": what to choose in general needs a check even when said as an instruction;
+    a plain instruction to the learner is not a claim."""
+    assert kinds(scan("99", [SETUP, md("## A\nFor chat you should pick budget 12.")])) == {
+        ("recommendation", "should")}
+    assert kinds(scan("99", [SETUP, md("## A\nPick budget 12: it is the best for chat.")])) == {
+        ("recommendation", "best")}
+    assert scan("99", [SETUP, md("## A\nPick budget 12 and watch the TTFT.")]) == []
+
+
+def test_a_pointer_names_a_related_check_label():
+    """``(checked: label)`` must name a check's label (``claim``/``conclude`` statement, ``check*`` name, ``assert``
+    message), here or in ``chNN · label``, equal or a prefix of 12 characters or more, sharing a word with the
+    sentence: a section's heading, a missing label or a check about something else does not back it."""
+    sentence = "Chunked prefill lowers the worst decode gap (checked: {})."
+    checks = code("claim('chunking lowers the worst gap', 1 < 2)\nassert 2 > 1, 'the pool has free blocks'")
+    cells = lambda ref: [SETUP, md("## Chunking\n" + sentence.format(ref)), md("## Checks"), checks]  # noqa: E731
+    assert scan("99", cells("chunking lowers the worst gap")) == []
+    assert scan("99", cells("Chunking lowers the")) == []  # a prefix of 12 characters or more
+    for ref in ("Checks", "chunking", "the pool has free blocks", "chunking raises the worst gap"):
+        assert kinds(scan("99", cells(ref))) == {("direction", "lowers")}, ref
+    other = {"98": [checks]}
+    assert scan("99", cells("ch98 · chunking lowers the worst gap")[:2], other) == []
+    assert kinds(scan("99", cells("ch97 · chunking lowers the worst gap")[:2], other)) == {("direction", "lowers")}
 
 
 @settings(max_examples=60, deadline=None)

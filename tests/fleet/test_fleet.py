@@ -491,7 +491,10 @@ def test_lanes_figures_resample_each_replica_timeline():
     assert "副本泳道" in queue.layout.title.text
     # a count lane starts its scale at 0 and spans at least 1 (an idle queue is the scale's bottom colour)
     assert queue.data[0].zmin == 0 and queue.data[0].zmax >= max(1, max(max(row) for row in queue.data[0].z))
-    assert [bar.y for bar in fleet_load_figure(result).data][0] == tuple(r.busy_time_s for r in result.replicas)
+    load = fleet_load_figure(result)
+    assert [bar.y for bar in load.data][0] == tuple(r.busy_time_s for r in result.replicas)
+    # the right axis (requests) ticks at round values of its own, not synced to the left grid (plotly.js's default)
+    assert load.layout.yaxis2.tickmode == "auto" and load.layout.yaxis2.showgrid is False
     assert "分离式" in fleet_description(result.config, "zh") and fleet_description(result.config) == \
         result.config.describe()
     with pytest.raises(ValueError, match="metric"):

@@ -15,7 +15,7 @@ from minengine.metrics.stats import ServingSummary  # noqa: E402
 from minengine.metrics.trace import ScheduledChunk, StepTrace  # noqa: E402
 from minengine.outputs import RequestMetrics  # noqa: E402
 from minengine.viz import captions, kernel_note, presets  # noqa: E402
-from minengine.viz.batch_figure import batch_composition_figure, spec_decode_figure  # noqa: E402
+from minengine.viz.batch_figure import MAX_REQUEST_ENTRIES, batch_composition_figure, spec_decode_figure  # noqa: E402
 from minengine.viz.compare import ab_request_figure, ab_work_sentence  # noqa: E402
 from minengine.viz.i18n import t  # noqa: E402
 from minengine.viz.legend import ENTRIES_PER_ROW, MAX_SIDE_ENTRIES  # noqa: E402
@@ -63,6 +63,22 @@ def test_kernel_state_reads_every_state_of_the_status_api(monkeypatch, state):
 def _steps(num_requests: int) -> list[StepTrace]:
     chunks = [ScheduledChunk(f"r{i}", 1, 4, False, True) for i in range(num_requests)]
     return [StepTrace(0, 0.0, 0.01, 64, chunks, num_requests, 0, 10, 0, 10, [], [], [], 0, 0)]
+
+
+@pytest.mark.parametrize("num_requests", [3, 12, 13, 48])
+def test_a_batch_legend_names_a_few_requests_and_stays_short_for_many(num_requests):
+    """Up to MAX_REQUEST_ENTRIES requests each have a legend entry; past that one entry stands for them all (48
+    entries took 520 of a 960 px course figure), every bar's hover still naming its request."""
+    fig = batch_composition_figure(_steps(num_requests))
+    entries = sum(1 for d in fig.data if d.showlegend is not False)
+    names = [d.name for d in fig.data if d.showlegend is not False]
+    assert all(f"request r{i}" in "".join(d.hovertemplate for d in fig.data if d.hovertemplate)
+               for i in range(num_requests))
+    if num_requests <= MAX_REQUEST_ENTRIES:
+        assert [n for n in names if n.startswith("request ")] == [f"request r{i}" for i in range(num_requests)]
+    else:
+        assert not any(n.startswith("request ") for n in names) and entries <= 6
+        assert names[0].startswith("requests: one colour each") and (fig.layout.height or 450) <= 450
 
 
 @pytest.mark.parametrize("num_requests", [3, 12, 40])
