@@ -62,9 +62,10 @@ def make_executor(config, model, hf_config, model_path, device: str, num_blocks:
         MainGuardError: workers must be spawned from an unguarded main script (``executor/start_method.py``).
     """
     if executor_backend(config) != "mp":  # "external_launcher": ``model`` is this rank's shard
-        return _runner_class(hf_config)(model, num_blocks, config.block_size, seed=config.seed, num_swap_blocks=num_swap_blocks,
-                           max_num_seqs=config.max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-                           logits_processors=logits_processors, attention_backend=config.attention_backend)
+        runner_class = _runner_class(hf_config)
+        return runner_class(model, num_blocks, config.block_size, seed=config.seed, num_swap_blocks=num_swap_blocks,
+                            max_num_seqs=config.max_num_seqs, kv_cache_dtype=kv_cache_dtype,
+                            logits_processors=logits_processors, attention_backend=config.attention_backend)
     return MultiprocExecutor(model_path, hf_config, config.dtype, device, config.tensor_parallel_size, num_blocks,
                              config.block_size, num_swap_blocks=num_swap_blocks, seed=config.seed,
                              max_num_seqs=config.max_num_seqs, num_threads=num_threads,
