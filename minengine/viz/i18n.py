@@ -27,6 +27,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "token_budget": ("token budget", "词元预算"),
     "request": ("request", "请求"),
     # ---- figure titles and axes (units in brackets) ------------------------------------------------------
+    "kv_cache_group_full": ("Full-attention layers' KV cache group", "全注意力层的 KV 缓存组"),
+    "kv_cache_group_windowed": ("Sliding-window layers' KV cache group", "滑动窗口层的 KV 缓存组"),
     "block_pool_title": ("KV block pool at step {step} ({used} of {total} blocks in use)",
                          "第 {step} 步的 KV 块池（已用 {used} / {total} 块）"),
     "block_tables_title": ("Block tables at step {step}: logical block → physical block",
