@@ -34,6 +34,7 @@ free-block check does not count.
 
 from __future__ import annotations
 
+from minengine.core.block_pool import KVBlock
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.core.scheduler_output import SchedulerOutput
 from minengine.core.windowed_kv_cache_manager import WindowedKVCacheManager
@@ -69,10 +70,10 @@ class HybridKVCacheManager(KVCacheManager):
                    self.windowed.num_blocks_needed(request, num_new_tokens, num_new_computed_blocks))
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks=None) -> list | None:
+                       new_computed_blocks: list[KVBlock] | None = None) -> list[KVBlock] | None:
         """Slots for ``num_new_tokens`` more tokens in both groups (the windowed group first releases what its
         window left behind), or None, changing nothing, when either group's pool is short. Returns the full
-        group's new blocks."""
+        group's new blocks. ``new_computed_blocks`` is always empty: without prefix caching nothing is hit."""
         windowed = self.windowed
         windowed.release_outside_window(request, request.num_computed_tokens)
         if windowed.num_blocks_needed(request, num_new_tokens) > windowed.num_free_blocks:
@@ -99,7 +100,7 @@ class HybridKVCacheManager(KVCacheManager):
         """(full group, windowed group) blocks the request holds now."""
         return len(self.req_to_blocks.get(request_id, ())), self.windowed.num_held_blocks(request_id)
 
-    def block_snapshot(self, request_ids) -> dict:
+    def block_snapshot(self, request_ids: list[str]) -> dict:
         """As ``KVCacheManager.block_snapshot`` (the full group), plus the windowed group's tables (-1 where a
         block was released) and ref counts."""
         tables = self.windowed.req_to_blocks

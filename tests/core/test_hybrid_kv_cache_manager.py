@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from minengine.core.doors import make_scheduler
@@ -118,7 +118,8 @@ def _run_step(sched, kv: HybridKVCacheManager, slots: dict, window: int, fail: b
     _check_windowed_group(kv, sched)
 
 
-@settings(max_examples=40, deadline=None)
+@example(window=1, block_size=1, num_blocks=24, budget=4, seed=0, prompts=[(1, 24)])  # a prompt of 1 token, 23 new
+@settings(max_examples=100, deadline=None)
 @given(window=st.integers(1, 24), block_size=st.sampled_from([1, 2, 4, 8]), num_blocks=st.integers(24, 80),
        budget=st.integers(4, 48), seed=st.integers(0, 2**16),
        prompts=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=1, max_size=6))
@@ -127,7 +128,9 @@ def test_random_workloads_leak_no_block_and_hold_the_window_only(window, block_s
     kv = HybridKVCacheManager(num_blocks, block_size, False, window)
     sched = make_scheduler(kv, budget, 4, 256)
     for i, (prompt_len, max_tokens) in enumerate(prompts):
-        prompt_len = min(prompt_len, num_blocks * block_size - max_tokens)  # each one alone fits (the engine's check)
+        # each one alone fits the pool (the engine's check), with a prompt of at least one token
+        max_tokens = min(max_tokens, num_blocks * block_size - 1)
+        prompt_len = min(prompt_len, num_blocks * block_size - max_tokens)
         prompt = [3 + (seed + j * (i + 2)) % 50 for j in range(prompt_len)]
         sched.add_request(Request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens), 0.0))
     slots, steps = {}, 0
