@@ -76,8 +76,7 @@ def blocks_over_generation(model: str, prompt: list[int], output_len: int, block
     """One request served alone: after every step but the last (which frees everything), its tokens computed and
     the blocks the pool has handed out. Returns (the rows, the tokens it generated)."""
     engine = LLMEngine(EngineConfig(model=model, block_size=block_size, max_num_batched_tokens=chunk,
-                                    max_model_len=len(prompt) + output_len, num_cpu_threads=1,
-                                    enable_prefix_caching=False))  # (two KV cache groups refuse it)
+                                    max_model_len=len(prompt) + output_len, num_cpu_threads=1))
     engine.add_request("r", {"prompt_token_ids": prompt},
                        SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True))
     rows, tokens = [], []

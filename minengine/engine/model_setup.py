@@ -5,10 +5,14 @@ custom logits processors, the worker threads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.worker.kv_pool import KVPoolSize
+
+if TYPE_CHECKING:
+    from minengine.core.hybrid_kv_cache_manager import HybridKVCacheManager
 
 
 @dataclass
@@ -107,7 +111,7 @@ def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> Loa
     return LoadedModel(None, cfg, model_path, tokenizer, device, bytes_per_block, kv_cache_dtype)
 
 
-def make_kv_cache_manager(config: EngineConfig, num_blocks: int, hf_config) -> KVCacheManager:
+def make_kv_cache_manager(config: EngineConfig, num_blocks: int, hf_config) -> KVCacheManager | HybridKVCacheManager:
     """The KV cache manager of the engine: a ``KVCacheManager``; when every layer of the model attends through a
     sliding window (``models/layer_windows.kv_window``), a ``WindowedKVCacheManager``
     (``core/windowed_kv_cache_manager.py``), which frees the blocks behind the window as requests advance; when
@@ -118,8 +122,8 @@ def make_kv_cache_manager(config: EngineConfig, num_blocks: int, hf_config) -> K
     Raises:
         ValueError: a model with a windowed layer and ``attention_backend="triton"`` (the kernel takes no window);
             a windowed model with ``preemption_mode="swap"`` or ``async_scheduling`` (neither is built for tables
-            with released blocks); a mixed model with ``enable_prefix_caching``, ``tensor_parallel_size`` > 1 or
-            worker processes (``distributed_executor_backend``); a malformed window.
+            with released blocks); a mixed model with ``tensor_parallel_size`` > 1 or worker processes
+            (``distributed_executor_backend``); a malformed window.
     """
     from minengine.models.layer_windows import hybrid_window, kv_window, layer_windows
 
@@ -146,21 +150,19 @@ def _check_windowed_settings(config: EngineConfig, window: int) -> None:
                              f"sliding_window is {window}): use {field}={off!r}")
 
 
-def _hybrid_kv_cache_manager(config: EngineConfig, num_blocks: int, window: int) -> KVCacheManager:
-    """The two-group manager of a model that mixes full-attention and windowed layers, after refusing what it does
-    not support: prefix caching (a hit would need the prefix in both groups) and worker processes (only the
-    in-process runner reads two block tables, ``worker/hybrid_model_runner.py``)."""
+def _hybrid_kv_cache_manager(config: EngineConfig, num_blocks: int, window: int) -> HybridKVCacheManager:
+    """The two-group manager of a model that mixes full-attention and windowed layers, after refusing worker
+    processes (only the in-process runner reads two block tables, ``worker/hybrid_model_runner.py``)."""
     from minengine.core.hybrid_kv_cache_manager import HybridKVCacheManager
 
-    for field, value, off in (("enable_prefix_caching", config.enable_prefix_caching, False),
-                              ("tensor_parallel_size", config.tensor_parallel_size, 1)):
-        if value != off:
-            raise ValueError(f"{field}={value!r} is not supported with a model that mixes full-attention and "
-                             f"sliding-window layers (two KV cache groups): use {field}={off!r}")
+    if config.tensor_parallel_size != 1:
+        raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size!r} is not supported with a model that "
+                         "mixes full-attention and sliding-window layers (two KV cache groups): use "
+                         "tensor_parallel_size=1")
     if config.distributed_executor_backend in ("mp", "external_launcher"):
         raise ValueError(f"distributed_executor_backend={config.distributed_executor_backend!r} is not supported "
                          "with a model that mixes full-attention and sliding-window layers: use None or 'uni'")
-    return HybridKVCacheManager(num_blocks, config.block_size, False, window)
+    return HybridKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
 
 
 def make_runner(config: EngineConfig, loaded: LoadedModel, pool: KVPoolSize):

@@ -55,9 +55,55 @@ def test_a_step_is_admitted_only_if_both_groups_can_allocate():
     assert kv.num_held_blocks("a") == (2, 2)
 
 
+def test_a_prefix_hit_needs_the_prefix_in_both_groups():
+    """A second request with the first one's 24-token prefix: the full group hits every full block from the first;
+    the windowed group needs only the blocks the window of the hit's end reads, so the blocks before them are
+    released at once; a windowed group that lost one of those blocks cuts the hit back."""
+    kv = HybridKVCacheManager(num_blocks=32, block_size=4, enable_prefix_caching=True, sliding_window=6)
+    first, second = _request("a", 24), _request("b", 30)
+    kv.allocate_slots(first, 24)
+    kv.stage_full_blocks(first, 24)
+    kv.commit_staged()
+    first.num_computed_tokens = 24
+    hits, num_hit = kv.get_computed_blocks(second)
+    assert num_hit == 24 and hits == kv.req_to_blocks["a"]  # 6 blocks; the query at 24 reads keys 19..: blocks 4, 5
+    assert kv.num_blocks_needed(second, 6, len(hits)) == 2
+    assert kv.allocate_slots(second, 6, hits) is not None
+    assert kv.num_held_blocks("b") == (8, 4)  # full: 6 hit + 2 new; windowed: hit blocks 4, 5 + 2 new
+    assert kv.windowed.req_to_blocks["b"][:4] == [RELEASED] * 4
+    assert kv.windowed.req_to_blocks["b"][4:6] == kv.windowed.req_to_blocks["a"][4:6]
+    kv.free(second)
+    kv.free(first)
+    third = _request("c", 30)
+    assert kv.get_computed_blocks(third)[1] == 24  # freed blocks stay cached in both pools
+    kv.windowed.pool.get_new_blocks(kv.windowed.num_free_blocks)  # evicts every cached windowed block
+    assert kv.get_computed_blocks(third) == ([], 0)  # the full group alone holds the prefix: no hit
+
+
+def test_the_block_need_counts_windowed_hit_blocks_taken_back_from_the_free_queue():
+    """A running request past the window still holds its full blocks but has released its windowed ones: a second
+    request hitting its prefix takes no full block from the free queue but one windowed block (block 5, ref count
+    0), so the one need the scheduler checks is one more than the new blocks, as many as the allocation takes."""
+    kv = HybridKVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True, sliding_window=6)
+    first, second = _request("a", 40), _request("b", 30)
+    for n in (24, 8, 4):  # the first request computes 36 tokens in three steps
+        kv.allocate_slots(first, n)
+        kv.stage_full_blocks(first, first.num_computed_tokens + n)
+        kv.commit_staged()
+        first.num_computed_tokens += n
+    assert kv.num_held_blocks("a") == (9, 3)
+    hits, num_hit = kv.get_computed_blocks(second)
+    assert num_hit == 28 and all(b.ref_cnt == 1 for b in hits)  # 7 full blocks, all held by the first request
+    assert [(b.block_id, b.ref_cnt) for b in kv.windowed.window_hit(second, 7)] == [(5, 0), (6, 1)]
+    assert kv.full.num_blocks_needed(second, 2, 7) == 1 and kv.num_blocks_needed(second, 2, 7) == 2
+    assert (kv.full.num_free_blocks, kv.windowed.num_free_blocks) == (7, 13)
+    assert kv.allocate_slots(second, 2, hits) is not None
+    # what the need said: 1 new block in the full group; 1 new and block 5 back in the windowed group
+    assert (kv.full.num_free_blocks, kv.windowed.num_free_blocks) == (6, 11)
+    assert kv.num_held_blocks("b") == (8, 3)
+
+
 def test_bad_combinations_are_refused():
-    with pytest.raises(ValueError, match="enable_prefix_caching=True is not supported"):
-        HybridKVCacheManager(8, 4, True, 6)
     for bad in (0, -3, 2.5, True, None):
         with pytest.raises(ValueError, match="sliding_window"):
             HybridKVCacheManager(8, 4, False, bad)
@@ -118,20 +164,22 @@ def _run_step(sched, kv: HybridKVCacheManager, slots: dict, window: int, fail: b
     _check_windowed_group(kv, sched)
 
 
-@example(window=1, block_size=1, num_blocks=24, budget=4, seed=0, prompts=[(1, 24)])  # a prompt of 1 token, 23 new
+# a prompt of 1 token, 23 new ones
+@example(window=1, block_size=1, num_blocks=24, budget=4, prefix=False, seed=0, prompts=[(1, 24)])
 @settings(max_examples=100, deadline=None)
 @given(window=st.integers(1, 24), block_size=st.sampled_from([1, 2, 4, 8]), num_blocks=st.integers(24, 80),
-       budget=st.integers(4, 48), seed=st.integers(0, 2**16),
+       budget=st.integers(4, 48), prefix=st.booleans(), seed=st.integers(0, 2**16),
        prompts=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40)), min_size=1, max_size=6))
-def test_random_workloads_leak_no_block_and_hold_the_window_only(window, block_size, num_blocks, budget, seed,
-                                                                  prompts):
-    kv = HybridKVCacheManager(num_blocks, block_size, False, window)
+def test_random_workloads_leak_no_block_and_hold_the_window_only(window, block_size, num_blocks, budget, prefix,
+                                                                  seed, prompts):
+    kv = HybridKVCacheManager(num_blocks, block_size, prefix, window)
     sched = make_scheduler(kv, budget, 4, 256)
     for i, (prompt_len, max_tokens) in enumerate(prompts):
         # each one alone fits the pool (the engine's check), with a prompt of at least one token
         max_tokens = min(max_tokens, num_blocks * block_size - 1)
         prompt_len = min(prompt_len, num_blocks * block_size - max_tokens)
-        prompt = [3 + (seed + j * (i + 2)) % 50 for j in range(prompt_len)]
+        # the prompts share their first 20 tokens (prefix hits)
+        prompt = [3 + (seed + j * (1 if j < 20 else i + 2)) % 50 for j in range(prompt_len)]
         sched.add_request(Request(f"r{i}", prompt, SamplingParams(temperature=0, max_tokens=max_tokens), 0.0))
     slots, steps = {}, 0
     while sched.has_unfinished_requests():

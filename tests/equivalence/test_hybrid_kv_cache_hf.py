@@ -1,7 +1,8 @@
 """Models that mix full-attention and sliding-window layers run with two KV cache groups
 (``core/hybrid_kv_cache_manager.py``): token-identical to transformers in float32 on CPU with prompts and
-generations longer than the window (chunked prefill, preemption, mixed batches), the windowed group's blocks held
-per request bounded by the window while the full group's grow, every block free at the end."""
+generations longer than the window (chunked prefill, prefix hits, preemption, mixed batches), the windowed
+group's blocks held per request bounded by the window while the full group's grow, every block free at the
+end."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ WINDOW = 21  # not a multiple of the block size: the window starts inside a bloc
 BLOCK_SIZE = 8
 MAX_NEW = 24
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True)
-SHAPE = dict(max_model_len=1024, block_size=BLOCK_SIZE, enable_prefix_caching=False)  # every engine of this file
+SHAPE = dict(max_model_len=1024, block_size=BLOCK_SIZE)  # every engine of this file (prefix caching on)
 PROMPT_LENGTHS = (1, 20, 21, 22, 37, 64, 150)
 QWEN = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=1024, use_sliding_window=True, sliding_window=WINDOW,
@@ -50,11 +51,14 @@ def mixed_qwen3(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
     g = torch.Generator().manual_seed(8)
-    return [torch.randint(3, 512, (n,), generator=g).tolist() for n in PROMPT_LENGTHS]
+    stream = torch.randint(3, 512, (max(PROMPT_LENGTHS),), generator=g).tolist()
+    # prefixes of one stream: the longer prompts hit the shorter ones' blocks in the prefix cache
+    return [stream[:n] for n in PROMPT_LENGTHS]
 
 
 CONFIGS = {
     "no-chunking": dict(enable_chunked_prefill=False, max_num_batched_tokens=1024),
+    "no-prefix-caching": dict(enable_prefix_caching=False, max_num_batched_tokens=16),
     "chunk-7": dict(long_prefill_token_threshold=7, max_num_batched_tokens=64),
     "chunk-16": dict(max_num_batched_tokens=16),
     "preemption": dict(max_num_batched_tokens=64, num_kv_blocks=22),  # the longest request alone, few more
@@ -83,6 +87,8 @@ def test_mixed_qwen2_matches_transformers(mixed_qwen2, prompts, name):
         assert summary.num_preemptions > 0
     if name == "spec":
         assert summary.spec_draft_tokens > summary.spec_accepted_tokens > 0  # proposals accepted and rejected
+    if name == "chunk-16":
+        assert summary.prefix_hit_tokens > 0  # prefix hits on the shorter prompts' blocks, in both groups
 
 
 @pytest.mark.parametrize("backend", ["reference", "auto"])
@@ -118,13 +124,16 @@ def test_a_long_generation_holds_a_bounded_windowed_group(mixed_qwen2, prompts):
                 assert windowed <= max_blocks_held(WINDOW, BLOCK_SIZE)
                 windowed_in_decodes.append(windowed)
             full_held.append(full)
-        assert kv.pool.num_blocks - kv.pool.num_free_blocks == sum(
-            kv.num_held_blocks(r.request_id)[0] for r in running)
-        assert kv.windowed.num_used_blocks == sum(kv.num_held_blocks(r.request_id)[1] for r in running)
+        # the pools agree: their used blocks are the ones the tables hold (the second prompt's first 37 tokens
+        # are the first's: its prefix hit shares their full blocks)
+        for group in (kv.full, kv.windowed):
+            held = {b.block_id for r in running for b in group.req_to_blocks.get(r.request_id, ()) if b.block_id >= 0}
+            assert group.num_used_blocks == len(held)
     assert max(windowed_in_decodes) == max_blocks_held(WINDOW, BLOCK_SIZE) == 4
     assert max(full_held) == cdiv(64 + max_tokens - 1, BLOCK_SIZE) == 33  # the last token's K/V is never written
     for rid, prompt in ids.items():
         assert outputs[rid].outputs[0].token_ids == hf_greedy(mixed_qwen2, tuple(prompt), max_tokens)
+    assert engine.summary().prefix_hit_tokens > 0
     _check_two_groups(llm)
     # the trace shows both groups' tables: the windowed one with released blocks (-1) at its front
     last = next(tr for tr in reversed(engine.traces) if tr.windowed_block_tables)
@@ -134,12 +143,10 @@ def test_a_long_generation_holds_a_bounded_windowed_group(mixed_qwen2, prompts):
 
 
 @pytest.mark.parametrize("setting, field", [
-    (dict(enable_prefix_caching=True), "enable_prefix_caching"),
-    (dict(enable_prefix_caching=False, preemption_mode="swap", swap_space=0.01), "preemption_mode"),
-    (dict(enable_prefix_caching=False, async_scheduling=True), "async_scheduling"),
-    (dict(enable_prefix_caching=False, tensor_parallel_size=2, allow_cpu_oversubscription=True),
-     "tensor_parallel_size"),
-    (dict(enable_prefix_caching=False, distributed_executor_backend="mp"), "distributed_executor_backend"),
+    (dict(preemption_mode="swap", swap_space=0.01), "preemption_mode"),
+    (dict(async_scheduling=True), "async_scheduling"),
+    (dict(tensor_parallel_size=2, allow_cpu_oversubscription=True), "tensor_parallel_size"),
+    (dict(distributed_executor_backend="mp"), "distributed_executor_backend"),
 ])
 def test_settings_two_groups_do_not_support_are_refused(mixed_qwen2, setting, field):
     with pytest.raises(ValueError, match=f"{field}=.*not supported"):

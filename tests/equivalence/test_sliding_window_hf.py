@@ -88,7 +88,7 @@ def test_interleaved_full_and_windowed_layers_match_transformers(interleaved_qwe
     from minengine.core.hybrid_kv_cache_manager import HybridKVCacheManager
 
     llm = generate_and_compare(interleaved_qwen2, prompts, GREEDY, **SHAPE, max_num_batched_tokens=16,
-                               attention_backend=backend, enable_prefix_caching=False)
+                               attention_backend=backend)
     assert llm.llm_engine.model.layer_windows == [None, WINDOW]
     assert isinstance(llm.llm_engine.kv_cache_manager, HybridKVCacheManager)
 
