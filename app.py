@@ -49,6 +49,7 @@ from minengine.viz import (
     step_request_metrics,
     step_token_timeline_figure,
     token_timeline_figure,
+    windowed_group_trace,
 )
 from minengine.viz.batch_figure import spec_decode_figure
 from minengine.viz.clock_label import (
@@ -385,8 +386,13 @@ def block_view(res: RunResult, lang: str) -> None:
         # keyed on the run length, so a shorter run never inherits an out-of-range step from a longer one
         step = st.slider(t("step_slider", lang), 0, len(traces) - 1, peak, key=f"step_{len(traces)}")
         left, right = st.columns(2)
+        two_groups = traces[step].windowed_block_tables is not None  # full-attention and windowed layers' pools
         with left:
-            st.plotly_chart(block_pool_figure(traces[step], lang), key="block_pool")
+            st.plotly_chart(block_pool_figure(traces[step], lang, kv_cache_group="full" if two_groups else None),
+                            key="block_pool")
+            if two_groups:
+                st.plotly_chart(block_pool_figure(windowed_group_trace(traces[step]), lang,
+                                                  kv_cache_group="windowed"), key="windowed_block_pool")
             st.caption(captions.block_pool_caption(features, lang))
         with right:
             st.plotly_chart(block_tables_figure(traces[step], lang), key="block_tables")

@@ -15,6 +15,8 @@ speculative decoding         ``SpeculativeScheduling``                ``Speculat
 predicted lengths (a policy  ``PredictedLengths`` (add_request)       ``PredictedAdmission`` (first_chunk, admit_next)
 that needs them, a predictor
 or ``reserve_predicted_kv``)
+two KV cache groups (a       (none)                                   ``KVCacheGroupSteps`` (build)
+``HybridKVCacheManager``)
 ===========================  =======================================  ===============================================
 
 Structured outputs open theirs with the first constrained request (``core/structured_commit.py``).
@@ -85,6 +87,14 @@ def scheduler_for_engine(config, kv_cache_manager: KVCacheManager, num_swap_bloc
                            config.speculative_config, config.output_length_predictor)
 
 
+def kv_cache_group_steps(kv_cache_manager: KVCacheManager) -> list[type]:
+    """The step-builder door of a manager with two KV cache groups (``core/hybrid_kv_cache_manager.py``): each
+    step carries the second group's block tables too. Empty for one group."""
+    from minengine.core.hybrid_kv_cache_manager import HybridKVCacheManager, KVCacheGroupSteps
+
+    return [KVCacheGroupSteps] if isinstance(kv_cache_manager, HybridKVCacheManager) else []
+
+
 def build_scheduler(kv_cache_manager: KVCacheManager, config: SchedulerConfig, policy: SchedulingPolicy,
                     speculative_config=None, predictor=None) -> Scheduler:
     """The scheduler class composed from the doors ``config`` (and the other arguments) open, constructed."""
@@ -109,7 +119,8 @@ def build_scheduler(kv_cache_manager: KVCacheManager, config: SchedulerConfig, p
     names = "".join(s.__name__ for s, _ in doors)
     scheduler_class = compose(Scheduler, [s for s, _ in doors], f"Scheduler[{names}]")
     scheduler = scheduler_class(kv_cache_manager, config, policy)
-    scheduler.step_builder_class = compose(StepBuilder, [b for _, b in doors], f"StepBuilder[{names}]")
+    builders = [b for _, b in doors] + kv_cache_group_steps(kv_cache_manager)
+    scheduler.step_builder_class = compose(StepBuilder, builders, f"StepBuilder[{names}]")
     for door, _ in doors:
         door.open_door(scheduler, speculative_config=speculative_config, predictor=predictor)
     return scheduler

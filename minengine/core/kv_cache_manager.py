@@ -198,6 +198,18 @@ class KVCacheManager:
         changes a list it has handed out (the next allocation makes a new one), so callers may keep it."""
         return self._block_ids.get(request_id, [])
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (blocks in use keep their contents)."""
+        self.pool.reset_prefix_cache()
+
+    def block_snapshot(self, request_ids: list[str]) -> dict:
+        """The block state a step trace records (``StepTrace``): the tables of ``request_ids`` (a block a sliding
+        window gave back reads -1: another request may hold it), every block's ref count, the cached blocks."""
+        tables = self.req_to_blocks
+        return {"block_tables": {rid: [b.block_id for b in tables.get(rid, ())] for rid in request_ids},
+                "block_ref_counts": self.pool.ref_counts(),
+                "cached_block_ids": [b.block_id for b in self.pool.blocks if b.block_hash is not None]}
+
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks

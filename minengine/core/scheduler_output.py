@@ -90,6 +90,9 @@ class SchedulerOutput:
             swap-outs and before the forward (vLLM v0's ``blocks_to_swap_in`` / ``blocks_to_swap_out``).
         num_spec_tokens: speculative tokens in the step (the sum of the requests' ``num_spec_tokens``), so the
             runner knows at once whether any position beyond each request's last one is sampled.
+        windowed_block_ids: a model with two KV cache groups (``core/hybrid_kv_cache_manager.py``): each
+            scheduled request's block table in the windowed layers' group (``block_ids`` is then the
+            full-attention group's); empty for a model with one group.
     """
 
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -101,6 +104,7 @@ class SchedulerOutput:
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
     blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
     num_spec_tokens: int = 0
+    windowed_block_ids: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def num_scheduled_tokens(self) -> int:

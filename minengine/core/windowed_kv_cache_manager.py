@@ -16,10 +16,11 @@ there (the request no longer holds that block), while the id lists handed to the
 every table stays append-only for the runner's ``BlockTable``; attention masks those keys out
 (``layers/sliding_window.py``). A step's trace records ``req_to_blocks``, so it shows -1 there: the old block may
 belong to another request by then. A released block keeps its prefix-cache hash until it is evicted, so prefix
-caching works as before: a hit still needs every block of the prefix, from the first (vLLM's manager searches
-from the right and needs only the window; not done here). Preemption by recompute frees what is held and
-recomputes from position 0, as for any request. A failed step (``Scheduler.rollback``) keeps its releases: they
-depend only on the tokens computed before the step, which the rollback keeps.
+caching works as before: a hit still needs every block of the prefix, from the first (vLLM's manager needs only
+the blocks the window of the hit's end reads: ``window_hit``, which the hybrid manager's windowed group uses).
+Preemption by recompute frees what is held and recomputes from position 0, as for any request. A failed step
+(``Scheduler.rollback``) keeps its releases: they depend only on the tokens computed before the step, which the
+rollback keeps.
 """
 
 from __future__ import annotations
@@ -83,6 +84,44 @@ class WindowedKVCacheManager(KVCacheManager):
         if new_blocks is not None and new_computed_blocks:
             hit_tokens = len(new_computed_blocks) * self.block_size
             self.release_outside_window(request, request.num_computed_tokens + hit_tokens)
+        return new_blocks
+
+    def first_needed_block(self, num_computed_tokens: int) -> int:
+        """The index of the block holding the oldest key the query at position ``num_computed_tokens`` reads."""
+        return max(0, num_computed_tokens - self.sliding_window + 1) // self.block_size
+
+    def window_hit(self, request: Request, num_hit_blocks: int) -> list[KVBlock] | None:
+        """The cached blocks a prefix hit of the request's first ``num_hit_blocks`` blocks needs under the window
+        (vLLM's sliding-window hit): those from ``first_needed_block`` of the hit's end on; None when one of them
+        is not cached (blocks staged in this step count, as in ``get_computed_blocks``). Pure."""
+        self._update_block_hashes(request)
+        hits = []
+        for block_hash in request.block_hashes[self.first_needed_block(num_hit_blocks * self.block_size):
+                                               num_hit_blocks]:
+            block = self.pool.get_cached_block(block_hash) or self._staged_by_hash.get(block_hash)
+            if block is None:
+                return None
+            hits.append(block)
+        return hits
+
+    def allocate_after_window_hit(self, request: Request, num_new_tokens: int, num_hit_blocks: int,
+                                  hit_blocks: list[KVBlock]) -> list[KVBlock] | None:
+        """Give a request that holds no blocks a table of ``num_hit_blocks`` hit blocks (``window_hit``: the
+        ones before them are released at once, and read 0 in the runner's table, masked) and slots for
+        ``num_new_tokens`` more tokens. Returns the new blocks, or None (changing nothing) when the pool is
+        short."""
+        rid = request.request_id
+        num_new = cdiv(num_hit_blocks * self.block_size + num_new_tokens, self.block_size) - num_hit_blocks
+        num_revived = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        if num_new + num_revived > self.pool.num_free_blocks:
+            return None
+        num_released = num_hit_blocks - len(hit_blocks)
+        self.pool.touch(hit_blocks)
+        new_blocks = self.pool.get_new_blocks(num_new)
+        self.req_to_blocks[rid] = [RELEASED] * num_released + hit_blocks + new_blocks
+        self._block_ids[rid] = [0] * num_released + [b.block_id for b in hit_blocks + new_blocks]
+        self._num_released[rid] = num_released
+        self._num_indexed[rid] = num_hit_blocks  # every hit block is indexed already
         return new_blocks
 
     def truncate(self, request: Request, num_blocks: int) -> None:

@@ -345,6 +345,6 @@ class LLMEngine(EngineStatistics):
             self.recorder.on_running_preempted(preempt_running_by_recompute(self.scheduler))
         if self.kv_cache_manager.num_used_blocks:
             return False
-        self.kv_cache_manager.pool.reset_prefix_cache()
+        self.kv_cache_manager.reset_prefix_cache()
         self.recorder.on_prefix_cache_reset()
         return True

@@ -5,10 +5,14 @@ custom logits processors, the worker threads."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from minengine.config import EngineConfig
 from minengine.core.kv_cache_manager import KVCacheManager
 from minengine.worker.kv_pool import KVPoolSize
+
+if TYPE_CHECKING:
+    from minengine.core.hybrid_kv_cache_manager import HybridKVCacheManager
 
 
 @dataclass
@@ -107,32 +111,58 @@ def _read_model_config(config: EngineConfig, device: str, kv_cache_dtype) -> Loa
     return LoadedModel(None, cfg, model_path, tokenizer, device, bytes_per_block, kv_cache_dtype)
 
 
-def make_kv_cache_manager(config: EngineConfig, num_blocks: int, hf_config) -> KVCacheManager:
-    """The KV cache manager of the engine: a ``KVCacheManager``, or, when every layer of the model attends through
-    a sliding window (``models/layer_windows.kv_window``), a ``WindowedKVCacheManager``
-    (``core/windowed_kv_cache_manager.py``), which frees the blocks behind the window as requests advance.
+def make_kv_cache_manager(config: EngineConfig, num_blocks: int, hf_config) -> KVCacheManager | HybridKVCacheManager:
+    """The KV cache manager of the engine: a ``KVCacheManager``; when every layer of the model attends through a
+    sliding window (``models/layer_windows.kv_window``), a ``WindowedKVCacheManager``
+    (``core/windowed_kv_cache_manager.py``), which frees the blocks behind the window as requests advance; when
+    the model mixes full-attention and windowed layers (``layer_windows.hybrid_window``), a
+    ``HybridKVCacheManager`` (``core/hybrid_kv_cache_manager.py``): one block table per KV cache group, the
+    windowed group's freed behind its window.
 
     Raises:
         ValueError: a model with a windowed layer and ``attention_backend="triton"`` (the kernel takes no window);
-            a model whose every layer is windowed with ``preemption_mode="swap"`` or ``async_scheduling`` (neither
-            is built for tables with released blocks); a malformed window.
+            a windowed model with ``preemption_mode="swap"`` or ``async_scheduling`` (neither is built for tables
+            with released blocks); a mixed model with ``tensor_parallel_size`` > 1 or worker processes
+            (``distributed_executor_backend``); a malformed window.
     """
-    from minengine.models.layer_windows import kv_window, layer_windows
+    from minengine.models.layer_windows import hybrid_window, kv_window, layer_windows
 
     if config.attention_backend == "triton" and any(w is not None for w in layer_windows(hf_config)):
         raise ValueError("attention_backend='triton' takes no sliding window, and this model has windowed layers: "
                          "use attention_backend='reference'")
-    window = kv_window(hf_config)
-    if window is None:
+    window, mixed_window = kv_window(hf_config), hybrid_window(hf_config)
+    if window is None and mixed_window is None:
         return KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+    _check_windowed_settings(config, window or mixed_window)
+    if mixed_window is not None:
+        return _hybrid_kv_cache_manager(config, num_blocks, mixed_window)
+    from minengine.core.windowed_kv_cache_manager import WindowedKVCacheManager
+
+    return WindowedKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
+
+
+def _check_windowed_settings(config: EngineConfig, window: int) -> None:
+    """Refuse the settings no windowed manager supports (ValueError naming the field and what to use)."""
     for field, value, off in (("preemption_mode", config.preemption_mode, "recompute"),
                               ("async_scheduling", config.async_scheduling, False)):
         if value != off:
             raise ValueError(f"{field}={value!r} is not supported with sliding-window attention (the model's "
                              f"sliding_window is {window}): use {field}={off!r}")
-    from minengine.core.windowed_kv_cache_manager import WindowedKVCacheManager
 
-    return WindowedKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
+
+def _hybrid_kv_cache_manager(config: EngineConfig, num_blocks: int, window: int) -> HybridKVCacheManager:
+    """The two-group manager of a model that mixes full-attention and windowed layers, after refusing worker
+    processes (only the in-process runner reads two block tables, ``worker/hybrid_model_runner.py``)."""
+    from minengine.core.hybrid_kv_cache_manager import HybridKVCacheManager
+
+    if config.tensor_parallel_size != 1:
+        raise ValueError(f"tensor_parallel_size={config.tensor_parallel_size!r} is not supported with a model that "
+                         "mixes full-attention and sliding-window layers (two KV cache groups): use "
+                         "tensor_parallel_size=1")
+    if config.distributed_executor_backend in ("mp", "external_launcher"):
+        raise ValueError(f"distributed_executor_backend={config.distributed_executor_backend!r} is not supported "
+                         "with a model that mixes full-attention and sliding-window layers: use None or 'uni'")
+    return HybridKVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
 
 
 def make_runner(config: EngineConfig, loaded: LoadedModel, pool: KVPoolSize):

@@ -598,6 +598,7 @@ class OpenAIServing:
         d = trace.to_dict()
         if not block_tables:
             d["block_tables"] = d["block_ref_counts"] = d["cached_block_ids"] = None
+            d["windowed_block_tables"] = d["windowed_block_ref_counts"] = None  # (two KV cache groups)
         d["duration"] = trace.duration
         d["num_dropped"] = num_dropped
         return d

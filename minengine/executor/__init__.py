@@ -36,6 +36,19 @@ def executor_backend(config) -> str:
     return "mp" if config.uses_worker_processes else "uni"
 
 
+def _runner_class(hf_config) -> type:
+    """``ModelRunner``, or for a model with two KV cache groups (full-attention and windowed layers,
+    ``models/layer_windows.hybrid_window``) the ``HybridModelRunner``, which reads each group's block tables."""
+    from minengine.models.layer_windows import hybrid_window
+    from minengine.worker.model_runner import ModelRunner
+
+    if hybrid_window(hf_config) is None:
+        return ModelRunner
+    from minengine.worker.hybrid_model_runner import HybridModelRunner
+
+    return HybridModelRunner
+
+
 def make_executor(config, model, hf_config, model_path, device: str, num_blocks: int, num_swap_blocks: int,
                   num_threads: int, kv_cache_dtype=None, logits_processors=None):
     """The executor for an engine: a ``ModelRunner`` on ``model`` ("uni"), or a ``MultiprocExecutor`` whose
@@ -49,11 +62,10 @@ def make_executor(config, model, hf_config, model_path, device: str, num_blocks:
         MainGuardError: workers must be spawned from an unguarded main script (``executor/start_method.py``).
     """
     if executor_backend(config) != "mp":  # "external_launcher": ``model`` is this rank's shard
-        from minengine.worker.model_runner import ModelRunner
-
-        return ModelRunner(model, num_blocks, config.block_size, seed=config.seed, num_swap_blocks=num_swap_blocks,
-                           max_num_seqs=config.max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-                           logits_processors=logits_processors, attention_backend=config.attention_backend)
+        runner_class = _runner_class(hf_config)
+        return runner_class(model, num_blocks, config.block_size, seed=config.seed, num_swap_blocks=num_swap_blocks,
+                            max_num_seqs=config.max_num_seqs, kv_cache_dtype=kv_cache_dtype,
+                            logits_processors=logits_processors, attention_backend=config.attention_backend)
     return MultiprocExecutor(model_path, hf_config, config.dtype, device, config.tensor_parallel_size, num_blocks,
                              config.block_size, num_swap_blocks=num_swap_blocks, seed=config.seed,
                              max_num_seqs=config.max_num_seqs, num_threads=num_threads,

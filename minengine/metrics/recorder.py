@@ -159,11 +159,4 @@ class StepRecorder:
         self.num_steps += 1
 
     def _block_snapshot(self) -> dict:
-        pool, tables = self.kv_cache_manager.pool, self.kv_cache_manager.req_to_blocks
-        return {
-            # the manager's own tables: a block a sliding window gave back reads -1 (another request may hold it)
-            "block_tables": {r.request_id: [b.block_id for b in tables.get(r.request_id, ())]
-                             for r in self.scheduler.running},
-            "block_ref_counts": pool.ref_counts(),
-            "cached_block_ids": [b.block_id for b in pool.blocks if b.block_hash is not None],
-        }
+        return self.kv_cache_manager.block_snapshot([r.request_id for r in self.scheduler.running])

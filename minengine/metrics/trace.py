@@ -39,6 +39,10 @@ class StepTrace:
     ``timed_out_ids`` finished with reason "timeout" at the start of the step (they are in ``finished_ids``).
     ``prefix_queried_tokens`` / ``prefix_hit_tokens`` count first admissions only; ``readmission_hit_tokens``
     are the tokens recompute-preempted requests got back from the prefix cache when re-admitted.
+    A model with two KV cache groups (``core/hybrid_kv_cache_manager.py``): ``block_tables``,
+    ``block_ref_counts`` and ``cached_block_ids`` are the full-attention group's, and ``windowed_block_tables``
+    (-1 where the window released a block) and ``windowed_block_ref_counts`` the windowed group's, over its own
+    pool of ``num_total_blocks`` blocks; ``num_free_blocks`` is the smaller of the two groups' free counts.
     ``rolled_back``: the step failed (its forward, sampling or detokenizing raised) and was rolled back, so no
     chunk ran and it cost no modelled time; it is recorded because its preemptions stand (``preempted_ids``), and
     every count of preemptions (request metrics, traces, ``summary()``, ``vllm:num_preemptions``) agrees.
@@ -68,6 +72,8 @@ class StepTrace:
     timed_out_ids: list[str] = field(default_factory=list)
     readmission_hit_tokens: int = 0
     rolled_back: bool = False
+    windowed_block_tables: dict[str, list[int]] | None = None
+    windowed_block_ref_counts: list[int] | None = None
 
     @property
     def duration(self) -> float:

@@ -45,11 +45,25 @@ def layer_windows(hf_config) -> list[int | None]:
 
 
 def kv_window(hf_config) -> int | None:
-    """The window the KV cache may drop blocks by: the largest layer window when every layer is windowed, else
-    None. One block table serves every layer, so a block can be freed only once it is outside every layer's
-    window; a single full-attention layer still reads every key, and then nothing can be freed (vLLM's hybrid
-    allocator gives each kind of layer a block table of its own instead)."""
+    """The window one block table for every layer may drop blocks by: the largest layer window when every layer
+    is windowed (``core/windowed_kv_cache_manager.py``), else None. A block can be freed only once it is outside
+    every layer's window that reads it: under one table a single full-attention layer reads every key, so a model
+    that mixes full and windowed layers gets two KV cache groups instead, each with its own block table
+    (``hybrid_window``, ``core/hybrid_kv_cache_manager.py``), and the windowed group frees by its window."""
     windows = layer_windows(hf_config)
     if not windows or any(w is None for w in windows):
+        return None
+    return max(windows)
+
+
+def hybrid_window(hf_config) -> int | None:
+    """The window of the windowed KV cache group of a model that mixes full-attention and windowed layers (the
+    largest windowed layer's window), else None (no windowed layer, or every layer windowed: ``kv_window``).
+
+    Raises:
+        ValueError: as ``layer_windows``.
+    """
+    windows = [w for w in layer_windows(hf_config) if w is not None]
+    if not windows or len(windows) == getattr(hf_config, "num_hidden_layers", 0):
         return None
     return max(windows)

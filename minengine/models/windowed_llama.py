@@ -3,7 +3,9 @@
 The loader builds this class instead of ``LlamaForCausalLM`` when a config windows any layer
 (``models/layer_windows.py``); the weights, the layers and every full-attention layer are ``LlamaForCausalLM``'s.
 Only ``forward`` differs: each windowed layer gets the step's ``ForwardBatch`` with its masks cut to the layer's
-window (``layers/sliding_window.windowed_batch``, built once per step and window).
+window (``layers/sliding_window.windowed_batch``, built once per step and window). A model that mixes full and
+windowed layers has two KV cache groups (``core/hybrid_kv_cache_manager.py``): its runner hands a
+``HybridForwardBatch``, and the windowed layers read, and write their K/V through, the windowed group's batch.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from minengine.layers.sliding_window import windowed_batch
 from minengine.models.layer_windows import layer_windows
 from minengine.models.llama import LlamaForCausalLM
 from minengine.worker.forward_batch import ForwardBatch
+from minengine.worker.hybrid_model_runner import HybridForwardBatch
 
 
 class WindowedLlamaForCausalLM(LlamaForCausalLM):
@@ -35,7 +38,9 @@ class WindowedLlamaForCausalLM(LlamaForCausalLM):
         Raises:
             ValueError: a batch built for the Triton kernel (``windowed_batch``).
         """
-        batches = {window: windowed_batch(batch, window) for window in set(self.layer_windows) - {None}}
+        # two KV cache groups (worker/hybrid_model_runner.py): the windowed layers read their own group's tables
+        window_source = batch.windowed_group if isinstance(batch, HybridForwardBatch) else batch
+        batches = {window: windowed_batch(window_source, window) for window in set(self.layer_windows) - {None}}
         batches[None] = batch
         x = self.model.embed_tokens(batch.input_ids)
         rope = self.rotary.cos_sin(batch.positions, x.dtype)

@@ -4,6 +4,7 @@ to a physical block id)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import plotly.graph_objects as go
@@ -21,6 +22,24 @@ RELEASED_ID = -1
 def _require_blocks(trace: StepTrace) -> None:
     if trace.block_tables is None or trace.block_ref_counts is None:
         raise ValueError("trace has no block tables: run the engine with trace_block_tables=True")
+
+
+def windowed_group_trace(trace: StepTrace) -> StepTrace:
+    """The step as the windowed KV cache group of a model with two groups saw it
+    (``core/hybrid_kv_cache_manager.py``): its block tables and ref counts in place of the full-attention group's
+    (its own pool, no prefix cache), so every block figure draws it.
+
+    Raises:
+        ValueError: the trace has no windowed group (a model with one group, or ``trace_block_tables=False``).
+    """
+    if trace.windowed_block_tables is None or trace.windowed_block_ref_counts is None:
+        raise ValueError("trace has no windowed KV cache group: a model that mixes full-attention and "
+                         "sliding-window layers, run with trace_block_tables=True, records one")
+    num_free = trace.windowed_block_ref_counts.count(0)
+    return dataclasses.replace(trace, block_tables=trace.windowed_block_tables,
+                               block_ref_counts=trace.windowed_block_ref_counts, cached_block_ids=[],
+                               num_free_blocks=num_free, num_cached_free_blocks=0, windowed_block_tables=None,
+                               windowed_block_ref_counts=None)
 
 
 def block_owners(trace: StepTrace) -> dict[int, list[str]]:
@@ -132,7 +151,8 @@ def _pool_layout(fig: go.Figure, title: str, cols: int, rows: int, lang: str) ->
     )
 
 
-def block_pool_figure(trace: StepTrace, lang: str = "en", request_ids: list[str] | None = None) -> go.Figure:
+def block_pool_figure(trace: StepTrace, lang: str = "en", request_ids: list[str] | None = None,
+                      kv_cache_group: str | None = None) -> go.Figure:
     """The physical KV block pool of one step as a grid (block id = row x columns + column).
 
     Each block is coloured by the request holding it; a block held by more than one request (ref count > 1:
@@ -145,11 +165,17 @@ def block_pool_figure(trace: StepTrace, lang: str = "en", request_ids: list[str]
         lang: "en" or "zh".
         request_ids: fixes the colour categories (e.g. ``run_request_ids(traces)`` for a live view whose
             frames must keep their colours); default: the trace's running requests.
+        kv_cache_group: a model with two KV cache groups (one pool each): "full" or "windowed" names the
+            group in the title (draw the windowed one from ``windowed_group_trace(trace)``); None: one group.
 
     Raises:
-        ValueError: the trace has no block tables.
+        ValueError: the trace has no block tables; ``kv_cache_group`` not None, "full" or "windowed".
     """
+    if kv_cache_group not in (None, "full", "windowed"):
+        raise ValueError(f"kv_cache_group must be None, 'full' or 'windowed', got {kv_cache_group!r}")
     heatmap, legend, title, cols = _pool_heatmap(trace, lang, request_ids)
+    if kv_cache_group is not None:
+        title = f"{t('kv_cache_group_' + kv_cache_group, lang)}: {title}"
     fig = go.Figure(heatmap)
     _add_legend(fig, legend)
     _pool_layout(fig, title, cols, math.ceil(len(trace.block_ref_counts) / cols), lang)

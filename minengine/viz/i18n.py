@@ -28,6 +28,8 @@ _STRINGS: dict[str, tuple[str, str]] = {
     "request": ("request", "请求"),
     "requests_by_colour": ("requests: one colour each (hover a bar for its id)", "请求：每个一种颜色（悬停查看其 id）"),
     # ---- figure titles and axes (units in brackets) ------------------------------------------------------
+    "kv_cache_group_full": ("Full-attention layers' KV cache group", "全注意力层的 KV 缓存组"),
+    "kv_cache_group_windowed": ("Sliding-window layers' KV cache group", "滑动窗口层的 KV 缓存组"),
     "block_pool_title": ("KV block pool at step {step} ({used} of {total} blocks in use)",
                          "第 {step} 步的 KV 块池（已用 {used} / {total} 块）"),
     "block_tables_title": ("Block tables at step {step}: logical block → physical block",

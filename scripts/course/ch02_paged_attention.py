@@ -448,13 +448,14 @@ CELLS = [
               ("the window keeps less of a request longer than it", mistral_request < LONG_CONTEXT * per_token["Mistral-7B-v0.1"])])
     """),
     *question("what if one layer attends to everything?", """
-        Qwen2 can window only its upper layers (`max_window_layers`). The engine runs such a model with each layer's
-        window, but frees no block at all. Why?
+        Qwen2 can window only its upper layers (`max_window_layers`). If one block table served every layer, such a
+        model could free no block at all. Why, and what does the engine do instead?
         """, """
-        One block table serves every layer: a block holds the K/V of its tokens in all layers at once. A full-attention
-        layer reads every key of the request at every step, so no block is ever outside *every* layer's window. To
-        free the windowed layers' memory anyway, vLLM's hybrid allocator gives each kind of layer its own block table
-        (a KV cache group): the windowed group frees its blocks, the full group keeps them.
+        Under one table a block holds the K/V of its tokens in all layers at once. A full-attention layer reads every
+        key of the request at every step, so no block is ever outside *every* layer's window. To free the windowed
+        layers' memory anyway, vLLM's hybrid allocator gives each kind of layer its own block table (a KV cache
+        group): the windowed group frees its blocks, the full group keeps them. minengine does the same
+        (`core/hybrid_kv_cache_manager.py`): each layer reads and writes through its own group's table.
         """),
     *question("why is paging's waste at most one block per request?", """
         Contiguous reservation wasted most of its memory above; paging almost none. Why is paging's waste bounded by

@@ -51,6 +51,9 @@ def test_sliding_window_benchmark_tiny(tmp_path):
     assert result["max_blocks_windowed_decode"] == result["decode_bound"] == 3 < result["max_blocks_full"] == 10
     assert result["tokens_differ"]  # the window changes what the model says
     assert "| full | 10 | 10 |" in (tmp_path / "sliding_window.md").read_text()
+    # the mixed model: its full-attention group holds a block per block_size tokens, its windowed group the bound
+    assert result["max_blocks_mixed_windowed_group_decode"] == 3 < result["max_blocks_mixed_full_group"] == 10
+    assert "| windowed layers | " in (tmp_path / "sliding_window.md").read_text()
 
 
 def test_gpu_script_dry_run_on_cpu(tmp_path):
@@ -122,3 +125,21 @@ def test_async_scheduling_benchmark_tiny(tmp_path):
     assert [r["setting"] for r in rows] == ["in-process (uni)", "TP 1, 1 worker, async"]
     assert rows[0]["overlap"] is None and 0.0 <= rows[1]["overlap"] <= 1.0
     assert all(r["wall_ms"] > 0 and r["host_ms"] > 0 for r in rows)
+
+
+def test_the_docs_state_the_mixed_model_numbers_of_the_saved_sliding_window_result():
+    """The sentences on the two-KV-cache-group model in docs/ quote ``benchmarks/results/sliding_window.json``."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    r = json.loads((root / "benchmarks" / "results" / "sliding_window.json").read_text())
+    full, any_step, decode = (r["max_blocks_mixed_full_group"], r["max_blocks_mixed_windowed_group"],
+                              r["max_blocks_mixed_windowed_group_decode"])
+    assert decode == r["decode_bound"]
+    real_models = " ".join((root / "docs" / "features" / "real_models.md").read_text().split())
+    assert (f"its full-attention group ends at {full} blocks, its windowed group holds at most {decode} in every "
+            f"decode step ({any_step} while the prompt's chunks are computed)") in real_models
+    benchmarks = " ".join((root / "docs" / "benchmarks.md").read_text().split())
+    assert (f"full-attention group ends at {full} blocks and the windowed group holds at most {decode} in every "
+            f"decode step ({any_step} during the prompt's chunks)") in benchmarks

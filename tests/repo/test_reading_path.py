@@ -19,7 +19,8 @@ from tests.reading_path import trace_default_generate
 MAX_FILE_LINES = 4000  # non-blank lines of every file the default step executes code in
 MAX_FUNCTION_LINES = 50  # non-blank lines of any function it executes
 # Words of the optional features: none may appear in a branch condition of a default function.
-DOOR_WORDS = ("async", "placeholder", "in_flight", "spec", "proposer", "swap", "structured", "grammar", "predicted")
+DOOR_WORDS = ("async", "placeholder", "in_flight", "spec", "proposer", "swap", "structured", "grammar", "predicted",
+              "window", "hybrid")
 
 
 def branch_words(function) -> set[str]:

@@ -362,6 +362,30 @@ def _trace(step, tables, num_blocks, chunks=(), start=None, end=None):
                      block_tables=tables, block_ref_counts=refs, cached_block_ids=[])
 
 
+def test_the_pool_view_draws_each_kv_cache_group_of_a_mixed_model():
+    """Two KV cache groups, one pool each: the full-attention group's pool holds every block of the requests, the
+    windowed group's only those in the window (its tables hold -1 where it released one); each figure says which
+    group it draws, and a trace without a windowed group is refused clearly."""
+    tr = _trace(3, {"a": [0, 1, 2, 3], "b": [4, 5]}, 8)
+    tr.windowed_block_tables = {"a": [-1, -1, 0, 6], "b": [1, 2]}
+    tr.windowed_block_ref_counts = [1, 1, 1, 0, 0, 0, 1, 0]
+    windowed = viz.windowed_group_trace(tr)
+    assert windowed.block_tables == tr.windowed_block_tables and windowed.num_free_blocks == 4
+    full_fig = viz.block_pool_figure(tr, "en", kv_cache_group="full")
+    windowed_fig = viz.block_pool_figure(windowed, "en", kv_cache_group="windowed")
+    assert full_fig.layout.title.text.startswith("Full-attention layers' KV cache group: ")
+    assert windowed_fig.layout.title.text.startswith("Sliding-window layers' KV cache group: ")
+    assert "4 of 8 blocks" in windowed_fig.layout.title.text and "6 of 8 blocks" in full_fig.layout.title.text
+    z = _heatmap(windowed_fig).z
+    in_use = [r * len(z[0]) + c for r, row in enumerate(z) for c, v in enumerate(row) if v is not None and v >= 2]
+    assert in_use == [0, 1, 2, 6]  # the windowed group's held blocks, not the full group's
+    assert "滑动窗口层" in viz.block_pool_figure(windowed, "zh", kv_cache_group="windowed").layout.title.text
+    with pytest.raises(ValueError, match="no windowed KV cache group"):
+        viz.windowed_group_trace(_trace(0, {"a": [0]}, 4))
+    with pytest.raises(ValueError, match="kv_cache_group"):
+        viz.block_pool_figure(tr, "en", kv_cache_group="sliding")
+
+
 def test_long_block_tables_wrap_into_readable_rows():
     tables = {"r0": list(range(3)), "r1": list(range(3, 103))}  # 100 blocks: a long prompt
     fig = viz.block_tables_figure(_trace(0, tables, 640), "en")

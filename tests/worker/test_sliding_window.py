@@ -12,7 +12,7 @@ import torch
 
 from minengine.layers.attention import paged_attention, write_kv
 from minengine.layers.sliding_window import windowed_batch
-from minengine.models.layer_windows import kv_window, layer_windows
+from minengine.models.layer_windows import hybrid_window, kv_window, layer_windows
 from minengine.models.llama import LlamaForCausalLM
 from minengine.models.loader import load_model, model_class
 from minengine.models.windowed_llama import WindowedLlamaForCausalLM
@@ -33,8 +33,12 @@ def test_which_layers_each_config_windows():
         == [16] * 4
     assert layer_windows(LlamaConfig(**small)) == [None] * 4
     assert kv_window(MistralConfig(sliding_window=64, **small)) == 64
-    # one full-attention layer reads every key: no block can be freed
-    assert kv_window(Qwen2Config(use_sliding_window=True, sliding_window=32, max_window_layers=2, **small)) is None
+    # one full-attention layer reads every key: no block of a table shared by every layer can be freed; the
+    # mixed model gets two KV cache groups instead, the windowed one freed by its window
+    mixed = Qwen2Config(use_sliding_window=True, sliding_window=32, max_window_layers=2, **small)
+    assert kv_window(mixed) is None and hybrid_window(mixed) == 32
+    assert hybrid_window(MistralConfig(sliding_window=64, **small)) is None  # every layer windowed: one group
+    assert hybrid_window(LlamaConfig(**small)) is None
     assert model_class(MistralConfig(sliding_window=64, **small)) is WindowedLlamaForCausalLM
     assert model_class(Qwen2Config(use_sliding_window=False, **small)) is LlamaForCausalLM
 
