@@ -365,6 +365,9 @@ def ms(work):
     *[cell for i, ((q, a, where), number) in enumerate(zip(QA, NUMBERS, strict=True))
       for cell in [*question(f"Q{i + 1}. {q}", "Answer aloud in two sentences, then compare.", f"{a}\n\n**Shown in:** {where}."),
                    conclusion(number)]],
+    md("More interview topics, each with a number computed and checked: [chapter 16](16_interview_topics.ipynb) (draft models and "
+       "trees, FlashAttention-2 and -3, weight quantization, shrinking the KV cache) and [chapter 17](17_interview_scale.ipynb) "
+       "(`n > 1` and beam search on a paged cache, collectives and context parallelism, pipeline bubbles, LoRA serving)."),
     md("## Quiz (checked by running the engine)"),
     *exercise(1, """
         A long prompt joins 10 decoding requests. With or without chunked prefill, which gives the **lower worst ITL** for the

@@ -9,7 +9,7 @@ from cells import SETUP, code, conclusion, exercise, glossary, header, md, quest
 CELLS = [
     *header(16, "Interview topics, computed: decoding and memory", [
         "Price a draft model, Medusa / EAGLE heads and tree verification with the acceptance math, checked against a simulated acceptance run and the modelled H100.",
-        "Say what FlashAttention-2 and -3 change over FlashAttention-1 (work partitioning, warp specialisation, FP8) and compute the two numbers behind them: SMs kept busy by the grid, and the exponential's share of a tile's time.",
+        "Say what FlashAttention-2 and FlashAttention-3 change over FlashAttention-1 (work partitioning, warp specialisation, FP8) and compute the two numbers behind them: SMs kept busy by the grid, and the exponential's share of a tile's time.",
         "Compare weight quantization schemes (GPTQ, AWQ, SmoothQuant's W8A8, W4A16) by their bytes and their error, with GPTQ and SmoothQuant run as small toys.",
         "Compute the KV bytes per token of GQA, MQA, MLA, a sliding window and cross-layer sharing from published configs, and what each buys in concurrent long requests.",
     ], ["Leviathan et al., *Fast Inference from Transformers via Speculative Decoding*, ICML 2023",
@@ -25,6 +25,7 @@ import random
 import torch
 
 from minengine.timing import LLAMA_3_8B, StepCostModel
+from minengine.viz.cost_figures import roofline_figure
 """),
     md("""
     ## Speculative decoding beyond n-gram: draft models, heads and trees
@@ -73,7 +74,8 @@ from minengine.timing import LLAMA_3_8B, StepCostModel
     md("""
     What does the tree cost? A verify step of `1 + proposals` tokens on the modelled H100 (Llama-3-8B, 1,000 tokens of
     context), at batch 1, where a decode reads the weights and computes little, and at batch 64; and the draft model's
-    speed-up for each `k` at `c` = `C_DRAFT`:
+    speed-up for each `k` at `c` = `C_DRAFT`. (The engine's own verify step, with n-gram proposals, is measured in
+    chapter 13; a draft model or heads would fill the same slots of the step.)
     """),
     code("""
     cm = StepCostModel("h100", LLAMA_3_8B)
@@ -90,12 +92,9 @@ from minengine.timing import LLAMA_3_8B, StepCostModel
     speedup = {k: expected_tokens(ALPHA, k) / (k * C_DRAFT + 1) for k in range(1, 13)}
     best_k = max(speedup, key=speedup.get)
     print("draft model speed-up by k:", {k: round(s, 2) for k, s in speedup.items()}, "| best k:", best_k)
-    eng = modelled_engine(speculative_config={"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-                          trace_block_tables=False)
-    passage = eng.tokenizer("ROMEO:\\nBut soft, what light through yonder window breaks? It is the east, and Juliet is the sun.")["input_ids"]
-    eng.add_request("copy", {"prompt_token_ids": passage * 2}, SamplingParams(temperature=0, max_tokens=pick(48, 24), ignore_eos=True))
-    run_to_completion(eng)
-    viz.batch_composition_figure(eng.traces).update_layout(title="The engine's verify steps: a decode carries its proposals (n-gram here; a draft model or heads would fill the same slots)").show()
+    verify_steps = {f"{name}, batch {b}": cm.cost([(1 + proposals, 1000, 1)] * b)
+                    for b in (1, 64) for name, proposals in (("decode", 0), ("chain", K), ("tree", tree_nodes))}
+    roofline_figure(cm, verify_steps, title=f"Verify steps on the roofline ({cm.label}): the tree's extra tokens move a step toward the compute roof").show()
     """),
     conclusion("""
     b1, b64 = rate[1], rate[64]
@@ -136,7 +135,7 @@ from minengine.timing import LLAMA_3_8B, StepCostModel
               "The tree verifies many more proposals than the chain. Why is that almost free for one request and not for a full batch?",
               "At batch 1 a decode step reads all the weights to compute one token: the GPU is memory-bound and has compute to spare, so verifying more tokens in the same pass barely lengthens it (checked: Speculative decoding beyond n-gram). At batch 64 the step already computes many tokens per weight read; multiplying its tokens by the tree's size pushes it toward the compute roof, where time grows with tokens (checked: Speculative decoding beyond n-gram). This is why vLLM and SGLang shrink or switch off speculation at large batches."),
     md("""
-    ## FlashAttention-2 and -3: what each changes over FlashAttention-1
+    ## FlashAttention-2 and FlashAttention-3: what each changes over FlashAttention-1
     FlashAttention (Dao et al., NeurIPS 2022) tiles attention so the score matrix never leaves on-chip memory
     (chapter 11 runs its online softmax). Each later version keeps that algorithm and changes how the GPU runs it:
     - **FlashAttention-2** (Dao, ICLR 2024): fewer non-matmul operations (the output is rescaled once at the end of a
@@ -418,7 +417,7 @@ from minengine.timing import LLAMA_3_8B, StepCostModel
               "Without absorption every head's K and V would be rebuilt from the latent for every cached token at every step: the bytes read shrink (checked: Shrinking the KV cache) but the FLOPs grow with the context. Absorbing the K up-projection into the query (and the V up-projection into the output projection) lets all heads attend directly to the shared latent, like MQA with a head of `kv_lora_rank + qk_rope_head_dim`: one read of the latent serves every head, so decode stays memory-bound on the small cache."),
     *summary([
         "Draft models, Medusa / EAGLE heads and trees change only the proposer; expected tokens per verify follow `(1 - α^(k+1)) / (1 - α)`, with `1 - (1 - α)^w` per position for a width-w tree, as the simulation confirms; trees pay at small batches (checked: Speculative decoding beyond n-gram).",
-        "FlashAttention-2 splits the grid over the sequence, keeping the SMs busy at batch 1; FlashAttention-3 overlaps the exponential, about half the GEMM time per tile in FP16, with the GEMMs (checked: FlashAttention-2 and -3).",
+        "FlashAttention-2 splits the grid over the sequence, keeping the SMs busy at batch 1; FlashAttention-3 overlaps the exponential, about half the GEMM time per tile in FP16, with the GEMMs (checked: FlashAttention-2 and FlashAttention-3).",
         "W4A16 cuts the bytes decode reads, W8A8 the compute of prefill; GPTQ's error feedback and SmoothQuant's smoothing lower the error at the same bits (checked: Weight quantization).",
         "GQA, MQA, MLA and cross-layer sharing shrink each token's KV, a window the tokens kept; MLA's latent is a small fraction of its heads' K and V (checked: Shrinking the KV cache).",
     ]),
