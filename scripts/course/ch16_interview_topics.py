@@ -108,6 +108,7 @@ from minengine.viz.cost_figures import roofline_figure
              [("the chain simulation matches the formula within 2 %", abs(chain_sim / chain_formula - 1) < 0.02),
               ("the tree simulation matches the formula within 2 %", abs(tree_sim / tree_formula - 1) < 0.02),
               ("at batch 1 the tree beats the chain, which beats no speculation", b1["tree"] > b1["chain"] > b1["no speculation"]),
+              ("at batch 1 the tree's verify step is within 10 % of a plain decode step", verify_steps["tree, batch 1"].time_s < 1.1 * verify_steps["decode, batch 1"].time_s),
               ("the tree's lead over the chain shrinks at batch 64", b64["tree"] / b64["chain"] < b1["tree"] / b1["chain"]),
               ("the stated side", (b64["tree"] < b64["chain"]) == (side == "below")),
               ("the best k is inside the range tried", 1 < best_k < 12)])
