@@ -105,6 +105,39 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
               ("chunking costs the long prompt some TTFT, not a multiple", 1.0 < t_chunked / t_one < 2.0)])
     """),
     md("""
+    ## Memory: the other reason to cut a long prefill
+    A prefill's activations grow with its length, and some grow with its square. Count three buffers of one
+    8,192-token Llama-3-8B prefill: the logits of every position in fp32 (what a plain forward pass returns; the engine
+    computes logits only at the positions it samples, `logits_indices`), one layer's attention score matrix in bf16 as
+    naive attention writes it (heads × n × n; FlashAttention never writes it, chapter 11), and the bf16 KV the prompt
+    leaves in the cache. Then a 32K-token prompt's prefill time on the teaching clock:
+    """),
+    code("""
+    from minengine.timing import LLAMA_3_8B
+
+    N_ACT, N_32K = 8192, 32768
+    logits_gib = N_ACT * LLAMA_3_8B.vocab_size * 4 / 2**30                # fp32, every position
+    scores_gib = LLAMA_3_8B.num_heads * N_ACT * N_ACT * 2 / 2**30         # bf16, one layer, naive attention
+    kv_gib = N_ACT * LLAMA_3_8B.kv_bytes_per_token / 2**30                # bf16, all layers
+    chunk_scores_mib = LLAMA_3_8B.num_heads * CHUNK * N_ACT * 2 / 2**20   # the last 512-token chunk against the whole prompt
+    prefill_32k_s = teaching_cost_model().cost([(N_32K, 0, 1)]).time_s
+    print(f"logits {logits_gib:.2f} GiB | scores {scores_gib:.2f} GiB per layer | KV {kv_gib:.2f} GiB | "
+          f"one chunk's scores {chunk_scores_mib:.0f} MiB | {N_32K:,}-token prefill {prefill_32k_s:.2f} s ({CLOCK_LABEL})")
+    """),
+    conclusion("""
+    conclude(f"An {N_ACT:,}-token Llama-3-8B prefill's fp32 logits for every position are **{logits_gib:.1f} GiB** and its naive score matrix "
+             f"**{scores_gib:.0f} GiB per layer**, against the **{kv_gib:.0f} GiB** of KV it leaves behind: the transient activations, not the "
+             f"cache, are what a long prefill risks. The engine keeps logits for the sampled positions only, and a {CHUNK}-token chunk's score "
+             f"matrix against the whole prompt is {chunk_scores_mib:.0f} MiB. In time, a {N_32K:,}-token prefill takes **{prefill_32k_s:.2f} s** "
+             "on the modelled H100, between 1 and 2 s: every decode sharing that step would wait that long without chunking.",
+             [("the logits are about 3.9 GiB", round(logits_gib, 1) == 3.9),
+              ("the naive scores are 4 GiB per layer", scores_gib == 4.0),
+              ("the KV is 1 GiB", kv_gib == 1.0),
+              ("both activations exceed the KV", min(logits_gib, scores_gib) > kv_gib),
+              ("a chunk's scores are a fraction of the whole", chunk_scores_mib / 1024 < scores_gib / 10),
+              ("the 32K prefill takes 1 to 2 s", 1.0 < prefill_32k_s < 2.0)])
+    """),
+    md("""
     ## KV continuity across chunks
     A chunk only *adds* to the request: `num_computed_tokens` moves forward, the block table gets the blocks the new
     positions need, and every block written by an earlier chunk stays where it is, read again by the later chunks'
@@ -461,6 +494,7 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     """),
     *summary([
         "Chunked prefill splits a long prompt over several steps under the token budget, so decodes keep a steady pace (no generation stall); the long prompt pays some TTFT for it.",
+        "A long prefill's transient activations (every position's fp32 logits, naive attention's scores per layer) dwarf the KV it leaves; the engine samples logits at few positions and chunks bound the rest (checked: both activations exceed the KV).",
         "Chunks only add: the block table grows chunk by chunk and the KV of earlier chunks stays in place (checked: each chunk's table starts with the previous table).",
         "A prefill chunk is compute-bound and decodes are memory-bound: in one step the decodes' rows ride on the chunk's GEMMs (one weight read for both); their attention and host time are still paid.",
         "Chunks below the ridge point waste steps; at least 512 tokens on an H100, then benchmark. vLLM's defaults: 8,192 (server) / 16,384 (offline) on H100-class GPUs, 2,048 / 8,192 elsewhere.",

@@ -160,7 +160,7 @@ def test_the_nav_holds_the_manual_and_every_chapter_and_lab_page_and_is_offline(
     assert course == ["course/index.md"] + [f"course/{c}.ipynb" for c in chapters]
     labs = next(item["Lab pages"] for item in config["nav"] if "Lab pages" in item)
     assert labs == [f"course/{c}.ipynb" for c in lab_pages]
-    assert len(chapters) == 16 and len(lab_pages) == 7 and chapters + lab_pages == build_docs.CHAPTERS
+    assert len(chapters) == 18 and len(lab_pages) == 7 and chapters + lab_pages == build_docs.CHAPTERS
     assert config["docs_dir"] == "docs" and config["use_directory_urls"] is False
     assert config["theme"]["font"] is False and "analytics" not in config.get("extra", {})
     jupyter = next(p["mkdocs-jupyter"] for p in config["plugins"] if isinstance(p, dict) and "mkdocs-jupyter" in p)
