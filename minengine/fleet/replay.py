@@ -20,6 +20,7 @@ both sides run the same token ids and prompts that share leading tokens in the t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import statistics
 import time
@@ -111,7 +112,9 @@ def text_window(trace: Sequence[TraceRequest], tokenizer, time_scale: float = 1.
 @dataclass(frozen=True)
 class RequestRecord:
     """One request as served: the ``replica`` index (the fleet's workers sorted by host and port), its arrival and
-    time to first token (seconds), and its prompt, prefix-cache-hit and output tokens."""
+    time to first token (seconds), its prompt, prefix-cache-hit and output tokens, and ``prefill_s``: seconds from the
+    start of the first engine step that scheduled it to the end of the step that sampled its first token (the
+    replica's step clock; the twin's modelled one), the part of its TTFT spent in engine steps after it was admitted."""
 
     request_id: str
     replica: int
@@ -120,6 +123,7 @@ class RequestRecord:
     prompt_tokens: int
     cached_tokens: int
     output_tokens: int
+    prefill_s: float
 
 
 @dataclass(frozen=True)
@@ -142,9 +146,10 @@ class ReplayResult:
         prompt = sum(r.prompt_tokens for r in self.records)
         return sum(r.cached_tokens for r in self.records) / prompt if prompt else 0.0
 
-    def ttft_percentile(self, q: float) -> float:
-        """The ``q``-th percentile (0-100, linear interpolation) of the time to first token, seconds."""
-        values = sorted(r.ttft_s for r in self.records)
+    def ttft_percentile(self, q: float, field: str = "ttft_s") -> float:
+        """The ``q``-th percentile (0-100, linear interpolation) of the time to first token (or of another
+        ``RequestRecord`` field in seconds, e.g. "prefill_s"), seconds."""
+        values = sorted(getattr(r, field) for r in self.records)
         if not values:
             raise ValueError("no requests")
         k = (len(values) - 1) * q / 100
@@ -161,7 +166,8 @@ def replica_steps(url: str, timeout_s: float = 30.0) -> tuple[dict, list[StepTra
     Raises:
         RuntimeError: the feed failed, or its history did not come within ``timeout_s``.
     """
-    feed = ServerFeed(url, history=10**9, block_tables=False, short_ids=False, metrics_every_s=0).start()
+    feed = ServerFeed(url, history=10**9, block_tables=False, short_ids=False, metrics_every_s=0,
+                      max_pending=0).start()  # 0: keep every step until taken
     deadline = time.monotonic() + timeout_s
     try:
         while feed.info is None and feed.error is None and time.monotonic() < deadline:
@@ -187,6 +193,30 @@ def admission_hits(steps: Sequence[StepTrace]) -> dict[str, int]:
             if chunk.request_id in step.admitted_ids and chunk.request_id not in hits:
                 hits[chunk.request_id] = chunk.start_pos
     return hits
+
+
+def prefill_spans(steps: Sequence[StepTrace]) -> dict[str, float]:
+    """Request id -> seconds from the start of the first step that scheduled it to the end of the first step that
+    sampled for it (its first token)."""
+    start: dict[str, float] = {}
+    spans: dict[str, float] = {}
+    for step in steps:
+        for chunk in step.chunks:
+            rid = chunk.request_id
+            start.setdefault(rid, step.start_time)
+            if chunk.sampled and rid not in spans:
+                spans[rid] = step.end_time - start[rid]
+    return spans
+
+
+def _run(coro):
+    """``asyncio.run(coro)``; in a thread of its own when this thread already runs an event loop (a notebook's)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 async def _send(client, model: str, req: WindowRequest, start: float) -> tuple[str, float, int, int]:
@@ -236,11 +266,12 @@ def replay_through_router(router_url: str, worker_urls: Sequence[str], window: S
         RuntimeError: a request's stream carried no token or no usage; the server counted other prompt tokens
             than ``WindowRequest.prompt_token_ids``; a request missing from every replica's kept steps.
     """
-    sent = asyncio.run(_send_all(router_url, window, model, timeout_s))
+    sent = _run(_send_all(router_url, window, model, timeout_s))
     workers = sorted(worker_urls, key=lambda u: (httpx.URL(u).host, httpx.URL(u).port))
     steps = {u: replica_steps(u)[1] for u in workers}
     routes = {r.request_id: r.replica for r in route_requests(steps).routes}
     hits = {rid: n for s in steps.values() for rid, n in admission_hits(s).items()}
+    spans = {rid: t for s in steps.values() for rid, t in prefill_spans(s).items()}
     records = []
     for req, (server_id, ttft, prompt_tokens, output_tokens) in zip(window, sent):
         engine_id = f"{server_id}-0"  # the server queues prompt i of a completion as "<id>-i"
@@ -251,7 +282,7 @@ def replay_through_router(router_url: str, worker_urls: Sequence[str], window: S
             raise RuntimeError(f"request {req.request_id} ({engine_id}) is in no replica's kept steps: raise "
                                f"serve --max-history-steps")
         records.append(RequestRecord(req.request_id, workers.index(routes[engine_id]), req.arrival_s, ttft,
-                                     prompt_tokens, hits[engine_id], output_tokens))
+                                     prompt_tokens, hits[engine_id], output_tokens, spans[engine_id]))
     return ReplayResult(records, len(workers))
 
 
@@ -260,8 +291,13 @@ def _completion(url: str, prompt_ids: list[int], max_tokens: int) -> str:
     """One request straight to a replica (token ids, ``ignore_eos``); returns its engine request id."""
     body = {"model": _model(url), "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True}
-    reply = httpx.post(url + "/v1/completions", json=body, timeout=120)
-    reply.raise_for_status()
+    return _engine_id(httpx.post(url + "/v1/completions", json=body, timeout=120))
+
+
+def _engine_id(reply: httpx.Response) -> str:
+    """The engine request id of a completion's reply; ``RuntimeError`` with the server's message if it failed."""
+    if reply.status_code != 200:
+        raise RuntimeError(f"{reply.request.url} answered HTTP {reply.status_code}: {reply.text[:300]}")
     return reply.json()["id"] + "-0"
 
 
@@ -271,9 +307,7 @@ async def _completions_at_once(url: str, prompts: list[list[int]], max_tokens: i
     async with httpx.AsyncClient(timeout=120) as client:
         replies = await asyncio.gather(*(client.post(url + "/v1/completions", json={**body, "prompt": p})
                                          for p in prompts))
-    for reply in replies:
-        reply.raise_for_status()
-    return [reply.json()["id"] + "-0" for reply in replies]
+    return [_engine_id(reply) for reply in replies]
 
 
 def _model(url: str) -> str:
@@ -294,22 +328,31 @@ class StepCosts:
 
 
 def measure_step_costs(url: str, shape: ModelShape, prompt_lens: Sequence[int] = (16, 64, 256, 1024, 2000),
-                       batch_sizes: Sequence[int] = (1, 4, 8), decode_tokens: int = 8, seed: int = 0) -> StepCosts:
+                       batch_sizes: Sequence[int] = (1, 4, 8), cached_lens: Sequence[int] = (1024, 2000),
+                       decode_tokens: int = 8, seed: int = 0) -> StepCosts:
     """Fit the simulator's step cost to one running replica at ``url``: each prompt length alone (one prefill step
-    and a decode), then each batch size of requests decoding together; random token ids (no prefix hits), and the
-    replica's prefix cache is reset afterwards. Every step those requests ran in, its ``StepWork`` against its
-    measured seconds (``end_time - start_time`` on the server), goes into ``fit_hardware``.
+    and a decode), each batch size of requests decoding together, and for each of ``cached_lens`` a prompt sent
+    twice, the second time with 16 more tokens (a prefix hit: a few new tokens after that many cached ones, the
+    step a re-sent conversation makes); random token ids, and the replica's prefix cache is reset afterwards. Lengths
+    the replica's ``max_model_len`` cannot hold (with their output) are left out. Every step those requests ran in,
+    its ``StepWork`` against its measured seconds (``end_time - start_time`` on the server), goes into
+    ``fit_hardware``.
 
     Raises:
         ValueError: fewer than 4 steps measured (as ``fit_hardware``).
+        RuntimeError: the replica refused a request (its message is quoted).
     """
     rng, ids = random.Random(seed), set()
-    vocab = shape.vocab_size
-    for n in prompt_lens:
+    vocab, limit = shape.vocab_size, replica_steps(url)[0]["max_model_len"]
+    for n in (n for n in prompt_lens if n + 2 <= limit):
         ids.add(_completion(url, [rng.randrange(vocab) for _ in range(n)], 2))
+    for n in (n for n in cached_lens if n + 16 + 2 <= limit):
+        prompt = [rng.randrange(vocab) for _ in range(n)]
+        ids.add(_completion(url, prompt, 2))
+        ids.add(_completion(url, prompt + [rng.randrange(vocab) for _ in range(16)], 2))
     for b in batch_sizes:  # b requests at once: they decode in the same steps
         prompts = [[rng.randrange(vocab) for _ in range(32)] for _ in range(b)]
-        ids.update(asyncio.run(_completions_at_once(url, prompts, decode_tokens)))
+        ids.update(_run(_completions_at_once(url, prompts, decode_tokens)))
     steps = [s for s in replica_steps(url)[1] if s.chunks and all(c.request_id in ids for c in s.chunks)]
     httpx.post(url + "/reset_prefix_cache", timeout=30)
     points = [CalibrationPoint("prefill" if any(c.is_prefill for c in s.chunks) else "decode",
@@ -346,5 +389,6 @@ def simulate_window(window: Sequence[WindowRequest], config: FleetConfig) -> Rep
     for r in window:
         m = result.request_metrics[r.request_id]
         records.append(RequestRecord(r.request_id, result.assignments[r.request_id][0], r.arrival_s, m.ttft,
-                                     m.num_prompt_tokens, m.num_cached_tokens, m.num_output_tokens))
+                                     m.num_prompt_tokens, m.num_cached_tokens, m.num_output_tokens,
+                                     m.first_token_time - m.first_scheduled_time))
     return ReplayResult(records, len(config.replicas))

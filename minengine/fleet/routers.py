@@ -24,15 +24,16 @@ Routers, each a small class behind ``Router.select``:
   ``/get_load``, so behind vllm-router every load reads 0 and it sends to the first of its two draws: at random.
 - ``cache-aware``: vllm-router's ``cache_aware`` (``src/policies/cache_aware.rs``, forked from SGLang's router) with
   its defaults (``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5; vllm-router's
-  ``router_args.py``). Load = requests routed to a replica and not finished (the router counts them up when it
-  routes and down at the stream's end). When the load is imbalanced, ``max - min > balance_abs_threshold`` and
-  ``max > balance_rel_threshold x min``, the least loaded replica; otherwise the replica that holds the longest prefix
-  of the prompt in the router's *own record of what it sent where* (its approximate radix tree, ``src/tree.rs``),
-  if that prefix is more than ``cache_threshold`` of the prompt, else the least loaded one. Whatever it chose, it
-  records the prompt under that replica (also when the load decided). The real tree holds the prompts' characters
-  and a prefix belongs to the replica that last received it (``Node.last_tenant``); here the record holds the
-  prompts' chained full-block hashes, each under the replica that last received it, so matches count whole KV
-  blocks. The real tree is trimmed to ``max_tree_size`` characters per replica every 120 s; this record is not.
+  ``py_src/vllm_router/router_args.py``). Load = requests routed to a replica and not finished (the router counts
+  them up when it routes and down at the stream's end). When the load is imbalanced, ``max - min >
+  balance_abs_threshold`` and ``max > balance_rel_threshold x min``, the least loaded replica; otherwise the replica
+  that holds the longest prefix of the prompt in the router's *own record of what it sent where* (its approximate
+  radix tree, ``src/tree.rs``), if that prefix is more than ``cache_threshold`` of the prompt, else the least loaded
+  one. Whatever it chose, it records the prompt under that replica (also when the load decided). The real tree holds
+  the prompts' characters and a prefix belongs to the replica that last received it (``Node.last_tenant``); here the
+  record holds the prompts' chained full-block hashes, each under the replica that last received it, so matches
+  count whole KV blocks. The real tree is trimmed to ``max_tree_size`` characters per replica every 120 s; this
+  record is not.
 - ``prefix-aware``: the same rule reading each replica's *actual* prefix cache instead of a record of what was sent,
   as Mooncake's Conductor does with its global KV metadata (Qin et al., FAST 2025, section 5), llm-d's precise
   prefix-cache scorer does from KV events and vllm-router's ``precise_cache_aware`` policy does. A prompt sent

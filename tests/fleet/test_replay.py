@@ -11,6 +11,7 @@ from minengine.fleet.replay import (
     RequestRecord,
     WindowRequest,
     admission_hits,
+    prefill_spans,
     shared_prefix_requests,
     simulate_window,
     text_window,
@@ -59,30 +60,32 @@ def test_shared_prefix_requests_keeps_the_most_resent_heads_in_arrival_order():
 
 
 def test_replay_result_statistics():
-    recs = [RequestRecord(f"r{i}", i % 2, float(i), ttft, 100, cached, 4)
+    recs = [RequestRecord(f"r{i}", i % 2, float(i), ttft, 100, cached, 4, ttft / 2)
             for i, (ttft, cached) in enumerate([(0.1, 0), (0.2, 50), (0.3, 96), (0.4, 0)])]
     result = ReplayResult(recs, 3)
     assert result.requests_per_replica() == [2, 2, 0]
     assert result.prefix_hit_rate == pytest.approx(146 / 400)
     assert result.ttft_percentile(50) == pytest.approx(0.25) and result.ttft_percentile(100) == pytest.approx(0.4)
     assert result.ttft_percentile(90) == pytest.approx(0.37)
+    assert result.ttft_percentile(50, "prefill_s") == pytest.approx(0.125)
     with pytest.raises(ValueError, match="no requests"):
         ReplayResult([], 2).ttft_percentile(50)
 
 
 def _step(step, chunks, admitted):
-    return StepTrace(step=step, start_time=0.0, end_time=0.01, token_budget=64, chunks=chunks, num_running=1,
-                     num_waiting=0, num_free_blocks=10, num_cached_free_blocks=0, num_total_blocks=16,
+    return StepTrace(step=step, start_time=step * 0.01, end_time=step * 0.01 + 0.01, token_budget=64, chunks=chunks,
+                     num_running=1, num_waiting=0, num_free_blocks=10, num_cached_free_blocks=0, num_total_blocks=16,
                      preempted_ids=[], admitted_ids=admitted, finished_ids=[], prefix_queried_tokens=0,
                      prefix_hit_tokens=0)
 
 
-def test_admission_hits_read_where_the_first_admission_starts_a_request():
+def test_admission_hits_and_prefill_spans_read_from_the_steps():
     steps = [_step(0, [ScheduledChunk("a", 32, 0, True, False)], ["a"]),
              _step(1, [ScheduledChunk("a", 8, 32, True, True), ScheduledChunk("b", 20, 48, True, True)], ["b"]),
              _step(2, [ScheduledChunk("b", 1, 68, False, True)], []),
              _step(3, [ScheduledChunk("b", 69, 0, True, True)], ["b"])]  # re-admitted after a preemption
     assert admission_hits(steps) == {"a": 0, "b": 48}
+    assert prefill_spans(steps) == pytest.approx({"a": 0.02, "b": 0.01})  # a: steps 0-1 (chunked), b: step 1
 
 
 def test_the_twin_takes_the_replicas_settings_and_runs_the_window(bundled_model):
@@ -102,5 +105,17 @@ def test_the_twin_takes_the_replicas_settings_and_runs_the_window(bundled_model)
     a, b, c = result.records
     assert a.replica == b.replica and b.cached_tokens == 64 and a.cached_tokens == 0  # the re-sent head hits
     assert [r.output_tokens for r in result.records] == [3, 2, 1] and all(r.ttft_s > 0 for r in result.records)
+    assert all(0 < r.prefill_s <= r.ttft_s for r in result.records)
     with pytest.raises(ValueError, match="router must be one of"):
         twin_config(info, hw, shape, 2, "fastest")
+
+
+def test_coroutines_run_from_inside_a_running_event_loop_as_in_a_notebook():
+    import asyncio
+
+    from minengine.fleet.replay import _run
+
+    async def inside():  # a notebook's cell runs inside the kernel's event loop: asyncio.run would refuse
+        return _run(asyncio.sleep(0, result=7))
+
+    assert _run(asyncio.sleep(0, result=3)) == 3 and asyncio.run(inside()) == 7
