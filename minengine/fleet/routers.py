@@ -11,7 +11,8 @@ can send a request where it cannot fit) and their load as the fleet knows it at 
   (its real ``BlockPool``, full blocks by chained hash, free-but-cached blocks included).
 
 Routers, each a small class behind ``Router.select``:
-- ``round-robin``: each candidate in turn (the baseline of every load balancer).
+- ``round-robin``: each candidate in turn (the baseline of every load balancer; vllm-router's ``round_robin``,
+  ``src/policies/round_robin.rs``, is the same counter modulo the healthy workers).
 - ``random``: uniformly at random, seeded (``FleetConfig.seed``).
 - ``least-outstanding-tokens``: the least work assigned and not done (a "least load" balancer).
 - ``least-kv-usage``: the least ``kv_load`` (llm-d's KV-cache-utilization scorer reads vLLM's
