@@ -41,7 +41,7 @@ def test_replay_records_match_the_replicas_counters_and_the_twin(bundled_model):
     heads = ["ROMEO:\nBut soft, what light through yonder window breaks? It is the east.\n" * 3,
              "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo? Deny thy father.\n" * 3]
     texts = [heads[0] + "Arise", heads[1] + "Or if", heads[0] + "fair sun", heads[1] + "and I'll", heads[0] + "Who"]
-    window = [WindowRequest(f"r{i}", 0.6 * i, t, tok.encode(t), 3) for i, t in enumerate(texts)]
+    window = [WindowRequest(f"r{i}", 1.0 * i, t, tok.encode(t), 3) for i, t in enumerate(texts)]  # one at a time
     port = free_ports(3)
     fleet, lines, _ = start_fleet(["--num-replicas", "2", "--port", str(port), "--policy", "cache_aware",
                                    "--startup-timeout", "50", "--router-log-level", "warning", "--",
