@@ -17,9 +17,9 @@ import psutil
 from minengine import LLMEngine
 from minengine.entrypoints.async_engine import AsyncLLMEngine
 from minengine.entrypoints.cli_args import FrontendArgs
-from minengine.entrypoints.fleet_serve import check_port_free
+from minengine.entrypoints.fleet_serve import free_ports  # noqa: F401  (tests import it from here)
 from minengine.entrypoints.openai_server import make_server
-from minengine.entrypoints.server_process import child_env, free_port
+from minengine.entrypoints.server_process import child_env
 
 SERVER_CONFIG = dict(max_model_len=512, num_kv_blocks=256, max_num_batched_tokens=256, max_num_seqs=64)
 
@@ -79,20 +79,6 @@ def running_server(model: str, frontend: FrontendArgs | None = None, **config):
         yield server
     finally:
         server.stop()
-
-
-def free_ports(count: int) -> int:
-    """A port P with P .. P+count-1 all free now (the fleet takes consecutive ports)."""
-    for _ in range(50):
-        base = free_port()
-        try:
-            for p in range(base, base + count):
-                check_port_free("127.0.0.1", p)
-        except ValueError:
-            continue
-        if base + count < 65536:
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def finished_requests(url: str) -> int:

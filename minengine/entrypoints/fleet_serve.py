@@ -61,6 +61,21 @@ def check_port_free(host: str, port: int) -> None:
             raise ValueError(f"port {port} on {host} is in use ({exc.strerror}): pick another --port") from None
 
 
+def free_ports(count: int) -> int:
+    """A port P with P .. P+count-1 all free on 127.0.0.1 now (a fleet takes consecutive ports: the router's, then
+    each replica's). Raises ``RuntimeError`` when 50 tries found none."""
+    for _ in range(50):
+        base = free_port()
+        try:
+            for p in range(base, base + count):
+                check_port_free("127.0.0.1", p)
+        except ValueError:
+            continue
+        if base + count < 65536:
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 def router_command(worker_urls: list[str], host: str, port: int, policy: str, log_level: str = "info",
                    extra: list[str] | None = None) -> list[str]:
     """The command line that starts vllm-router on ``host:port`` in front of ``worker_urls`` with ``policy``.

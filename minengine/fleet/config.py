@@ -90,8 +90,8 @@ class FleetConfig:
         replicas: the replicas, in index order: all "mixed", or "prefill" and "decode" (at least one of each).
         model: the model shape every replica serves (preset name, config path or ``ModelShape``).
         router: how an arriving request picks a replica of the first stage ("mixed" or "prefill"): a name in
-            ``minengine.fleet.ROUTERS`` ("round-robin", "random", "least-outstanding-tokens", "least-kv-usage",
-            "prefix-aware", "conductor").
+            ``minengine.fleet.ROUTERS`` ("round-robin", "random", "power-of-two", "least-outstanding-tokens",
+            "least-kv-usage", "cache-aware", "prefix-aware", "conductor").
         decode_router: how a finished prefill picks a decode replica (disaggregated only).
         link: the KV link between prefill and decode replicas (a ``LINKS`` name or a ``KVLink``).
         kv_store: the fleet-level KV store (``KVStoreConfig``: Mooncake's store in the nodes' DRAM/SSD), or None:

@@ -2,5 +2,5 @@
 without importing the routers, and ``minengine.fleet.routers`` checks at import that its registry has exactly these).
 """
 
-ROUTER_NAMES: tuple[str, ...] = ("round-robin", "random", "least-outstanding-tokens", "least-kv-usage",
-                                 "prefix-aware", "conductor")
+ROUTER_NAMES: tuple[str, ...] = ("round-robin", "random", "power-of-two", "least-outstanding-tokens",
+                                 "least-kv-usage", "cache-aware", "prefix-aware", "conductor")

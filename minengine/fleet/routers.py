@@ -11,18 +11,34 @@ can send a request where it cannot fit) and their load as the fleet knows it at 
   (its real ``BlockPool``, full blocks by chained hash, free-but-cached blocks included).
 
 Routers, each a small class behind ``Router.select``:
-- ``round-robin``: each candidate in turn (the baseline of every load balancer).
+- ``round-robin``: each candidate in turn (the baseline of every load balancer; vllm-router's ``round_robin``,
+  ``src/policies/round_robin.rs``, is the same counter modulo the healthy workers).
 - ``random``: uniformly at random, seeded (``FleetConfig.seed``).
 - ``least-outstanding-tokens``: the least work assigned and not done (a "least load" balancer).
 - ``least-kv-usage``: the least ``kv_load`` (llm-d's KV-cache-utilization scorer reads vLLM's
   ``gpu_cache_usage_perc`` the same way).
-- ``prefix-aware``: SGLang's cache-aware rule (sgl-model-gateway ``policies/cache_aware.rs``): when the load
-  (outstanding requests) is imbalanced, i.e. ``max - min > balance_abs_threshold`` and
-  ``max > balance_rel_threshold x min``, the least loaded replica; otherwise the replica with the longest cached
-  prefix if it covers more than ``cache_threshold`` of the prompt, else the least loaded one. Defaults are the
-  gateway's (0.3, 64, 1.5). SGLang's router keeps an approximate radix tree of what it sent where; this one reads
-  each replica's actual prefix cache, as Mooncake's Conductor does with its global KV metadata (Qin et al., FAST
-  2025, section 5) and llm-d's precise prefix-cache scorer does from KV events.
+- ``power-of-two``: vllm-router's ``power_of_two`` (vllm-project/router ``src/policies/power_of_two.rs``): two
+  different candidates drawn uniformly at random (seeded), the one with fewer outstanding requests; equal loads: the
+  first drawn (its ``load1 <= load2``). The power of two choices (Mitzenmacher, 2001). The real router's load is what
+  each worker answers on ``GET /get_load``, polled every ``--worker-startup-check-interval`` (30 s), plus an in-flight
+  count it keeps only under ``cache_aware`` (``src/routers/http/router.rs``); a ``minengine serve`` replica has no
+  ``/get_load``, so behind vllm-router every load reads 0 and it sends to the first of its two draws: at random.
+- ``cache-aware``: vllm-router's ``cache_aware`` (``src/policies/cache_aware.rs``, forked from SGLang's router) with
+  its defaults (``cache_threshold`` 0.3, ``balance_abs_threshold`` 64, ``balance_rel_threshold`` 1.5; vllm-router's
+  ``py_src/vllm_router/router_args.py``). Load = requests routed to a replica and not finished (the router counts
+  them up when it routes and down at the stream's end). When the load is imbalanced, ``max - min >
+  balance_abs_threshold`` and ``max > balance_rel_threshold x min``, the least loaded replica; otherwise the replica
+  that holds the longest prefix of the prompt in the router's *own record of what it sent where* (its approximate
+  radix tree, ``src/tree.rs``), if that prefix is more than ``cache_threshold`` of the prompt, else the least loaded
+  one. Whatever it chose, it records the prompt under that replica (also when the load decided). The real tree holds
+  the prompts' characters and a prefix belongs to the replica that last received it (``Node.last_tenant``); here the
+  record holds the prompts' chained full-block hashes, each under the replica that last received it, so matches
+  count whole KV blocks. The real tree is trimmed to ``max_tree_size`` characters per replica every 120 s; this
+  record is not.
+- ``prefix-aware``: the same rule reading each replica's *actual* prefix cache instead of a record of what was sent,
+  as Mooncake's Conductor does with its global KV metadata (Qin et al., FAST 2025, section 5), llm-d's precise
+  prefix-cache scorer does from KV events and vllm-router's ``precise_cache_aware`` policy does. A prompt sent
+  moments ago counts only once its blocks are computed; one evicted from a replica's cache no longer counts.
 - ``conductor``: Mooncake's Conductor (Qin et al., FAST 2025, section 5, Algorithm 1): for each candidate, estimate
   the request's TTFT there as its queueing time plus the prefill of what its prefix cache does not hold, or, if the
   fleet's KV store (``minengine.fleet.kv_store``) continues that prefix, the load of the stored part (which runs while
@@ -31,7 +47,8 @@ Routers, each a small class behind ``Router.select``:
   prefill seconds per token; equal estimates (idle replicas, no cache anywhere) go to the fewest outstanding tokens.
   Mooncake also moves hot blocks between nodes and rejects requests early; neither here.
 
-Ties go to the lowest replica index, so every router is deterministic for a seed.
+Ties go to the lowest replica index (Rust's ``min_by_key``, which vllm-router uses, keeps the first minimum too),
+so every router is deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -142,11 +159,32 @@ class LeastKVUsage(Router):
         return _least(candidates, lambda r: r.kv_load)
 
 
-class PrefixAware(Router):
-    """SGLang's cache-aware routing with its load-balance guard (see the module docstring).
+class PowerOfTwo(Router):
+    """vllm-router's ``power_of_two``: the less loaded of two different candidates drawn at random (see the module
+    docstring); load = outstanding requests; equal: the first drawn. One candidate: that one."""
+
+    name = "power-of-two"
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed)
+        self._rng = random.Random(seed)
+
+    def select(self, request, candidates, now=0.0):
+        n = len(candidates)
+        if n == 1:
+            return candidates[0]
+        i = self._rng.randrange(n)
+        j = self._rng.randrange(n - 1)
+        first, second = candidates[i], candidates[j + (j >= i)]  # j skips i: uniform over the others
+        return first if first.outstanding_requests <= second.outstanding_requests else second
+
+
+class CacheAware(Router):
+    """vllm-router's ``cache_aware`` with its load-balance guard, on the router's own record of what it sent where
+    (see the module docstring).
 
     Args:
-        cache_threshold: least share of the prompt the best replica's cache must cover, in [0, 1).
+        cache_threshold: least share of the prompt the best replica's prefix must cover, in [0, 1).
         balance_abs_threshold: outstanding-request gap (max - min) above which the load counts as imbalanced.
         balance_rel_threshold: ... and ``max > balance_rel_threshold x min``.
 
@@ -154,7 +192,7 @@ class PrefixAware(Router):
         num_by_cache, num_by_load: how many requests went by prefix affinity / by load.
     """
 
-    name = "prefix-aware"
+    name = "cache-aware"
 
     def __init__(self, seed: int = 0, cache_threshold: float = 0.3, balance_abs_threshold: int = 64,
                  balance_rel_threshold: float = 1.5):
@@ -169,21 +207,60 @@ class PrefixAware(Router):
         self.balance_rel_threshold = balance_rel_threshold
         self.num_by_cache = 0
         self.num_by_load = 0
+        self._sent_to: dict[bytes, int] = {}  # block hash -> index of the replica that last received it
+
+    def is_imbalanced(self, loads: Sequence[int]) -> bool:
+        """vllm-router's test: ``max - min > balance_abs_threshold`` and ``max > balance_rel_threshold x min``."""
+        high, low = max(loads), min(loads)
+        return high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low
+
+    def longest_prefix(self, request: FleetRequest, candidates: Sequence[ReplicaView]) -> tuple[ReplicaView | None,
+                                                                                                  int]:
+        """(the candidate holding the longest prefix of ``request``'s prompt, that prefix in tokens); (None, 0)
+        when none does. Here: the record of what was sent, the replica that last received the deepest block."""
+        hashes, depth, holder = request.block_hashes(), 0, None
+        for h in hashes:
+            index = self._sent_to.get(h)
+            if index is None:
+                break
+            depth, holder = depth + 1, index
+        if holder is None:
+            return None, 0
+        by_index = {r.index: r for r in candidates}
+        return by_index.get(holder), depth * request.block_size
+
+    def record(self, request: FleetRequest, replica: ReplicaView) -> None:
+        """Note that ``request``'s prompt was sent to ``replica`` (every full block, the head first)."""
+        for h in request.block_hashes():
+            self._sent_to[h] = replica.index
 
     def select(self, request, candidates, now=0.0):
         loads = [r.outstanding_requests for r in candidates]
-        least_loaded = candidates[loads.index(min(loads))]
-        high, low = max(loads), min(loads)
-        if high - low > self.balance_abs_threshold and high > self.balance_rel_threshold * low:
-            self.num_by_load += 1
-            return least_loaded
+        choice = candidates[loads.index(min(loads))]  # the least loaded; ties: the first
+        by_cache = False
+        if not self.is_imbalanced(loads):
+            holder, matched = self.longest_prefix(request, candidates)
+            if holder is not None and matched > self.cache_threshold * request.prompt_len:
+                choice, by_cache = holder, True
+        self.num_by_cache += by_cache
+        self.num_by_load += not by_cache
+        self.record(request, choice)
+        return choice
+
+
+class PrefixAware(CacheAware):
+    """``CacheAware``'s rule on the replicas' actual prefix caches (see the module docstring); same arguments and
+    attributes. The longest cached prefix wins; equal: the lowest index."""
+
+    name = "prefix-aware"
+
+    def longest_prefix(self, request, candidates):
         matched = [r.cached_prefix_tokens(request) for r in candidates]
         best = max(matched)
-        if best > self.cache_threshold * request.prompt_len:
-            self.num_by_cache += 1
-            return candidates[matched.index(best)]
-        self.num_by_load += 1
-        return least_loaded
+        return (candidates[matched.index(best)], best) if best > 0 else (None, 0)
+
+    def record(self, request, replica):
+        """Nothing to note: the caches themselves are read."""
 
 
 class Conductor(Router):
@@ -229,7 +306,8 @@ class Conductor(Router):
 
 
 ROUTERS: dict[str, type[Router]] = {
-    cls.name: cls for cls in (RoundRobin, RandomRouter, LeastOutstandingTokens, LeastKVUsage, PrefixAware, Conductor)
+    cls.name: cls for cls in (RoundRobin, RandomRouter, PowerOfTwo, LeastOutstandingTokens, LeastKVUsage, CacheAware,
+                               PrefixAware, Conductor)
 }
 if tuple(ROUTERS) != ROUTER_NAMES:  # the names FleetConfig validates against live in a leaf module
     raise RuntimeError(f"minengine.fleet.router_names.ROUTER_NAMES {ROUTER_NAMES} != the routers {tuple(ROUTERS)}")

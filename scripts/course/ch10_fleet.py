@@ -1,8 +1,9 @@
 # ruff: noqa: E501  (markdown and cell sources are long by nature)
 """Chapter 10: the fleet: the engine's own scheduler on many modelled GPUs: routing, disaggregation, goodput, capacity.
 
-Self-contained: it needs neither the bundled model nor the earlier chapters (only ``minengine`` and, for the real
-traces, ``../shared/data``; a synthetic trace stands in without it)."""
+Self-contained: it needs none of the earlier chapters (only ``minengine`` and, for the real traces, ``../shared/data``;
+a synthetic trace stands in without it). Only the section on the real router runs the bundled model: two
+``minengine serve`` replicas behind ``vllm-router``."""
 
 from cells import code, conclusion, exercise, glossary, header, md, question, summary
 
@@ -36,7 +37,8 @@ print("fast mode (MINENGINE_FAST=1):", FAST, "| torch loaded:", "torch" in sys.m
 CELLS = [
     *header(10, "The fleet: one scheduler, many GPUs", [
         "Explain what a token-free simulation keeps (the real scheduler, KV cache, prefix cache, modelled step times) and drops (the tokens), and why reusing the engine's own scheduler makes a fleet simulation trustworthy.",
-        "Route requests across replicas (round-robin, least outstanding tokens, least KV usage, prefix-aware with a load-balance threshold) and measure the prefix-hit rate and the load imbalance.",
+        "Route requests across replicas (round-robin, power of two choices, least outstanding tokens, least KV usage, cache-aware with a load-balance threshold) and measure the prefix-hit rate and the load imbalance.",
+        "Check the simulator against a real fleet: the same requests through vLLM's router in front of real replicas and through the simulated twin, on a clock fitted to the replicas' measured steps.",
         "Share prefixes across the whole fleet with a KV store in the nodes' DRAM (Mooncake): decide when fetching a prefix beats recomputing it (bytes per token over the link vs FLOPs per token on the GPU), route with Mooncake's conductor, and compare the hit share with the trace's infinite-cache ideal.",
         "Size and time the KV transfer of disaggregated prefill/decode over NVLink, InfiniBand and Ethernet.",
         "Compare colocated and disaggregated fleets at equal GPU count with DistServe's goodput (the highest request rate at which the SLO attainment target holds: P90 TTFT and P90 TPOT within their bounds), find the best prefill:decode split, and plan the GPUs a trace needs.",
@@ -45,6 +47,7 @@ CELLS = [
         "Qin et al., *Mooncake: A KVCache-centric Disaggregated Architecture for LLM Serving*, FAST 2025 (and its trace)",
         "Agrawal et al., *Vidur: A Large-Scale Simulation Framework for LLM Inference*, MLSys 2024",
         "SGLang Model Gateway, cache-aware routing policy (`sgl-model-gateway/src/policies/cache_aware.rs`); SGLang v0.4 release notes",
+        "vLLM's router (`vllm-project/router`: `src/policies/cache_aware.rs`, `src/policies/power_of_two.rs`)",
         "Agrawal et al., *Sarathi-Serve*, OSDI 2024 (chunked prefill)",
         "Mooncake Store and Transfer Engine (kvcache-ai/Mooncake); vLLM's KV connector interface"]),
     code(SETUP_FLEET),
@@ -142,13 +145,16 @@ CELLS = [
     """),
     md("""
     A **router** chooses a replica for each arriving request among those that can hold it:
-    - **round-robin** and **random** ignore the load; **least outstanding tokens** sends to the replica with the least
-      work assigned and unfinished (`prompt + max_tokens`); **least KV usage** to the one whose KV pool is least loaded.
-    - **prefix-aware** is SGLang's cache-aware rule: if the load (outstanding requests) is *imbalanced* (max - min > 64 and
-      max > 1.5 x min) send to the least loaded replica; otherwise to the replica whose prefix cache holds the longest part
-      of the prompt, if that part is more than 30 % of it; else to the least loaded (source: SGLang's router, its
-      default thresholds). Mooncake's scheduler is cache-aware in
-      the same spirit. Here the router reads each replica's real prefix cache.
+    - **round-robin** and **random** ignore the load; **power-of-two** draws two replicas at random and takes the one with
+      fewer outstanding requests (vLLM's router, `power_of_two`); **least outstanding tokens** sends to the replica with
+      the least work assigned and unfinished (`prompt + max_tokens`); **least KV usage** to the one whose KV pool is
+      least loaded.
+    - **cache-aware** is the cache-aware rule of SGLang's router and vLLM's (`vllm-router`, `cache_aware`): if the load
+      (outstanding requests) is *imbalanced* (max - min > 64 and max > 1.5 x min) send to the least loaded replica;
+      otherwise to the replica that holds the longest part of the prompt, if that part is more than 30 % of it; else to
+      the least loaded (their default thresholds). What a replica "holds" is the router's own record of the prompts it
+      sent there. **prefix-aware** is the same rule reading each replica's real prefix cache instead, as Mooncake's
+      scheduler does with its global KV metadata.
 
     On the Mooncake trace, where conversations re-send their history, the choice decides how much prefill is skipped.
     """),
@@ -174,6 +180,92 @@ CELLS = [
     **Load imbalance** is the busiest replica's busy time over the mean (1.0 = perfectly even). Cache affinity can trade
     balance for hits; the load-balance threshold is what keeps a popular prefix from overloading one replica (SGLang's
     reason for it).
+
+    ## The real router
+    The routers above are rules in a simulator. A real fleet runs them in a router process in front of real engines:
+    `python -m minengine fleet-serve` starts `minengine serve` replicas behind **vLLM's router** (`vllm-router`, a Rust
+    service). Does the simulator place requests as that router does, and hit the caches as those replicas do?
+
+    Below, 2 replicas of the bundled model run behind the router's `cache_aware` policy (the **cache-aware** rule above,
+    with its thresholds and its record of what it sent where). The same requests then run on the simulated **twin**: 2
+    replicas with the real ones' engine settings (read from their step feed), the bundled model's shape, and a clock
+    fitted to a few measured steps of one replica (`measure_step_costs`: each step's FLOPs and bytes against its
+    measured seconds). The requests are the Mooncake trace's requests that start with its 4 most re-sent blocks
+    (conversations that re-send their history, so placement decides the hits), as text, their arrivals stretched for
+    CPU replicas. The `openai` client measures each request's time to first token; each replica's own steps say which
+    requests it ran and how many prompt tokens its prefix cache held (`minengine.fleet.replay`). Every process of the
+    fleet is stopped at the end of the cell.
+    """),
+    conclusion("""
+    import contextlib
+    import io
+    import random
+    import statistics
+
+    import psutil
+    from transformers import AutoTokenizer
+
+    from minengine.config import BUNDLED_MODEL
+    from minengine.entrypoints.fleet_serve import Fleet, FleetArgs, free_ports
+    from minengine.fleet.replay import (measure_step_costs, replay_through_router, replica_steps, shared_prefix_requests,
+                                        simulate_window, text_window, twin_config)
+    from minengine.timing.model_shape import ModelShape
+
+    tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
+    if HAVE_TRACES:   # token ids in the bundled model's 2,048-token vocabulary, 16 tokens per 512-token block
+        pool = load_mooncake_trace(mooncake_path(data), length_scale=1 / 32)
+        picked = shared_prefix_requests(pool, 4, pool.tokens_per_hash_block, pick(48, 24))
+    else:   # 4 shared 256-token heads, one request every 1.5 s
+        rng = random.Random(2)
+        heads = [[rng.randrange(3, 2048) for _ in range(256)] for _ in range(4)]
+        picked = [TraceRequest(1.5 * i, 288, 4, heads[i % 4] + [rng.randrange(3, 2048) for _ in range(32)], f"shared-{i}")
+                  for i in range(pick(48, 24))]
+    span = picked[-1].arrival_time - picked[0].arrival_time
+    requests = text_window(picked, tokenizer, time_scale=pick(80, 30) / span, max_tokens=16)
+    shape = ModelShape.from_hf_config(BUNDLED_MODEL, dtype_bytes=4)   # serve runs float32
+    args = FleetArgs([BUNDLED_MODEL, "--uvicorn-log-level", "warning"], num_replicas=2, port=free_ports(3),
+                     policy="cache_aware", router_log_level="warning")
+    with contextlib.redirect_stdout(io.StringIO()), Fleet(args) as real_fleet:   # the router's start-up lines go nowhere
+        pids = real_fleet.pids()
+        costs = measure_step_costs(real_fleet.worker_urls[0], shape)
+        engine_info = replica_steps(real_fleet.worker_urls[0])[0]
+        real = replay_through_router(real_fleet.url, real_fleet.worker_urls, requests)
+    alive = []
+    for pid in pids:   # the router, the replicas and their children: all gone once the `with` block has closed
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+    twin = simulate_window(requests, twin_config(engine_info, costs.hardware, shape, 2, "cache-aware"))
+    print(f"{len(requests)} requests, {sum(len(r.prompt_token_ids) for r in requests):,} prompt tokens over {requests[-1].arrival_s:.0f} s; "
+          f"the twin's clock fits {len(costs.points)} measured steps with R^2 {costs.r2:.2f} (median error {costs.median_relative_error:.0%})")
+    for name, r in (("real (vllm-router cache_aware)", real), ("simulated (cache-aware)", twin)):
+        print(f"{name:31s} requests per replica {r.requests_per_replica()} | prefix hit rate {r.prefix_hit_rate:6.1%} | "
+              f"TTFT P50 {r.ttft_percentile(50) * 1000:5.0f} ms, P90 {r.ttft_percentile(90) * 1000:5.0f} ms")
+    real_split, twin_split = sorted(real.requests_per_replica(), reverse=True), sorted(twin.requests_per_replica(), reverse=True)
+    split_word = "the same split" if real_split == twin_split else "different splits"
+    same_hits = sum(x.cached_tokens == y.cached_tokens for x, y in zip(real.records, twin.records))
+    gap = statistics.median(x.ttft_s - y.ttft_s for x, y in zip(real.records, twin.records))
+    gap_text = (f"{gap * 1000:.0f} ms above the twin's: HTTP, the router, tokenizing and the server's event loop, which the simulator does not model"
+                if gap > 0 else f"{-gap * 1000:.0f} ms below the twin's: the fitted clock is slower than the replicas were")
+    conclude(f"Real and simulated, the {len(requests)} requests went to the two replicas as **{' / '.join(map(str, real_split))}** and "
+             f"**{' / '.join(map(str, twin_split))}** (busiest first: {split_word}); the real replicas' caches served "
+             f"**{real.prefix_hit_rate:.1%}** of prompt tokens, the twin's **{twin.prefix_hit_rate:.1%}**, the same hit for {same_hits} of "
+             f"{len(requests)} requests. For the median request the client's time to first token is {gap_text}.",
+             [("every request ran on exactly one replica, real and simulated",
+               sum(real_split) == sum(twin_split) == len(requests) == len(real.records)),
+              ("the split word matches the counts", (split_word == "the same split") == (real_split == twin_split)),
+              ("the same-hit count matches the records", same_hits == sum(x.cached_tokens == y.cached_tokens for x, y in zip(real.records, twin.records))),
+              ("the gap's direction matches the numbers", (gap > 0) == gap_text.split(" ms ")[1].startswith("above")),
+              ("every process of the fleet has exited", not alive)])
+    """),
+    md("""
+    The router does not ask the replicas what they cache: its record is of what it *sent*, kept as a radix tree of the
+    prompts' characters; the twin keeps it as the prompts' 16-token block hashes, so a match there counts whole KV
+    blocks. Where both place a request alike, the replica's cache gives the same hit: the engine is the same. The clock is
+    fitted to steps measured on a shared CPU, and the client's time includes what happens outside the engine's steps,
+    so times agree less closely than placements. `python benchmarks/fleet_vs_router.py` compares round-robin,
+    power-of-two and cache-aware this way (the project's manual, docs/fleet.md, *The simulator against the real router*,
+    shows its table and explains the differences).
 
     ## One KV cache for the whole fleet: the Mooncake store
     However well a router places requests, each replica's prefix cache holds only what *that* replica computed, in
