@@ -152,8 +152,8 @@ CELLS = [
     - **cache-aware** is the cache-aware rule of SGLang's router and vLLM's (`vllm-router`, `cache_aware`): if the load
       (outstanding requests) is *imbalanced* (max - min > 64 and max > 1.5 x min) send to the least loaded replica;
       otherwise to the replica that holds the longest part of the prompt, if that part is more than 30 % of it; else to
-      the least loaded (their default thresholds). What a replica "holds" is the router's own record of the prompts it
-      sent there. **prefix-aware** is the same rule reading each replica's real prefix cache instead, as Mooncake's
+      the least loaded (source: the defaults of `py_src/vllm_router/router_args.py` in vllm-project/router). What a
+      replica "holds" is the router's own record of the prompts it sent there. **prefix-aware** is the same rule reading each replica's real prefix cache instead, as Mooncake's
       scheduler does with its global KV metadata.
 
     On the Mooncake trace, where conversations re-send their history, the choice decides how much prefill is skipped.
