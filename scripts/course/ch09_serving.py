@@ -366,9 +366,11 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
         kept decoding for clients that had left?
         """, """
         A zombie request keeps its sequence slot and its KV blocks (its whole context stays in the pool) and takes a token
-        of every step's budget, for output whose client has gone. Under load the pool fills with zombies: new requests wait or get
-        preempted, TTFT grows, and fewer requests meet their SLO although the engine looks busy (checked: ch06 · the small pool forces preemptions and the roomy one none; ch07 · the tail TTFT has grown; ch07 · fewer than 90 % met the SLO at the top rate). Aborting frees the slot and
-        the blocks between two steps, as the step feed showed.
+        of every step's budget, for output whose client has gone: above, the stream held blocks and was served every step
+        until it was aborted (checked: both streams held blocks while they ran; the cancelled request was served every step
+        until it left). Without the abort the request would decode on to its `max_tokens`, and what a pool short of blocks does
+        to the requests behind it is chapter 06's subject; this chapter did not run a server full of zombies, so it puts no
+        number on it. Aborting frees the slot and the blocks between two steps (checked: its blocks were free in that step).
         """),
     *question("what if /metrics showed KV usage near 1 and a growing waiting queue?", """
         You are on call. `vllm:kv_cache_usage_perc` sits near 1.0, `vllm:num_requests_waiting` keeps growing and
