@@ -10,7 +10,8 @@ step feed's history, ``minengine.viz.router_feed.route_requests``): a request's 
 The twin (``twin_config`` + ``simulate_window``): the same replica count, the replicas' own engine settings (read from
 their step feed), the served model's shape, and a clock fitted to the replicas' measured steps
 (``measure_step_costs``: a few requests sent straight to one replica, each step's ``StepWork`` against its measured
-seconds, ``minengine.timing.calibrate.fit_hardware``), so the simulator's ``ModelledClock`` runs at the replicas' speed.
+seconds, ``minengine.timing.calibration.fit_hardware``), so the simulator's ``ModelledClock`` runs at the
+replicas' speed.
 
 Prompts must be text: vllm-router routes ``/v1/completions`` on the prompt's text (``extract_text_for_routing``).
 ``text_window`` decodes each trace prompt's token ids to text and tokenizes that text again, as the server will, so
@@ -33,7 +34,7 @@ import httpx
 from minengine.fleet.config import FleetConfig, ReplicaSpec
 from minengine.fleet.simulator import simulate
 from minengine.metrics.trace import StepTrace
-from minengine.timing.calibrate import CalibrationPoint, fit_hardware
+from minengine.timing.calibration import CalibrationPoint, fit_hardware
 from minengine.timing.cost_model import StepWork
 from minengine.timing.hardware import Hardware
 from minengine.timing.model_shape import ModelShape

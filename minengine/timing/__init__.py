@@ -19,9 +19,9 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "CalibrationPoint": "minengine.timing.calibrate", "CalibrationResult": "minengine.timing.calibrate",
-    "calibrate": "minengine.timing.calibrate", "engine_shape": "minengine.timing.calibrate",
-    "fit_hardware": "minengine.timing.calibrate", "CLOCK_KINDS": "minengine.timing.clocks",
+    "CalibrationPoint": "minengine.timing.calibration", "CalibrationResult": "minengine.timing.calibration",
+    "calibrate": "minengine.timing.calibration", "engine_shape": "minengine.timing.calibration",
+    "fit_hardware": "minengine.timing.calibration", "CLOCK_KINDS": "minengine.timing.clocks",
     "CallableClock": "minengine.timing.wall_clock", "Clock": "minengine.timing.wall_clock",
     "ClockSpec": "minengine.timing.clocks", "MeasuredClock": "minengine.timing.clocks",
     "ModelledClock": "minengine.timing.clocks", "WallClock": "minengine.timing.wall_clock",

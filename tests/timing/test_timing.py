@@ -450,3 +450,13 @@ def test_chunked_prefill_lesson_holds_on_modelled_time(bundled_model):
     assert p99_on < 0.5 * p99_off
     assert ttft_on >= ttft_off
     assert (p99_on, ttft_on) == _run_preset_a(True)  # and the same numbers every run
+
+
+def test_calibrate_stays_the_function_after_its_module_is_imported():
+    """``minengine.timing.calibrate`` is a function loaded on first use; a submodule of the same name, once imported
+    (the fleet replay imports the fitting code), would replace it on the package and make it a module."""
+    import minengine.timing
+    from minengine.timing import calibration
+
+    assert minengine.timing.fit_hardware is calibration.fit_hardware
+    assert callable(minengine.timing.calibrate) and minengine.timing.calibrate is calibration.calibrate
