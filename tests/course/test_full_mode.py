@@ -9,8 +9,8 @@ must render its sentence.
 Two chapters' full modes run only with ``MINENGINE_COURSE_FULL_ALL=1`` (``scripts/test_course_full.sh``), not in
 every CI run, to keep CI's time: chapter 10's replays a long trace window through a real fleet and simulates eight
 routers (16 to 21 minutes of wall time on the 2-core CI machine under load), chapter 04's sweeps long prompts
-(2.5 minutes there). Chapter 07, whose full mode once broke, runs here. The chapters are split over two test classes, so ``pytest -n 2 --dist loadscope`` runs the two
-halves on two workers.
+(2.5 minutes there). Chapter 07, whose full mode once broke, runs here. The chapters are split over two test
+classes, so ``pytest -n 2 --dist loadscope`` runs the two halves on two workers.
 """
 
 from __future__ import annotations
