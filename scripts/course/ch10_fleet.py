@@ -411,7 +411,7 @@ CELLS = [
     conclusion("""
     step_s = StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(1, 1000, 1)])).time_s
     SLOS = {"chatbot": PercentileSLO(ttft_s=0.25, tpot_s=0.1), "tight TPOT": PercentileSLO(ttft_s=0.25, tpot_s=round(1.5 * step_s, 3))}
-    window = azure[:pick(160, 120)]
+    window = azure[:120]
     splits = pick((1, 2, 3), (2,))
     layouts = {"colocated 4": FleetConfig.colocated(4)} | {f"disaggregated {p}:{4 - p}": FleetConfig.disaggregated(p, 4 - p) for p in splits}
     goodputs = {}
