@@ -213,11 +213,11 @@ from minengine.workloads import SHAKESPEARE_OPENINGS
     costs, so it finishes later (checked: 512-token chunks cost far less TTFT than the smallest). Sarathi-Serve picks the chunk from the TBT SLO the deployment must meet.
     """),
     code("""
-    SWEEP_LEN = pick(8000, 4000)
-    chunk_sizes = pick([64, 128, 256, 512, 1024, 2048], [128, 512, 2048])
+    SWEEP_LEN = pick(6000, 4000)
+    chunk_sizes = pick([64, 256, 512, 2048], [128, 512, 2048])
     sweep = {}
     for size in chunk_sizes:
-        eng = chunked if (size, SWEEP_LEN) == (CHUNK, LONG) else textbook(size, long_len=SWEEP_LEN, decode_tokens=pick(40, 20))
+        eng = textbook(size, long_len=SWEEP_LEN, decode_tokens=pick(40, 20))
         x = decode_itls(eng)
         sweep[size] = (x[-1], eng.request_metrics["long"].ttft)
     fig = go.Figure([go.Scatter(x=chunk_sizes, y=[v[0] * 1000 for v in sweep.values()], name="worst decode ITL (ms)", mode="lines+markers"),

@@ -97,17 +97,17 @@ CELLS = [
     data = find_data_dir()
     HAVE_TRACES = azure_conv_path(data) is not None and mooncake_path(data) is not None
     if HAVE_TRACES:
-        azure = load_azure_trace(azure_conv_path(data), max_requests=pick(1200, 300))
-        mooncake = load_mooncake_trace(mooncake_path(data), max_requests=pick(1000, 250), vocab_size=LLAMA_3_8B.vocab_size)
+        azure = load_azure_trace(azure_conv_path(data), max_requests=pick(400, 300))
+        mooncake = load_mooncake_trace(mooncake_path(data), max_requests=pick(300, 250), vocab_size=LLAMA_3_8B.vocab_size)
     else:
         import random
-        azure = synthetic_trace(pick(1200, 300), rate=5.0, prompt_len=1024, output_len=200, range_ratio=0.9)
+        azure = synthetic_trace(pick(400, 300), rate=5.0, prompt_len=1024, output_len=200, range_ratio=0.9)
         rng = random.Random(0)
         prefixes = [[rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(768)] for _ in range(8)]
         mooncake = Trace([TraceRequest(r.arrival_time, 768 + r.prompt_len, r.output_len,
                                        prefixes[rng.randrange(8)] + [rng.randrange(3, LLAMA_3_8B.vocab_size) for _ in range(r.prompt_len)],
                                        f"shared-prefix-{i}")
-                          for i, r in enumerate(synthetic_trace(pick(1000, 150), rate=5.0, prompt_len=256, output_len=200,
+                          for i, r in enumerate(synthetic_trace(pick(300, 150), rate=5.0, prompt_len=256, output_len=200,
                                                                 range_ratio=0.9, seed=1))],
                          source="synthetic: Poisson, 8 shared 768-token prefixes + 256-token questions")
     print(azure)
@@ -121,7 +121,7 @@ CELLS = [
     exactly what `replay` gives for the same engine on the same clock (chapter 7), request by request.
     """),
     conclusion("""
-    small = azure[:pick(200, 60)]
+    small = azure[:pick(100, 60)]
     one = simulate(small, FleetConfig.colocated(1, max_model_len=16384))
     cfg = EngineConfig(num_kv_blocks=one.replicas[0].num_kv_blocks, max_num_batched_tokens=2048, max_num_seqs=256,
                        max_model_len=16384, trace_block_tables=False, num_cpu_threads=None)
@@ -214,14 +214,14 @@ CELLS = [
     tokenizer = AutoTokenizer.from_pretrained(BUNDLED_MODEL)
     if HAVE_TRACES:   # token ids in the bundled model's 2,048-token vocabulary, 16 tokens per 512-token block
         pool = load_mooncake_trace(mooncake_path(data), length_scale=1 / 32)
-        picked = shared_prefix_requests(pool, 4, pool.tokens_per_hash_block, pick(48, 24))
+        picked = shared_prefix_requests(pool, 4, pool.tokens_per_hash_block, pick(32, 24))
     else:   # 4 shared 256-token heads, one request every 1.5 s
         rng = random.Random(2)
         heads = [[rng.randrange(3, 2048) for _ in range(256)] for _ in range(4)]
         picked = [TraceRequest(1.5 * i, 288, 4, heads[i % 4] + [rng.randrange(3, 2048) for _ in range(32)], f"shared-{i}")
-                  for i in range(pick(48, 24))]
+                  for i in range(pick(32, 24))]
     span = picked[-1].arrival_time - picked[0].arrival_time
-    requests = text_window(picked, tokenizer, time_scale=pick(80, 30) / span, max_tokens=16)
+    requests = text_window(picked, tokenizer, time_scale=pick(40, 30) / span, max_tokens=16)
     shape = ModelShape.from_hf_config(BUNDLED_MODEL, dtype_bytes=4)   # serve runs float32
     args = FleetArgs([BUNDLED_MODEL, "--uvicorn-log-level", "warning"], num_replicas=2, port=free_ports(3),
                      policy="cache_aware", router_log_level="warning")
@@ -411,13 +411,13 @@ CELLS = [
     conclusion("""
     step_s = StepCostModel("h100", "llama-3-8b").cost(StepWork.of([(1, 1000, 1)])).time_s
     SLOS = {"chatbot": PercentileSLO(ttft_s=0.25, tpot_s=0.1), "tight TPOT": PercentileSLO(ttft_s=0.25, tpot_s=round(1.5 * step_s, 3))}
-    window = azure[:pick(1000, 120)]
+    window = azure[:120]
     splits = pick((1, 2, 3), (2,))
     layouts = {"colocated 4": FleetConfig.colocated(4)} | {f"disaggregated {p}:{4 - p}": FleetConfig.disaggregated(p, 4 - p) for p in splits}
     goodputs = {}
     for slo_name, slo in SLOS.items():
         for name, config in layouts.items():
-            goodputs[slo_name, name] = max_goodput(window, config, slo, start_multiplier=8.0, rel_tol=pick(0.05, 0.2), max_probes=pick(10, 5))
+            goodputs[slo_name, name] = max_goodput(window, config, slo, start_multiplier=8.0, rel_tol=0.2, max_probes=5)
             g = goodputs[slo_name, name]
             print(f"{slo_name:10s} ({slo}) {name:18s} goodput {g.goodput:6.2f} req/s = {g.per_gpu:5.2f} per GPU")
     best = {s: max((n for n in layouts), key=lambda n: goodputs[s, n].goodput) for s in SLOS}
