@@ -24,14 +24,16 @@ class RequestStatus(enum.Enum):
 
     @property
     def finished(self) -> bool:
-        return self in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-                        RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_TIMEOUT)
+        return self._value_ in _FINISHED_VALUES  # by value: reading enum members from the class is ~15x slower
 
     @property
     def finish_reason(self) -> str | None:
         """vLLM's ``finish_reason``: "stop", "length", "abort", "timeout" (past its deadline) or None while
         unfinished."""
-        return self.value if self.finished else None
+        return self._value_ if self._value_ in _FINISHED_VALUES else None
+
+
+_FINISHED_VALUES = frozenset({"stop", "length", "abort", "timeout"})  # the values of the FINISHED_* members
 
 
 @dataclass(eq=False)
@@ -135,7 +137,7 @@ class Request:
 
     @property
     def is_finished(self) -> bool:
-        return self.status.finished
+        return self.status._value_ in _FINISHED_VALUES  # ``self.status.finished``, without a second property
 
 
 @dataclass

@@ -15,7 +15,6 @@ A token that stops the request (EOS unless ``ignore_eos``, or one of ``stop_toke
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 
@@ -115,7 +114,8 @@ class IncrementalDetokenizer:
         self._max_tokens = max_tokens
         self.stop_token_skipped = False
         self._stream = None
-        if tokenizer is not None and _backend(tokenizer) is not None:
+        self._backend = _backend(tokenizer) if tokenizer is not None else None  # looked up once, not per token
+        if self._backend is not None:
             from tokenizers.decoders import DecodeStream
 
             context = decode_context(tokenizer, prompt_token_ids, skip_special_tokens)
@@ -134,7 +134,7 @@ class IncrementalDetokenizer:
         new = object.__new__(type(self))  # a shallow copy (what copy.copy does), without its generic machinery:
         new.__dict__.update(self.__dict__)  # this runs for every token of every request
         if self._stream is not None:
-            new._stream = copy.copy(self._stream)  # DecodeStream copies its state
+            new._stream = self._stream.__copy__()  # DecodeStream copies its state (``copy.copy`` calls this)
         new._step(token_id)
         return new
 
@@ -152,7 +152,7 @@ class IncrementalDetokenizer:
         chunk = None
         if self._stream is not None:
             try:
-                chunk = self._stream.step(_backend(self.tokenizer), token_id)
+                chunk = self._stream.step(self._backend, token_id)
             except Exception:  # a decoder whose text is not prefix-stable: decode in full from now on
                 self._stream = None
         if self._stream is None:

@@ -48,9 +48,10 @@ class LLMEngine(EngineStatistics):
             (``end_step(scheduler_output)``). Arrival, scheduling, token and finish times all come from it.
         runner: a model-free stand-in for the ``ModelRunner`` (``minengine.fleet.TokenFreeRunner``): the engine
             then loads no weights, no tokenizer and no torch, and takes the model's sizes from
-            ``runner.model_config`` (``vocab_size``, ``max_position_embeddings``, ``eos_token_id``) and
-            ``runner.kv_bytes_per_block(block_size)``. Scheduling, metrics and traces are unchanged: this is how
-            the fleet simulator runs the engine's own scheduler on a modelled clock. None: load ``config.model``.
+            ``runner.model_config`` (``vocab_size``, ``max_position_embeddings``, ``eos_token_id``),
+            ``runner.kv_bytes_per_block(block_size)`` and ``runner.tokenizer`` if it has one (else no text).
+            Scheduling, metrics and traces are unchanged: this is how the fleet simulator runs the engine's own
+            scheduler on a modelled clock. None: load ``config.model``.
 
     Raises:
         ValueError: bad settings, or settings that do not fit the model (``max_model_len``, KV pool).

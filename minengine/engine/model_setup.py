@@ -33,14 +33,15 @@ class LoadedModel:
 def load_model(config: EngineConfig, runner=None) -> LoadedModel:
     """Load the model and tokenizer of ``config`` (with worker processes, ``minengine.executor`` "mp", only
     its config and tokenizer: each worker loads its own shard). With a model-free ``runner`` nothing is loaded:
-    its ``model_config`` and ``kv_bytes_per_block``, no device.
+    its ``model_config`` and ``kv_bytes_per_block``, no device, and its ``tokenizer`` if it has one (the host
+    benchmark's runner brings one, so the engine detokenizes).
 
     Raises:
         ValueError: ``device="cuda"`` without a CUDA device; a checkpoint or tokenizer that cannot be used.
     """
     if runner is not None:
-        return LoadedModel(None, runner.model_config, None, None, None, runner.kv_bytes_per_block(config.block_size),
-                           None)
+        return LoadedModel(None, runner.model_config, None, getattr(runner, "tokenizer", None), None,
+                           runner.kv_bytes_per_block(config.block_size), None)
     import torch
 
     from minengine.executor import executor_backend

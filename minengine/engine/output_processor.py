@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # the sampler imports torch; an engine on a model-free runner
     pass
 
 
+_FINAL_ONLY, _DELTA = RequestOutputKind.FINAL_ONLY, RequestOutputKind.DELTA  # read once: ~1 us a read (Python 3.11)
+
+
 def streamable_length(text: str, stop: list[str]) -> int:
     """How much of an unfinished request's text can be streamed for good: all of it except an incomplete
     UTF-8 character at the end (decoded as U+FFFD) and a tail that could still grow into a stop string
@@ -102,10 +105,10 @@ class OutputProcessor:
         if finished and isinstance(request.stop_reason, str) and request.sampling_params.include_stop_str_in_output:
             text += request.stop_reason  # the detokenizer cut the text right before the stop string it found
         kind = state.output_kind
-        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+        if kind == _FINAL_ONLY and not finished:
             return None
         tokens, logprobs = request.output_token_ids, state.logprobs
-        if kind == RequestOutputKind.DELTA:
+        if kind == _DELTA:
             end = len(text) if finished else max(state.sent_text, streamable_length(text, state.stop))
             new_text, state.sent_text = text[state.sent_text:end], end
             tokens, state.sent_tokens = tokens[state.sent_tokens:], len(tokens)

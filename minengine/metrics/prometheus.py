@@ -247,6 +247,7 @@ class PrometheusStatLogger:
         the requests that got tokens and how many
         each got (``num_new_tokens``; 1 when absent). The inter-token latency is observed once per request per
         step, as vLLM does, also when speculative decoding brought several tokens at once."""
+        num_generated = 0
         for request in got_token:
             m = metrics[request.request_id]
             n = num_new_tokens.get(request.request_id, 1) if num_new_tokens else 1
@@ -256,7 +257,8 @@ class PrometheusStatLogger:
                 self.ttft.observe(m.ttft)
             elif len(m.itls) >= n:
                 self.itl.observe(m.itls[-n])  # the gap before this step's first token
-            self.generation_tokens.inc(n)
+            num_generated += n
+        self.generation_tokens.inc(num_generated)  # once per step: each ``inc`` takes the series' lock
         if trace is None:
             return
         if trace.rolled_back:  # nothing ran: only its preemptions stand

@@ -1,7 +1,7 @@
 """What happens to one request's logits between the model and the draw, when it needs more than an argmax
 (``process_logits``): token masks and penalties where the request sets them (``worker/penalties.py``),
-``min_tokens``, then (not for greedy requests) temperature, min-p, top-k and top-p. The ``Sampler`` sends a row here
-only when its request needs it (``SamplingParams.needs_processing``).
+``min_tokens``, then (not for greedy requests) temperature, min-p, top-k and top-p (``worker/top_k_top_p.py``).
+The ``Sampler`` sends a row here only when its request needs it (``SamplingParams.needs_processing``).
 
 Sources: top-p is nucleus sampling (Holtzman et al., ICLR 2020); min-p (Nguyen et al., 2024).
 """
@@ -15,6 +15,7 @@ import torch
 from minengine.sampling_params import SamplingParams
 from minengine.worker.finite import finite_overflow
 from minengine.worker.penalties import apply_penalties, apply_token_masks
+from minengine.worker.top_k_top_p import apply_top_k_top_p
 
 
 def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -25,34 +26,12 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < min_p * probs.max(), float("-inf"))
 
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """Mask to -inf every logit outside the top-k and outside the top-p nucleus.
-
-    Args:
-        logits: [V] float32 (already divided by the temperature).
-        top_k: keep the k largest (0 or -1 keeps all). top_p: keep the smallest prefix of the sorted
-            distribution whose probability reaches top_p (1.0 keeps all); the most likely token always stays.
-    Returns:
-        [V] float32.
-    """
-    if top_k > 0 and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, descending=True)
-        probs = sorted_logits.softmax(-1)
-        # Drop a token when the tokens strictly before it already reach top_p.
-        drop = (probs.cumsum(-1) - probs) >= top_p
-        drop[0] = False
-        logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-    return logits
-
-
 def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
                    output_ids: Sequence[int]) -> torch.Tensor:
     """Everything between the raw logits and the draw, for one request: min_tokens, penalties, then (not for
     greedy requests) temperature, min-p, top-k and top-p. ``softmax`` of the result is the distribution the
-    token is drawn from (greedy takes its argmax).
+    token is drawn from (greedy takes its argmax). The sampler does the top-k and top-p of
+    ``scaled_logits``'s result without sorting the row (``worker/top_k_top_p.py``), with the same result.
 
     Args:
         logits: [V] float32 raw logits of the position being sampled.
@@ -61,6 +40,16 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
     Returns:
         [V] float32.
     """
+    logits = scaled_logits(logits, params, prompt_ids, output_ids)
+    if params.greedy:
+        return logits
+    return apply_top_k_top_p(logits, params.top_k, params.top_p)
+
+
+def scaled_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Sequence[int],
+                  output_ids: Sequence[int]) -> torch.Tensor:
+    """``process_logits`` up to top-k and top-p: token masks, min_tokens, penalties, then (not for greedy
+    requests) temperature and min-p. Arguments as ``process_logits``; returns [V] float32."""
     if params.has_token_masks:
         logits = apply_token_masks(logits, params, output_ids)
     if len(output_ids) < params.min_tokens and params.all_stop_token_ids:
@@ -71,5 +60,4 @@ def process_logits(logits: torch.Tensor, params: SamplingParams, prompt_ids: Seq
         logits = apply_penalties(logits, prompt_ids, output_ids, params)
     if params.greedy:
         return logits
-    logits = apply_min_p(finite_overflow(logits / params.temperature, logits), params.min_p)
-    return apply_top_k_top_p(logits, params.top_k, params.top_p)
+    return apply_min_p(finite_overflow(logits / params.temperature, logits), params.min_p)

@@ -1,13 +1,14 @@
 """Sampler: the logits of the sampling rows -> token ids, greedy or drawn with per-request seeds.
 
 The default row is an argmax (greedy, no penalties or masks). A row whose request needs more goes through
-``worker/logits_processing.py`` (vLLM v1's order: token masks, ``min_tokens``, penalties, then temperature, min-p,
-top-k, top-p) and is drawn. Doors, each in its own file: a structured-output request's grammar bitmask
-(``worker/structured_sampling.py``; applied first, so raw logprobs are those of the constrained distribution),
-speculative proposals verified row by row (``worker/spec_verify.py``), logprobs (``worker/token_logprobs.py``),
-and custom logits processors (``worker/logits_processors.py``), which run on the whole batch before the
-per-request steps (vLLM runs them after the token masks, ``min_tokens`` and ``logit_bias``, and argmax-invariant
-ones after the temperature: the same result for processors that only mask tokens or keep chosen tokens' values).
+``worker/logits_processing.py`` (vLLM v1's order: token masks, ``min_tokens``, penalties, then temperature, min-p)
+and is drawn; with top-k or top-p through ``worker/top_k_top_p.py`` (without sorting the vocabulary). Doors, each
+in its own file: a structured-output request's grammar bitmask (``worker/structured_sampling.py``; applied first,
+so raw logprobs are those of the constrained distribution), speculative proposals verified row by row
+(``worker/spec_verify.py``), logprobs (``worker/token_logprobs.py``), and custom logits processors
+(``worker/logits_processors.py``), which run on the whole batch before the per-request steps (vLLM runs them after
+the token masks, ``min_tokens`` and ``logit_bias``, and argmax-invariant ones after the temperature: the same
+result for processors that only mask tokens or keep chosen tokens' values).
 
 A seeded request draws each token from a generator seeded by (seed, index of the token), so its output
 does not depend on the other requests in the batch, on chunking or on preemption.
@@ -18,10 +19,11 @@ from __future__ import annotations
 import torch
 
 from minengine.core.scheduler_output import ScheduledRequest
-from minengine.worker.logits_processing import process_logits
+from minengine.worker.logits_processing import scaled_logits
 from minengine.worker.spec_verify import verify_proposals
 from minengine.worker.structured_sampling import sample_structured
 from minengine.worker.token_logprobs import TokenLogprobs, sampled_logprobs
+from minengine.worker.top_k_top_p import sample_top_k_top_p
 
 _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) pairs over the seed space
 
@@ -29,6 +31,18 @@ _MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads (seed, index) pairs 
 def token_generator(seed: int, output_index: int) -> torch.Generator:
     """A CPU generator for the ``output_index``-th token of a request seeded with ``seed``."""
     return torch.Generator().manual_seed((seed * _MIX + output_index) % (2**63 - 1))
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` ([R, V] -> [R] int64) at the speed of a max (torch's CPU argmax is several times slower):
+    the first block of 64 logits holding each row's max (its first index, a NaN counting as the max, as in
+    ``torch.argmax``), then the max inside it. Fewer than 65,536 logits, or V not a multiple of 64: torch.argmax."""
+    rows, vocab = logits.shape
+    if vocab % 64 or rows * vocab < 65536:
+        return logits.argmax(-1)
+    blocks = logits.contiguous().view(rows, vocab // 64, 64)
+    best = blocks.amax(-1).argmax(-1)  # [R]: the first block holding the row's max
+    return best * 64 + blocks[torch.arange(rows), best].argmax(-1)
 
 
 class Sampler:
@@ -77,7 +91,7 @@ class Sampler:
         logits = logits.float().cpu()
         # Custom logits processors edit a copy: raw logprobs are read from ``logits`` (as vLLM's).
         work = logits if self.logits_processors is None else self.logits_processors.apply(logits.clone(), requests)
-        argmax = work.argmax(-1).tolist()  # greedy requests without processing keep these
+        argmax = argmax_rows(work).tolist()  # greedy requests without processing keep these
         if len(argmax) == len(requests):  # no proposals in the step: one row per request
             tokens = [[t] for t in argmax]
             rows = list(range(len(requests)))
@@ -108,8 +122,10 @@ class Sampler:
         outputs = s.output_token_ids[:s.output_index]
         if offset:
             outputs = list(outputs) + list(s.spec_token_ids[:offset])
-        x = process_logits(row_logits, p, s.prompt_token_ids, outputs)
+        x = scaled_logits(row_logits, p, s.prompt_token_ids, outputs)
         if p.greedy:
             return int(x.argmax())
         gen = self.generator if p.seed is None else token_generator(p.seed, index)
+        if p.top_k > 0 or p.top_p < 1.0:  # without sorting the vocabulary: worker/top_k_top_p.py
+            return sample_top_k_top_p(x, p.top_k, p.top_p, gen)
         return int(torch.multinomial(x.softmax(-1), 1, generator=gen).item())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU script's dry run uses the Triton interpreter
 
@@ -36,10 +37,20 @@ def test_throughput_benchmark_tiny(tmp_path):
 
 
 def test_host_overhead_benchmark_tiny(tmp_path):
-    rows = host_overhead.main(["--num-requests", "1,3", "--contexts", "20", "--steps", "2", "--out", str(tmp_path)])
+    from minengine.config import BUNDLED_MODEL
+
+    result = host_overhead.main(["--num-requests", "1,3", "--contexts", "20", "--steps", "2", "--engine-context", "8",
+                                 "--tokenizer", str(Path(BUNDLED_MODEL) / "tokenizer.json"), "--out", str(tmp_path)])
+    rows, engine_rows = result["scheduler_and_inputs"], result["engine_step"]
     assert [(r["num_requests"], r["context"]) for r in rows] == [(1, 20), (3, 20)]
     assert all(r["schedule_update_ms"] > 0 and r["prepare_torch_ms"] > 0 for r in rows)
-    assert (tmp_path / "host_overhead.md").read_text().count("\n") == 4
+    assert [(r["num_requests"], r["mix"]) for r in engine_rows] == [(1, "greedy"), (3, "greedy"), (1, "sampled"),
+                                                                     (3, "sampled")]
+    for r in engine_rows:  # every part measured, and the output path is what is left of the step
+        assert r["sampler_ms"] > 0 and r["prepare_ms"] > 0 and r["logits_pass_ms"] > 0
+        assert 0 < r["outputs_ms"] < r["step_ms"]
+    assert (tmp_path / "host_overhead.md").read_text().count("\n") == 4 + 1 + 2 + 4 + 1
+    assert json.loads((tmp_path / "host_overhead.json").read_text())["engine_step"][0]["vocab"] == r["vocab"]
     assert (tmp_path / "host_overhead.html").exists()
 
 
