@@ -29,8 +29,8 @@ warm-up, minengine and transformers taken in turn so a change of load hits both:
   minengine ran) and their fraction of the matmul roof;
 - the load average before and after each measurement, and whether greedy outputs equal transformers'.
 
-    python benchmarks/real_shape.py                              # SmolLM-135M's shape, <= 10 min on 2 idle cores
-    python benchmarks/real_shape.py --shapes all --decode-tokens 32   # Llama-3.2-1B: 5 GB of float32 weights
+    python benchmarks/real_shape.py      # SmolLM-135M's shape; meant to fit 10 min on 2 idle cores (unverified)
+    python benchmarks/real_shape.py --shapes all --decode-tokens 32   # Llama-3.2-1B: 5 GB in float32
     python benchmarks/real_shape.py --shapes qwen2.5-0.5b --dtypes float32 --threads 1
     python benchmarks/real_shape.py --print-checkpoint smollm-135m   # build it, print its directory
 

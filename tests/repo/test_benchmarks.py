@@ -201,3 +201,24 @@ def test_real_shape_configs_have_the_published_sizes(tmp_path):
     inv_freq, _ = rope_inv_freq(cfg)
     plain = 1.0 / (500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float) / 64))
     assert inv_freq[0] == plain[0] and inv_freq[-1] < plain[-1] / 31  # low frequencies divided by the factor 32
+
+
+def test_the_docs_quote_the_saved_real_shape_result():
+    """Every table row of the real-shape section in docs/benchmarks.md is a row of
+    ``benchmarks/results/real_shape.md``, and the section's sentence on the ratios quotes the saved JSON."""
+    root = Path(__file__).resolve().parents[2]
+    results = (root / "benchmarks" / "results" / "real_shape.md").read_text().splitlines()
+    docs = (root / "docs" / "benchmarks.md").read_text()
+    section = docs.split("## Real-shaped models", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert len(rows) >= 4  # the roofs, and at least one row of each table
+    assert all(row in results for row in rows), [row for row in rows if row not in results]
+    saved = json.loads((root / "benchmarks" / "results" / "real_shape.json").read_text())
+    f32 = next(r for r in saved["shapes"][0]["rows"] if r["dtype"] == "float32" and r["threads"] == 1)
+    text = " ".join(section.split())
+    assert (f"{f32['ratios']['decode_cpu']:.2f}x transformers' decode in CPU time "
+            f"({f32['minengine']['single']['decode_cpu_ms']:.1f} vs "
+            f"{1e3 / f32['transformers']['single']['decode_cpu_tok_s']:.1f} ms of CPU per step)") in text
+    assert f"batched, {f32['ratios']['batched_cpu']:.2f}x in CPU time" in text
+    assert (f"{saved['elapsed_s']:.0f} s of wall time and {saved['cpu_s']:.0f} s of its own CPU time" in text
+            and (saved["complete"] or "stopped" in text))  # a partial run says so
