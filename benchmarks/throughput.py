@@ -124,15 +124,23 @@ def measure_matmul_roof(shape: ModelShape, rows: int, repeats: int = 7,
 def measure_copy_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
     """GB/s of a large tensor copy (bytes read + bytes written per second) at the current thread count,
     median of ``repeats`` (the memory roof of the roofline; a STREAM-copy-like number)."""
+    return measure_copy_bandwidths(megabytes, repeats)[0]
+
+
+def measure_copy_bandwidths(megabytes: int = 256, repeats: int = 5) -> tuple[float, float]:
+    """``measure_copy_bandwidth`` per wall second and per second of this process's CPU time (the second holds
+    still when other processes take turns on the cores)."""
     src = torch.ones(megabytes * 2**20 // 4)
     dst = torch.empty_like(src)
     dst.copy_(src)  # fault the pages in
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         dst.copy_(src)
-        times.append(time.perf_counter() - t)
-    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
+        wall.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    nbytes = 2 * src.numel() * 4
+    return nbytes / statistics.median(wall) / 1e9, nbytes / max(statistics.median(cpu), 1e-9) / 1e9
 
 
 # ---- the systems ----------------------------------------------------------------------------------------
@@ -144,12 +152,13 @@ def engine_kwargs(threads: int | None) -> dict:
     return {"num_cpu_threads": threads} if threads and "num_cpu_threads" in fields else {}
 
 
-def run_minengine(model: str, work, max_num_batched_tokens: int, threads: int | None = None):
+def run_minengine(model: str, work, max_num_batched_tokens: int, threads: int | None = None, **engine_args):
     """A fresh engine (no prefix-cache hits from an earlier repeat), a 2-request warm-up, then the workload.
+    ``engine_args`` go to ``LLM`` too (``dtype``, ``quantization``: benchmarks/real_shape.py).
     Returns (wall seconds, process CPU seconds, output token ids per request, the engine's step traces of
     the timed run)."""
     llm = LLM(model, max_model_len=1024, max_num_seqs=len(work), max_num_batched_tokens=max_num_batched_tokens,
-              **engine_kwargs(threads))
+              **engine_kwargs(threads), **engine_args)
     prompts = [{"prompt_token_ids": p} for p, _ in work]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
     # Warm-up on prompts of the workload's lengths but other tokens: the workload's own would leave their

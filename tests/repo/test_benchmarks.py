@@ -154,3 +154,81 @@ def test_the_docs_state_the_mixed_model_numbers_of_the_saved_sliding_window_resu
     benchmarks = " ".join((root / "docs" / "benchmarks.md").read_text().split())
     assert (f"full-attention group ends at {full} blocks and the windowed group holds at most {decode} in every "
             f"decode step ({any_step} during the prompt's chunks)") in benchmarks
+
+
+def test_real_shape_benchmark_tiny(tmp_path, monkeypatch):
+    """benchmarks/real_shape.py on a hidden-64 Llama: every field of the JSON, greedy outputs equal to
+    transformers' in float32 (single stream and batched), int8 reads fewer weight bytes and is compared with
+    float32, and the checkpoint keeps the hub-format config.json it was built from."""
+    from benchmarks import real_shape
+
+    monkeypatch.setenv("MINENGINE_REAL_SHAPE_CACHE", str(tmp_path / "cache"))
+    result = real_shape.main(["--shapes", "tiny", "--dtypes", "float32,int8", "--threads", "1", "--repeats", "1",
+                              "--prompt-len", "24", "--decode-tokens", "3", "--batch-requests", "3",
+                              "--batch-prompt-len", "8", "--batch-output-len", "4", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "real_shape.json").read_text())
+    assert saved["shapes"][0]["shape"] == "tiny" and saved["settings"]["repeats"] == 1
+    (shape,) = result["shapes"]
+    ckpt = shape["checkpoint"]
+    assert json.loads((Path(ckpt) / "config.json").read_text()) == real_shape.HUB_CONFIGS["tiny"]
+    assert set(shape["roofs"]) == {1} and all(v > 0 for v in shape["roofs"][1].values())
+    f32, int8 = shape["rows"]
+    assert (f32["dtype"], int8["dtype"]) == ("float32", "int8")
+    assert f32["outputs_equal"] == {"single": "1/1", "batched": "3/3"}
+    for row in (f32, int8):
+        me = row["minengine"]
+        assert all(me["single"][k] > 0 for k in ("prefill_tok_s", "prefill_cpu_tok_s", "decode_tok_s", "decode_ms",
+                                                 "decode_cpu_ms", "weight_bytes_per_step"))
+        assert me["batched"]["tok_s"] > 0 and me["batched"]["cpu_s"] > 0
+        assert 0 < me["decode_bandwidth_fraction"] and 0 < me["batched_roof_fraction_cpu"]
+        assert row["ratios"]["decode"] > 0 and row["ratios"]["batched_cpu"] > 0 and row["load_before"]
+    assert f32["ratios"]["peer"] == "transformers" and int8["ratios"]["peer"] == "transformers float32"
+    assert int8["minengine"]["single"]["weight_bytes_per_step"] < f32["minengine"]["single"]["weight_bytes_per_step"]
+    assert int8["int8_over_float32"]["decode"] > 0 and "llama_bench" not in f32
+    md = (tmp_path / "real_shape.md").read_text()
+    assert "## tiny" in md and "| int8" in md and "llama.cpp" not in md
+
+
+def test_real_shape_configs_have_the_published_sizes(tmp_path):
+    """The three hub configs written from knowledge give the models' published parameter counts (SmolLM-135M:
+    134.5 M; Qwen2.5-0.5B: 0.49 B; Llama-3.2-1B: 1.24 B, tied embeddings counted once), and minengine reads
+    Llama-3.2's llama3 RoPE scaling from the hub-format file as transformers does."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from benchmarks import real_shape
+    from minengine.layers.rotary import rope_inv_freq
+
+    published = {"smollm-135m": 134.5e6, "qwen2.5-0.5b": 494.0e6, "llama-3.2-1b": 1235.8e6}
+    for name, count in published.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(real_shape.HUB_CONFIGS[name]))
+        cfg = AutoConfig.from_pretrained(tmp_path / name)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(cfg)
+        assert abs(sum(p.numel() for p in model.parameters()) - count) < 1e-3 * count, name
+    cfg = AutoConfig.from_pretrained(tmp_path / "llama-3.2-1b")
+    inv_freq, _ = rope_inv_freq(cfg)
+    plain = 1.0 / (500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float) / 64))
+    assert inv_freq[0] == plain[0] and inv_freq[-1] < plain[-1] / 31  # low frequencies divided by the factor 32
+
+
+def test_the_docs_quote_the_saved_real_shape_result():
+    """Every table row of the real-shape section in docs/benchmarks.md is a row of
+    ``benchmarks/results/real_shape.md``, and the section's sentence on the ratios quotes the saved JSON."""
+    root = Path(__file__).resolve().parents[2]
+    results = (root / "benchmarks" / "results" / "real_shape.md").read_text().splitlines()
+    docs = (root / "docs" / "benchmarks.md").read_text()
+    section = docs.split("## Real-shaped models", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    assert len(rows) >= 4  # the roofs, and at least one row of each table
+    assert all(row in results for row in rows), [row for row in rows if row not in results]
+    saved = json.loads((root / "benchmarks" / "results" / "real_shape.json").read_text())
+    f32 = next(r for r in saved["shapes"][0]["rows"] if r["dtype"] == "float32" and r["threads"] == 1)
+    text = " ".join(section.split())
+    assert (f"{f32['ratios']['decode_cpu']:.2f}x transformers' decode in CPU time "
+            f"({f32['minengine']['single']['decode_cpu_ms']:.1f} vs "
+            f"{1e3 / f32['transformers']['single']['decode_cpu_tok_s']:.1f} ms of CPU per step)") in text
+    assert f"batched, {f32['ratios']['batched_cpu']:.2f}x in CPU time" in text
+    assert (f"{saved['elapsed_s']:.0f} s of wall time and {saved['cpu_s']:.0f} s of its own CPU time" in text
+            and (saved["complete"] or "stopped" in text))  # a partial run says so
