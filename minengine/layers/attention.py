@@ -110,3 +110,9 @@ def _cpu_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_s
 # resolves "auto" once, at construction (``layers/attention_backend.py``), and every step's ForwardBatch carries
 # the name.
 _BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": triton_backend}
+
+
+def register_backend(name: str, backend) -> None:
+    """Add a backend under ``name`` (a door that builds its own batches: the compiled decode steps'
+    ``worker/compiled_decode.py``); ``backend`` takes ``paged_attention``'s arguments."""
+    _BACKENDS[name] = backend

@@ -27,6 +27,17 @@ def _no_swapped_blocks(kv_caches, scheduler_output: SchedulerOutput) -> float:
     return 0.0
 
 
+def _compiled_decode(model, kv_caches, enforce_eager: bool | None, runner: ModelRunner):
+    """The compiled decode door (``worker/compiled_decode.py``) when ``enforce_eager`` and the model ask for it,
+    else None (every step eager)."""
+    from minengine.worker.compiled_decode import CompiledDecode, should_compile
+
+    if not should_compile(enforce_eager, model, runner.device, runner.attention_backend, runner.dtype,
+                          runner.kv_cache_dtype):
+        return None
+    return CompiledDecode(model, kv_caches)
+
+
 class ModelRunner:
     """Runs ``SchedulerOutput`` steps on a model with a paged KV cache.
 
@@ -49,6 +60,10 @@ class ModelRunner:
         kv_cache_dtype: the KV tensors' dtype; None = the model's. ``torch.float8_e4m3fn`` is the FP8 cache
             (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``), read by every attention path.
         logits_processors: the engine's custom logits processors (``worker/logits_processors.py``) or None.
+        enforce_eager: vLLM's name: True runs every step eagerly; False compiles decode steps with
+            ``torch.compile`` wherever that door applies (``worker/compiled_decode.py``: a CPU with the C++
+            attention...); None compiles them where it applies to a model of at least ``MIN_COMPILE_PARAMS``
+            parameters (not the bundled one). Never together with ``cuda_graphs``.
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
@@ -62,7 +77,7 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
                  num_swap_blocks: int = 0, attention_backend: str | None = None, cuda_graphs: bool | None = None,
                  max_num_seqs: int = 512, kv_cache_dtype: torch.dtype | None = None,
-                 logits_processors=None):
+                 logits_processors=None, enforce_eager: bool | None = None):
         self.model = model
         self.block_size = block_size
         p = next(p for p in model.parameters() if p.is_floating_point())  # int8 weights: the activations' dtype
@@ -105,6 +120,8 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, self.kv_caches, block_size, max_blocks, pad_block=num_blocks,
                                        sizes=capture_sizes_for(max_num_seqs), capture=self.device.type == "cuda")
             self.graphs.capture_all()  # at start-up, not in the middle of serving (a no-op without CUDA)
+        elif enforce_eager is not True and self.device.type == "cpu":
+            self.graphs = _compiled_decode(model, self.kv_caches, enforce_eager, self)
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> dict[str, list[int]]:
