@@ -40,8 +40,8 @@ def compiled_door(llm: LLM) -> CompiledDecode:
 
 @pytest.mark.slow
 def test_bundled_model_matches_transformers_compiled(bundled_model, bundled_prompts):
-    """Chunks of 16 tokens mix prefill chunks with decodes (those steps run eagerly); decode-only steps of every
-    batch size from 20-odd requests down to one run compiled, from one graph."""
+    """Chunks of 16 tokens mix prefill chunks with decodes (those steps run eagerly); the decode-only steps at the
+    end run compiled (batches of every size: ``test_batches_of_1_to_n_compile_once``)."""
     before = graphs_compiled()
     llm = generate_and_compare(bundled_model, bundled_prompts, GREEDY, max_model_len=2048,
                                max_num_batched_tokens=16, enforce_eager=False)
@@ -49,8 +49,7 @@ def test_bundled_model_matches_transformers_compiled(bundled_model, bundled_prom
     assert door.num_replays > 0 and door.num_eager_fallbacks > 0
     traces = llm.llm_engine.traces
     assert any(t.num_prefill_tokens and t.num_decode_tokens for t in traces)  # mixed steps happened
-    decode_sizes = {t.num_decode_tokens for t in traces if not t.num_prefill_tokens}
-    assert {1, 2} <= decode_sizes and len(decode_sizes) > 3
+    assert door.num_replays == sum(1 for t in traces if t.num_decode_tokens and not t.num_prefill_tokens)
     assert graphs_compiled() - before <= 1
 
 
