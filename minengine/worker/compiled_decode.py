@@ -21,7 +21,8 @@ recompilation as batches grow and shrink. (A change of torch's thread count comp
 When it is on (``EngineConfig.enforce_eager``, vLLM's name): ``True`` = eager; ``False`` = compile wherever the door
 applies; ``None`` (the default) = compile where it pays for its compile time, models of at least
 ``MIN_COMPILE_PARAMS`` parameters (``should_compile``). It applies on a CPU with the C++ attention, a float32 or
-bfloat16 model with a KV cache of the same dtype, no int8 weights, world size 1 and the plain Llama class.
+bfloat16 model with a KV cache of the same dtype, no int8 weights, world size 1 and the plain Llama class, in
+the engine's own process (worker processes, ``executor/worker.py``, run eagerly).
 If compiling fails (no C++ compiler, an op Inductor cannot take), the door logs once and runs eager from then on.
 
 Inductor's cache goes under ``~/.cache/minengine/torchinductor/<machine>_<environment>`` (``inductor_cache_dir``)
