@@ -113,6 +113,5 @@ _BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": tri
 
 
 def register_backend(name: str, backend) -> None:
-    """Add a backend under ``name`` (a door that builds its own batches: the compiled decode steps'
-    ``worker/compiled_decode.py``); ``backend`` takes ``paged_attention``'s arguments."""
+    """Add a backend (``paged_attention``'s arguments) under ``name``: ``worker/compiled_decode.py``'s."""
     _BACKENDS[name] = backend

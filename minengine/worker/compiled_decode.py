@@ -146,6 +146,15 @@ def padded_decode_batch(batch: ForwardBatch) -> ForwardBatch:
                                attention_backend=BACKEND, batch_order=None, first_rows=None)
 
 
+def compiled_decode(model, kv_caches, enforce_eager: bool | None, runner) -> CompiledDecode | None:
+    """The door for a CPU ``ModelRunner`` (its device, attention backend and dtypes) when ``should_compile``, else
+    None (every step eager)."""
+    if not should_compile(enforce_eager, model, runner.device, runner.attention_backend, runner.dtype,
+                          runner.kv_cache_dtype):
+        return None
+    return CompiledDecode(model, kv_caches)
+
+
 class CompiledDecode:
     """Decode-only steps through the compiled forward; the runner runs other steps eagerly (``supports``).
 

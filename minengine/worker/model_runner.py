@@ -27,17 +27,6 @@ def _no_swapped_blocks(kv_caches, scheduler_output: SchedulerOutput) -> float:
     return 0.0
 
 
-def _compiled_decode(model, kv_caches, enforce_eager: bool | None, runner: ModelRunner):
-    """The compiled decode door (``worker/compiled_decode.py``) when ``enforce_eager`` and the model ask for it,
-    else None (every step eager)."""
-    from minengine.worker.compiled_decode import CompiledDecode, should_compile
-
-    if not should_compile(enforce_eager, model, runner.device, runner.attention_backend, runner.dtype,
-                          runner.kv_cache_dtype):
-        return None
-    return CompiledDecode(model, kv_caches)
-
-
 class ModelRunner:
     """Runs ``SchedulerOutput`` steps on a model with a paged KV cache.
 
@@ -60,10 +49,8 @@ class ModelRunner:
         kv_cache_dtype: the KV tensors' dtype; None = the model's. ``torch.float8_e4m3fn`` is the FP8 cache
             (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``), read by every attention path.
         logits_processors: the engine's custom logits processors (``worker/logits_processors.py``) or None.
-        enforce_eager: vLLM's name: True runs every step eagerly; False compiles decode steps with
-            ``torch.compile`` wherever that door applies (``worker/compiled_decode.py``: a CPU with the C++
-            attention...); None compiles them where it applies to a model of at least ``MIN_COMPILE_PARAMS``
-            parameters (not the bundled one). Never together with ``cuda_graphs``.
+        enforce_eager: vLLM's name: True = every step eager; False / None = decode steps compiled where
+            ``worker/compiled_decode.py`` applies (None: large models only). Never together with ``cuda_graphs``.
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
@@ -121,7 +108,9 @@ class ModelRunner:
                                        sizes=capture_sizes_for(max_num_seqs), capture=self.device.type == "cuda")
             self.graphs.capture_all()  # at start-up, not in the middle of serving (a no-op without CUDA)
         elif enforce_eager is not True and self.device.type == "cpu":
-            self.graphs = _compiled_decode(model, self.kv_caches, enforce_eager, self)
+            from minengine.worker.compiled_decode import compiled_decode  # None where it does not apply
+
+            self.graphs = compiled_decode(model, self.kv_caches, enforce_eager, self)
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> dict[str, list[int]]:
