@@ -197,9 +197,10 @@ class EngineConfig:
             "reference". See ``minengine/layers/attention.py``.
         enforce_eager: vLLM's name: ``True`` runs every step eagerly; ``False`` compiles decode steps with
             ``torch.compile`` wherever that applies (a CPU with the C++ attention, a float32 / bfloat16 model and
-            cache, no int8 weights, one process: ``worker/compiled_decode.py``); ``None`` (the default) compiles
-            them there only for models of at least 100M parameters, where the fused ops repay the compile time
-            (the bundled model stays eager). A compile that fails is logged once and the steps run eagerly.
+            cache, no int8 weights, one process: ``worker/compiled_decode.py``); ``None`` (the default) runs eagerly
+            too: unlike vLLM, compiling is asked for, since the first decode step pays the compile (minutes of
+            CPU on a small machine) and its gain is not yet measured side by side. A compile that fails is logged
+            once and the steps run eagerly.
         max_logprobs: vLLM's: the most ``logprobs`` / ``prompt_logprobs`` a request may ask for (20; -1 = no cap,
             the vocabulary size); more is a ``VLLMValidationError`` naming the field and the limit (a 400 from
             the server).

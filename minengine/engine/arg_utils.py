@@ -28,8 +28,8 @@ kv_cache_dtype             ``EngineConfig.kv_cache_dtype``: "auto", "fp8" or "fp
 attention_backend          ``EngineConfig.attention_backend``: "auto", "reference", "cpu" or "triton"
 disable_log_stats          ``EngineConfig.disable_log_stats``: no Prometheus updates per step
 enforce_eager              ``EngineConfig.enforce_eager``: True = eager; False = decode steps compiled
-                           (``torch.compile``) where that applies; None (default) = compiled for models of
-                           100M+ parameters on a CPU
+                           (``torch.compile``) where that applies; None (default) = eager (compiling
+                           is asked for: the first decode step pays it)
 disable_custom_all_reduce  accepted, no effect (and max_seq_len_to_capture)
 =========================  ==================================================================================
 """

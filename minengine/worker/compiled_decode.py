@@ -45,9 +45,6 @@ from minengine.worker.forward_batch import ForwardBatch
 
 logger = logging.getLogger(__name__)
 
-# Compile only models this large by default: below it, compile time (a minute or more on a small machine) outweighs
-# what the fused ops save over a session. The bundled 3M-parameter model stays eager; SmolLM-135M compiles.
-MIN_COMPILE_PARAMS = 100_000_000
 BACKEND = "compiled_cpu_decode"  # the attention backend name of the compiled steps' batches
 
 
@@ -64,11 +61,11 @@ def applies(model, device: torch.device, attention_backend: str, dtype: torch.dt
 
 def should_compile(enforce_eager: bool | None, model, device: torch.device, attention_backend: str,
                    dtype: torch.dtype, kv_cache_dtype: torch.dtype) -> bool:
-    """``enforce_eager`` resolved for this model: True -> eager; False -> compiled where the door ``applies``;
-    None -> compiled where it applies and the model has at least ``MIN_COMPILE_PARAMS`` parameters."""
-    if enforce_eager or not applies(model, device, attention_backend, dtype, kv_cache_dtype):
-        return False
-    return enforce_eager is False or sum(p.numel() for p in model.parameters()) >= MIN_COMPILE_PARAMS
+    """``enforce_eager`` resolved for this model: False -> compiled where the door ``applies``; True or None (the
+    default) -> eager. Unlike vLLM, compiling is asked for, not the default: the first decode step pays the compile
+    (minutes of CPU on a small machine), a wait that a served request would see, and its gain is not yet measured
+    side by side (``benchmarks/compile_decode.py``)."""
+    return enforce_eager is False and applies(model, device, attention_backend, dtype, kv_cache_dtype)
 
 
 def inductor_cache_dir() -> Path:

@@ -50,7 +50,7 @@ class ModelRunner:
             (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``), read by every attention path.
         logits_processors: the engine's custom logits processors (``worker/logits_processors.py``) or None.
         enforce_eager: vLLM's name: True = every step eager; False / None = decode steps compiled where
-            ``worker/compiled_decode.py`` applies (None: large models only). Never together with ``cuda_graphs``.
+            ``worker/compiled_decode.py`` applies (None: eager). Never together with ``cuda_graphs``.
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.

@@ -14,7 +14,7 @@ from minengine import LLM, SamplingParams
 from minengine.config import EngineConfig
 from minengine.exceptions import VLLMValidationError
 from minengine.layers import cpu_attention
-from minengine.worker.compiled_decode import MIN_COMPILE_PARAMS, CompiledDecode, inductor_cache_dir, should_compile
+from minengine.worker.compiled_decode import CompiledDecode, inductor_cache_dir, should_compile
 from tests.conftest import generate_and_compare
 
 GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -116,12 +116,11 @@ SMOLLM_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, nu
 TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 
 
-def test_the_default_compiles_large_models_only():
+def test_only_enforce_eager_false_compiles():
     big, tiny = _model(SMOLLM_135M), _model(TINY)
-    assert sum(p.numel() for p in big.parameters()) >= MIN_COMPILE_PARAMS > sum(p.numel() for p in tiny.parameters())
     f32 = torch.float32
-    assert should_compile(None, big, CPU, "cpu", f32, f32) and not should_compile(None, tiny, CPU, "cpu", f32, f32)
-    assert should_compile(False, tiny, CPU, "cpu", f32, f32)  # enforce_eager=False: compiled whatever the size
+    assert not should_compile(None, big, CPU, "cpu", f32, f32) and not should_compile(None, tiny, CPU, "cpu", f32, f32)
+    assert should_compile(False, tiny, CPU, "cpu", f32, f32) and should_compile(False, big, CPU, "cpu", f32, f32)
     assert not should_compile(True, big, CPU, "cpu", f32, f32)
     # where the door does not apply: the reference attention, an FP8 cache, float16, a GPU
     assert not should_compile(False, big, CPU, "reference", f32, f32)
