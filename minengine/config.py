@@ -195,6 +195,12 @@ class EngineConfig:
             ``"auto"``: "triton" on CUDA where Triton is installed, "cpu" on a CPU where the kernel takes the
             model, else "reference". The environment variable ``MINENGINE_CPU_KERNEL=0`` makes "auto" pick
             "reference". See ``minengine/layers/attention.py``.
+        enforce_eager: vLLM's name: ``True`` runs every step eagerly; ``False`` compiles decode steps with
+            ``torch.compile`` wherever that applies (a CPU with the C++ attention, a float32 / bfloat16 model and
+            cache, no int8 weights, one process: ``worker/compiled_decode.py``); ``None`` (the default) runs eagerly
+            too: unlike vLLM, compiling is asked for, since the first decode step pays the compile (minutes of
+            CPU on a small machine) and its gain is not yet measured side by side. A compile that fails is logged
+            once and the steps run eagerly.
         max_logprobs: vLLM's: the most ``logprobs`` / ``prompt_logprobs`` a request may ask for (20; -1 = no cap,
             the vocabulary size); more is a ``VLLMValidationError`` naming the field and the limit (a 400 from
             the server).
@@ -280,6 +286,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     quantization: str | None = None
     attention_backend: str = "auto"
+    enforce_eager: bool | None = None
     max_logprobs: int = MAX_LOGPROBS
     served_model_name: str | None = None
     logits_processors: list | None = None
@@ -410,6 +417,8 @@ class EngineConfig:
                      f"got {show(self.attention_backend)}")
         if self.attention_backend == "cpu" and self.device == "cuda":
             _invalid("attention_backend", "attention_backend 'cpu' (the C++ CPU kernel) needs device 'cpu'")
+        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
+            _invalid("enforce_eager", f"enforce_eager must be True, False or None, got {show(self.enforce_eager)}")
         u = self.gpu_memory_utilization
         if u is not None and (not isinstance(u, (int, float)) or isinstance(u, bool) or not 0 < u <= 1):
             _invalid("gpu_memory_utilization", f"gpu_memory_utilization must be in (0, 1] or None, got {show(u)}")

@@ -27,7 +27,10 @@ max_logprobs               ``EngineConfig.max_logprobs``: the most logprobs a re
 kv_cache_dtype             ``EngineConfig.kv_cache_dtype``: "auto", "fp8" or "fp8_e4m3"
 attention_backend          ``EngineConfig.attention_backend``: "auto", "reference", "cpu" or "triton"
 disable_log_stats          ``EngineConfig.disable_log_stats``: no Prometheus updates per step
-enforce_eager, ...         accepted, no effect (no CUDA graphs)
+enforce_eager              ``EngineConfig.enforce_eager``: True = eager; False = decode steps compiled
+                           (``torch.compile``) where that applies; None (default) = eager (compiling
+                           is asked for: the first decode step pays it)
+disable_custom_all_reduce  accepted, no effect (and max_seq_len_to_capture)
 =========================  ==================================================================================
 """
 
@@ -49,7 +52,6 @@ _VLLM_ONLY: dict[str, tuple[type, object, tuple | None, str]] = {
     "data_parallel_size": (int, 1, (1,), "must be 1: one engine per process"),
     "num_gpu_blocks_override": (int, None, None, "KV blocks in the pool (= num_kv_blocks)"),
     "swap_space": (float, None, None, "CPU swap space in GiB for preemption_mode=swap (None: num_kv_blocks)"),
-    "enforce_eager": (bool, False, None, "accepted; no effect (no CUDA graphs)"),
     "disable_custom_all_reduce": (bool, False, None, "accepted; no effect"),
     "max_seq_len_to_capture": (int, None, None, "accepted; no effect"),
     "tokenizer_mode": (str, "auto", ("auto",), "must be 'auto'"),

@@ -65,7 +65,8 @@ def make_executor(config, model, hf_config, model_path, device: str, num_blocks:
         runner_class = _runner_class(hf_config)
         return runner_class(model, num_blocks, config.block_size, seed=config.seed, num_swap_blocks=num_swap_blocks,
                             max_num_seqs=config.max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-                            logits_processors=logits_processors, attention_backend=config.attention_backend)
+                            logits_processors=logits_processors, attention_backend=config.attention_backend,
+                            enforce_eager=config.enforce_eager)
     return MultiprocExecutor(model_path, hf_config, config.dtype, device, config.tensor_parallel_size, num_blocks,
                              config.block_size, num_swap_blocks=num_swap_blocks, seed=config.seed,
                              max_num_seqs=config.max_num_seqs, num_threads=num_threads,

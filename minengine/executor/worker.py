@@ -142,12 +142,13 @@ def _start(rank: int, config: WorkerConfig):
     model, _, _ = load_model(config.model_path, dtype, device, quantization=config.quantization, tp=group,
                              hf_config=config.hf_config, expert_parallel=config.expert_parallel)
     # No CUDA graphs with tp > 1: a replayed graph would not run the Python all-reduce counters, and NCCL
-    # collectives inside captured graphs are not tested here.
+    # collectives inside captured graphs are not tested here. Worker processes run every step eagerly (no
+    # ``torch.compile``: worker/compiled_decode.py takes one process with the whole model).
     runner = ModelRunner(model, config.num_blocks, config.block_size, seed=config.seed,
                          num_swap_blocks=config.num_swap_blocks, max_num_seqs=config.max_num_seqs,
                          cuda_graphs=False if config.world_size > 1 else None,
                          kv_cache_dtype=kv_cache_torch_dtype(config.kv_cache_dtype, dtype),
-                         attention_backend=config.attention_backend)
+                         attention_backend=config.attention_backend, enforce_eager=True)
     return runner, group
 
 

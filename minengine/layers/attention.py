@@ -79,7 +79,7 @@ def paged_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     "cpu" or "triton", chosen once by the ``ModelRunner``). Shapes as in ``paged_attention_reference``;
     ``key``/``value`` are the step's rows as computed; ``k_scale``/``v_scale``: an FP8 cache's per-tensor
     scales."""
-    return _BACKENDS[batch.attention_backend](query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale)
+    return BACKENDS[batch.attention_backend](query, key, value, k_cache, v_cache, batch, scale, k_scale, v_scale)
 
 
 def _as_cached(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, batch: ForwardBatch,
@@ -108,5 +108,5 @@ def _cpu_backend(query, key, value, k_cache, v_cache, batch, scale, k_scale, v_s
 
 # The backends by name (``EngineConfig.attention_backend``, vLLM's ``--attention-backend``): the ModelRunner
 # resolves "auto" once, at construction (``layers/attention_backend.py``), and every step's ForwardBatch carries
-# the name.
-_BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": triton_backend}
+# the name. A door may add its own backend here (``worker/compiled_decode.py``).
+BACKENDS = {"reference": _reference_backend, "cpu": _cpu_backend, "triton": triton_backend}

@@ -49,6 +49,7 @@ class ModelRunner:
         kv_cache_dtype: the KV tensors' dtype; None = the model's. ``torch.float8_e4m3fn`` is the FP8 cache
             (``kv_cache_dtype="fp8"``, ``layers/kv_quant.py``), read by every attention path.
         logits_processors: the engine's custom logits processors (``worker/logits_processors.py``) or None.
+        enforce_eager: vLLM's name: False compiles decode steps (``worker/compiled_decode.py``); True / None: eager.
 
     Attributes:
         last_swap_time_s: seconds the last ``execute`` spent copying KV blocks to and from the swap space.
@@ -62,7 +63,7 @@ class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, seed: int = 0,
                  num_swap_blocks: int = 0, attention_backend: str | None = None, cuda_graphs: bool | None = None,
                  max_num_seqs: int = 512, kv_cache_dtype: torch.dtype | None = None,
-                 logits_processors=None):
+                 logits_processors=None, enforce_eager: bool | None = None):
         self.model = model
         self.block_size = block_size
         p = next(p for p in model.parameters() if p.is_floating_point())  # int8 weights: the activations' dtype
@@ -105,6 +106,10 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, self.kv_caches, block_size, max_blocks, pad_block=num_blocks,
                                        sizes=capture_sizes_for(max_num_seqs), capture=self.device.type == "cuda")
             self.graphs.capture_all()  # at start-up, not in the middle of serving (a no-op without CUDA)
+        elif enforce_eager is False and self.device.type == "cpu":  # asked for: compiled decode steps
+            from minengine.worker.compiled_decode import compiled_decode  # None where it does not apply
+
+            self.graphs = compiled_decode(model, self.kv_caches, enforce_eager, self)
 
     @torch.inference_mode()
     def execute(self, scheduler_output: SchedulerOutput) -> dict[str, list[int]]:
