@@ -126,6 +126,6 @@ class Sampler:
         if p.greedy:
             return int(x.argmax())
         gen = self.generator if p.seed is None else token_generator(p.seed, index)
-        if p.top_k > 0 or p.top_p < 1.0:  # without sorting the vocabulary: worker/top_k_top_p.py
+        if 0 < p.top_k < x.shape[-1] or p.top_p < 1.0:  # k >= V keeps all; no full sort: worker/top_k_top_p.py
             return sample_top_k_top_p(x, p.top_k, p.top_p, gen)
         return int(torch.multinomial(x.softmax(-1), 1, generator=gen).item())
