@@ -58,9 +58,9 @@ def test_vllm_defaults_and_meanings(llm):
         (1, 0, 16, 0.0, 1.0, RequestOutputKind.CUMULATIVE)
     assert SamplingParams(output_kind=1).output_kind is RequestOutputKind.DELTA
     base = dict(temperature=1.0, seed=5, max_tokens=12)
-    a, b, c = llm.generate(["ROMEO:"] * 3, [SamplingParams(top_k=0, **base), SamplingParams(top_k=-1, **base),
-                                            SamplingParams(top_k=2048, **base)], use_tqdm=False)
-    assert a.outputs[0].token_ids == b.outputs[0].token_ids == c.outputs[0].token_ids  # 0 and -1: all tokens
+    a, b, c, d = llm.generate(["ROMEO:"] * 4, [SamplingParams(top_k=k, **base) for k in (0, -1, 2048, 5000)],
+                              use_tqdm=False)  # the bundled vocabulary: 2,048 tokens
+    assert a.outputs[0].token_ids == b.outputs[0].token_ids == c.outputs[0].token_ids == d.outputs[0].token_ids
     (full,) = llm.generate({"prompt_token_ids": [5] * 200}, SamplingParams(max_tokens=None, ignore_eos=True),
                            use_tqdm=False)
     assert len(full.outputs[0].token_ids) == 56 and full.outputs[0].finish_reason == "length"  # to max_model_len
